@@ -1,0 +1,140 @@
+"""Calibrator registry: pure functions ``TensorStats -> amax``, looked up by name.
+
+A method string is ``name`` or ``name:option`` (``percentile:99.9``, ``entropy:ort``). Built-in
+calibrators live one per module in this package; other packages add theirs through the
+entry-point group ``quantbench.calibrators`` (``name = "pkg.module:function"``) where the
+function has the signature ``(stats: TensorStats, option: str | None) -> float``. An entry
+point may also point at a :class:`CalibratorSpec`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+from quantbench.errors import QuantbenchError
+from quantbench.stats import TensorStats
+
+CalibrateFn = Callable[[TensorStats, "str | None"], float]
+
+ENTRY_POINT_GROUP = "quantbench.calibrators"
+_BUILTIN_MODULES = ("minmax", "entropy", "percentile", "mse")
+
+
+@dataclass(frozen=True)
+class CalibratorSpec:
+    """A registered calibrator.
+
+    ``trt_algorithm`` is the header token a TensorRT cache made from this method carries; TensorRT
+    ignores a cache whose algorithm differs from the calibrator class reading it, so methods that
+    TensorRT itself does not have are written as ``EntropyCalibration2`` (what trtexec ``--calib``
+    reads) unless the user asks otherwise.
+    """
+
+    name: str
+    fn: CalibrateFn
+    description: str
+    trt_algorithm: str = "EntropyCalibration2"
+    default_option: str | None = None
+    options: tuple[str, ...] = ()
+
+
+_REGISTRY: dict[str, CalibratorSpec] = {}
+_loaded = False
+
+
+def register(
+    name: str,
+    description: str,
+    trt_algorithm: str = "EntropyCalibration2",
+    default_option: str | None = None,
+    options: tuple[str, ...] = (),
+) -> Callable[[CalibrateFn], CalibrateFn]:
+    """Decorator that adds a calibrator function to the registry under ``name``."""
+
+    def wrap(fn: CalibrateFn) -> CalibrateFn:
+        _REGISTRY[name] = CalibratorSpec(name, fn, description, trt_algorithm, default_option, options)
+        return fn
+
+    return wrap
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(f"{__name__}.{module}")
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _REGISTRY:
+            continue
+        obj = ep.load()
+        if isinstance(obj, CalibratorSpec):
+            _REGISTRY[ep.name] = obj
+        else:
+            _REGISTRY[ep.name] = CalibratorSpec(ep.name, obj, getattr(obj, "__doc__", "") or "")
+
+
+def available() -> list[str]:
+    """Names of every registered calibrator (built-in and from entry points)."""
+    _load()
+    return list(_REGISTRY)
+
+
+def spec(name: str) -> CalibratorSpec:
+    _load()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise QuantbenchError(
+            f"unknown calibration method {name!r}; choose one of {', '.join(available())}"
+        ) from None
+
+
+def parse_method(method: str) -> tuple[CalibratorSpec, str | None]:
+    """Split ``name[:option]`` and check that the calibrator exists."""
+    name, _, option = method.partition(":")
+    s = spec(name.strip())
+    opt = option.strip() or s.default_option
+    if s.options and opt is not None and opt not in s.options and not _is_number(opt):
+        raise QuantbenchError(
+            f"method {method!r}: unknown option {opt!r}; choose one of {', '.join(s.options)}"
+        )
+    return s, opt
+
+
+def canonical(method: str) -> str:
+    """``percentile`` -> ``percentile:99.99``: the name recorded in tables."""
+    s, opt = parse_method(method)
+    return s.name if opt is None else f"{s.name}:{opt}"
+
+
+def expand_methods(methods: list[str]) -> list[str]:
+    """Resolve ``all`` to every registered method (each with its default option)."""
+    out: list[str] = []
+    for m in methods:
+        names = available() if m == "all" else [m]
+        for name in names:
+            c = canonical(name)
+            if c not in out:
+                out.append(c)
+    return out
+
+
+def compute_amax(method: str, stats: TensorStats) -> float:
+    """amax of one tensor by one method; 0.0 for a tensor that never held a finite value."""
+    s, opt = parse_method(method)
+    if stats.count == 0 or stats.max_abs == 0:
+        return 0.0
+    return float(s.fn(stats, opt))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

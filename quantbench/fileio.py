@@ -1,0 +1,52 @@
+"""Atomic output files: write to a temporary file beside the target, then rename.
+
+A crash or Ctrl-C never leaves a half-written table, model or report behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from quantbench.errors import QuantbenchError
+
+
+def check_output_path(path: str | os.PathLike[str]) -> Path:
+    """Fail early, before any work, when the output's folder does not exist."""
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise QuantbenchError(
+            f"{target}: output folder {parent} does not exist; create it or choose another path"
+        )
+    if target.is_dir():
+        raise QuantbenchError(f"{target}: is a folder; give a file name")
+    return target
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path in the target's folder; rename it onto ``path`` on success."""
+    target = check_output_path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, target)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    return write_bytes_atomic(path, text.encode("utf-8"))

@@ -1,0 +1,111 @@
+"""CalibrationTable: the per-tensor amax every calibrator produces, plus where it came from.
+
+Codecs (one module each) turn a table into the files other tools read:
+``trt_cache`` (TensorRT's native ``TRT-<version>-<Algo>`` cache), ``json_table`` (ours, lossless)
+and ``ort_flatbuffers`` (onnxruntime's TensorRT execution provider).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+INT8_MAX = 127
+
+
+def scale_from_amax(amax: float) -> np.float32:
+    """Symmetric INT8 scale, computed in float32 as TensorRT does (amax / 127)."""
+    return np.float32(amax) / np.float32(INT8_MAX)
+
+
+def amax_from_scale(scale: float) -> float:
+    return float(np.float32(scale) * np.float32(INT8_MAX))
+
+
+@dataclass
+class TableEntry:
+    """One tensor's range. ``scale`` is the float32 value a TensorRT cache stores."""
+
+    amax: float
+    method: str = ""
+
+    @property
+    def scale(self) -> np.float32:
+        return scale_from_amax(self.amax)
+
+    @property
+    def is_valid(self) -> bool:
+        """Usable for quantization: finite and strictly positive."""
+        return math.isfinite(self.amax) and self.amax > 0
+
+
+@dataclass
+class Provenance:
+    """Where a table came from, so a table cannot silently be applied to another model."""
+
+    model_hash: str = ""
+    data_fingerprint: str = ""
+    num_samples: int = 0
+    tool_version: str = ""
+    trt_version: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "model_hash": self.model_hash,
+            "data_fingerprint": self.data_fingerprint,
+            "num_samples": self.num_samples,
+            "tool_version": self.tool_version,
+            "trt_version": self.trt_version,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> Provenance:
+        return cls(
+            model_hash=str(d.get("model_hash", "")),
+            data_fingerprint=str(d.get("data_fingerprint", "")),
+            num_samples=int(d.get("num_samples", 0) or 0),
+            tool_version=str(d.get("tool_version", "")),
+            trt_version=str(d.get("trt_version", "")),
+        )
+
+
+@dataclass
+class CalibrationTable:
+    """Ordered mapping tensor name -> :class:`TableEntry` (insertion order is kept on disk).
+
+    ``algorithm`` is the TensorRT algorithm token written in a cache header
+    (``EntropyCalibration2`` or ``MinMaxCalibration``); ``method`` is the quantbench calibrator
+    name that produced the values (``entropy``, ``percentile:99.99`` ...).
+    """
+
+    entries: dict[str, TableEntry] = field(default_factory=dict)
+    method: str = ""
+    algorithm: str = "EntropyCalibration2"
+    provenance: Provenance = field(default_factory=Provenance)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def amax(self, name: str) -> float:
+        return self.entries[name].amax
+
+    def scale(self, name: str) -> np.float32:
+        return self.entries[name].scale
+
+    def set(self, name: str, amax: float, method: str | None = None) -> None:
+        self.entries[name] = TableEntry(float(amax), method if method is not None else self.method)
+
+    def amaxes(self) -> dict[str, float]:
+        return {name: e.amax for name, e in self.entries.items()}
+
+    def invalid(self) -> list[str]:
+        """Tensors whose amax is zero, negative, Inf or NaN."""
+        return [name for name, e in self.entries.items() if not e.is_valid]
