@@ -107,16 +107,29 @@ def parse_method(method: str) -> tuple[CalibratorSpec, str | None]:
 
 
 def canonical(method: str) -> str:
-    """``percentile`` -> ``percentile:99.99``: the name recorded in tables."""
+    """The name recorded in tables: ``percentile`` -> ``percentile:99.99``, ``entropy:trt`` ->
+    ``entropy`` (a named default variant is left out, a numeric option is kept)."""
     s, opt = parse_method(method)
-    return s.name if opt is None else f"{s.name}:{opt}"
+    if opt is None or (s.options and opt == s.default_option):
+        return s.name
+    return f"{s.name}:{opt}"
+
+
+def all_methods() -> list[str]:
+    """Every registered method, and every named variant of those that have variants."""
+    out: list[str] = []
+    for name in available():
+        s = spec(name)
+        variants = s.options or (s.default_option,)
+        out.extend(canonical(name if v is None else f"{name}:{v}") for v in variants)
+    return list(dict.fromkeys(out))
 
 
 def expand_methods(methods: list[str]) -> list[str]:
-    """Resolve ``all`` to every registered method (each with its default option)."""
+    """Resolve ``all`` to :func:`all_methods`; canonicalise and de-duplicate the rest."""
     out: list[str] = []
     for m in methods:
-        names = available() if m == "all" else [m]
+        names = all_methods() if m.strip() == "all" else [m]
         for name in names:
             c = canonical(name)
             if c not in out:

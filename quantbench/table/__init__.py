@@ -26,13 +26,25 @@ def amax_from_scale(scale: float) -> float:
 
 @dataclass
 class TableEntry:
-    """One tensor's range. ``scale`` is the float32 value a TensorRT cache stores."""
+    """One tensor's range. ``scale`` is the float32 value a TensorRT cache stores.
+
+    A table read from a cache keeps the cache's exact scale bits in ``exact_scale`` (127 * scale
+    does not always survive the trip back through float32), so read-then-write is byte-identical.
+    """
 
     amax: float
     method: str = ""
+    exact_scale: np.float32 | None = None
+
+    @classmethod
+    def from_scale(cls, scale: float, method: str = "") -> TableEntry:
+        s = np.float32(scale)
+        return cls(amax=amax_from_scale(s), method=method, exact_scale=s)
 
     @property
     def scale(self) -> np.float32:
+        if self.exact_scale is not None:
+            return np.float32(self.exact_scale)
         return scale_from_amax(self.amax)
 
     @property
