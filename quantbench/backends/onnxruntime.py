@@ -1,0 +1,121 @@
+"""onnxruntime backend: the FP32 reference and the CPU INT8 (Q/DQ) candidate.
+
+Same small interface as the TensorRT runner (Polygraphy's runner shape): ``input_metadata``,
+``infer``, ``close``; plus ``expose`` to turn intermediate tensors into outputs, which is how
+calibration and per-layer comparison read activations without a second model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from quantbench.errors import QuantbenchError
+
+_PROVIDER_ALIASES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+    "dml": "DmlExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+}
+
+
+def resolve_provider(provider: str | None) -> str:
+    """``cpu`` / ``cuda`` / a full provider name -> an available onnxruntime provider."""
+    import onnxruntime as ort
+
+    name = _PROVIDER_ALIASES.get((provider or "cpu").lower(), provider or "CPUExecutionProvider")
+    available = ort.get_available_providers()
+    if name not in available:
+        hint = ""
+        if name == "CUDAExecutionProvider":
+            hint = " (install the gpu extra: pip uninstall onnxruntime && pip install 'quantbench[gpu]')"
+        raise QuantbenchError(
+            f"onnxruntime provider {name} is not available{hint}; available: {', '.join(available)}"
+        )
+    return name
+
+
+def expose(model: onnx.ModelProto, tensors: Iterable[str], elem_types: Mapping[str, int]) -> onnx.ModelProto:
+    """Copy of ``model`` whose graph also outputs ``tensors`` (types from shape inference)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    present = {o.name for o in out.graph.output} | {i.name for i in out.graph.input}
+    for name in tensors:
+        if name in present:
+            continue
+        vi = onnx.helper.make_tensor_value_info(name, elem_types.get(name, onnx.TensorProto.FLOAT), None)
+        out.graph.output.append(vi)
+        present.add(name)
+    return out
+
+
+@dataclass
+class RunnerInfo:
+    """What ran where, recorded in results."""
+
+    backend: str
+    provider: str
+    threads: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"backend": self.backend, "provider": self.provider, "threads": self.threads}
+
+
+class OnnxRuntimeRunner:
+    """An onnxruntime session over a model (path or proto)."""
+
+    def __init__(
+        self,
+        model: str | Path | onnx.ModelProto,
+        provider: str | None = None,
+        threads: int | None = None,
+        optimization: str = "all",
+    ):
+        import onnxruntime as ort
+
+        self.provider = resolve_provider(provider)
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        if threads:
+            opts.intra_op_num_threads = threads
+        opts.graph_optimization_level = {
+            "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[optimization]
+        payload = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+        try:
+            self.session = ort.InferenceSession(payload, sess_options=opts, providers=[self.provider])
+        except Exception as exc:  # noqa: BLE001 - ORT reports model problems as generic errors
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise QuantbenchError(f"onnxruntime cannot load the model: {first}") from None
+        self.threads = threads or os.cpu_count() or 1
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    @property
+    def info(self) -> RunnerInfo:
+        return RunnerInfo("onnxruntime", self.provider, self.threads)
+
+    def input_metadata(self) -> dict[str, tuple[str, list[int | str | None]]]:
+        return {i.name: (i.type, list(i.shape)) for i in self.session.get_inputs()}
+
+    def infer(self, feeds: Mapping[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        names = outputs or self.output_names
+        try:
+            values = self.session.run(names, dict(feeds))
+        except Exception as exc:  # noqa: BLE001
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise QuantbenchError(f"onnxruntime inference failed: {first}") from None
+        return dict(zip(names, values))
+
+    def close(self) -> None:
+        self.session = None  # type: ignore[assignment]

@@ -1,0 +1,113 @@
+"""One streaming onnxruntime pass that turns calibration data into a :class:`StatsFile`.
+
+The tensors to calibrate are exposed as extra graph outputs; each batch updates their
+:class:`TensorStats` and is then dropped, so memory is bounded by one batch of activations plus
+the fixed-size histograms. Histogram updates of batch *k* run in a worker thread while
+onnxruntime computes batch *k+1* (both release the GIL for most of their work).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from quantbench import __version__
+from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
+from quantbench.data import DataSource, Feed, StreamFingerprint, feed_num_samples
+from quantbench.errors import QuantbenchError
+from quantbench.graph import Graph
+from quantbench.progress import progress_bar
+from quantbench.stats import StatsFile, TensorStats
+
+
+def stats_cache_dir() -> Path:
+    """Where statistics are kept between runs (``$QUANTBENCH_CACHE`` or ~/.cache/quantbench)."""
+    root = os.environ.get("QUANTBENCH_CACHE") or Path.home() / ".cache" / "quantbench"
+    return Path(root) / "stats"
+
+
+def cached_stats_path(model_hash: str, data_fingerprint: str, tensors_mode: str) -> Path:
+    return stats_cache_dir() / f"{model_hash[:16]}-{data_fingerprint[:16]}-{tensors_mode}.stats.npz"
+
+
+def find_cached_stats(model_hash: str, data_fingerprint: str | None, tensors_mode: str) -> Path | None:
+    """A cached statistics file covering ``tensors_mode`` (``all`` covers ``quantizable``)."""
+    if not data_fingerprint:
+        return None
+    modes = [tensors_mode] + (["all"] if tensors_mode != "all" else [])
+    for mode in modes:
+        p = cached_stats_path(model_hash, data_fingerprint, mode)
+        if p.is_file():
+            return p
+    return None
+
+
+def collect_stats(
+    graph: Graph,
+    source: DataSource,
+    tensors: list[str],
+    *,
+    provider: str | None = None,
+    threads: int | None = None,
+    show_progress: bool = True,
+) -> StatsFile:
+    """Run the data through the model once and return statistics of ``tensors``."""
+    input_names = {s.name for s in graph.inputs}
+    from_feed = [t for t in tensors if t in input_names]
+    from_outputs = [t for t in tensors if t not in input_names]
+    runner = OnnxRuntimeRunner(expose(graph.model, from_outputs, graph.elem_types), provider, threads)
+    stats = {name: TensorStats(name) for name in tensors}
+    fingerprint = None if source.fingerprint else StreamFingerprint()
+    num_samples = 0
+    with progress_bar("Calibrating", total=source.num_samples, show=show_progress) as advance, \
+            _stats_worker() as submit:
+        pending: Future[None] | None = None
+        for feed in _nonempty(source.batches(), source):
+            if fingerprint is not None:
+                fingerprint.update(feed)
+            outputs = runner.infer(feed, from_outputs) if from_outputs else {}
+            if pending is not None:
+                pending.result()
+            values = {**{t: feed[t] for t in from_feed}, **outputs}
+            pending = submit(_update_all, stats, values)
+            n = feed_num_samples(feed, graph.inputs)
+            num_samples += n
+            advance(n)
+        if pending is not None:
+            pending.result()
+    return StatsFile(
+        model_hash=graph.hash,
+        data_fingerprint=source.fingerprint or (fingerprint.hexdigest() if fingerprint else ""),
+        num_samples=num_samples,
+        tensors=stats,
+        tool_version=__version__,
+        model_path=str(graph.path or ""),
+    )
+
+
+def _update_all(stats: dict[str, TensorStats], values: dict[str, np.ndarray]) -> None:
+    for name, value in values.items():
+        stats[name].update(value)
+
+
+@contextmanager
+def _stats_worker() -> Iterator:
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-stats")
+    try:
+        yield pool.submit
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _nonempty(batches: Iterator[Feed], source: DataSource) -> Iterator[Feed]:
+    empty = True
+    for feed in batches:
+        empty = False
+        yield feed
+    if empty:
+        raise QuantbenchError(f"{source.description}: the data set is empty (no batches)")

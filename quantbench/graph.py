@@ -1,0 +1,309 @@
+"""ONNX model loading and the questions calibration and quantization ask of a graph.
+
+Which tensors are constant (initializers, ``Constant`` outputs, and constant-foldable chains of
+them — some exporters write every weight as a ``Constant`` node), which ops are quantizable,
+which convolutions take a runtime weight (TensorRT's *ConvMultiInput*), which tensors to
+calibrate, and the residual inputs of ``Add`` nodes that follow a weighted op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper, shape_inference
+
+from quantbench.errors import QuantbenchError
+
+#: ops whose inputs TensorRT quantizes (weighted ops: Q/DQ on data and weight).
+WEIGHTED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+               onnx.TensorProto.BFLOAT16}
+#: ops never folded into constants (their output changes from run to run).
+_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                     "Multinomial", "Bernoulli"}
+_NP_DTYPES = {
+    onnx.TensorProto.FLOAT: np.float32,
+    onnx.TensorProto.FLOAT16: np.float16,
+    onnx.TensorProto.DOUBLE: np.float64,
+    onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.INT32: np.int32,
+    onnx.TensorProto.INT8: np.int8,
+    onnx.TensorProto.UINT8: np.uint8,
+    onnx.TensorProto.BOOL: np.bool_,
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A graph input or output: name, numpy dtype and shape (``None`` / str = dynamic dim)."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int | str | None, ...]
+
+    @property
+    def is_float(self) -> bool:
+        return np.issubdtype(self.dtype, np.floating)
+
+    def describe(self) -> str:
+        dims = ",".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name} {np.dtype(self.dtype).name}[{dims}]"
+
+
+@dataclass
+class Graph:
+    """A loaded model plus the facts derived from it once (types, constants, consumers)."""
+
+    model: onnx.ModelProto
+    path: Path | None = None
+    hash: str = ""
+    inputs: list[TensorSpec] = field(default_factory=list)
+    outputs: list[TensorSpec] = field(default_factory=list)
+    elem_types: dict[str, int] = field(default_factory=dict)
+    constants: set[str] = field(default_factory=set)
+
+    @property
+    def nodes(self) -> list[onnx.NodeProto]:
+        return list(self.model.graph.node)
+
+    @property
+    def opset(self) -> int:
+        for imp in self.model.opset_import:
+            if imp.domain in ("", "ai.onnx"):
+                return int(imp.version)
+        return 0
+
+    @property
+    def name(self) -> str:
+        return self.path.stem if self.path else (self.model.graph.name or "model")
+
+    def producers(self) -> dict[str, onnx.NodeProto]:
+        return {out: n for n in self.model.graph.node for out in n.output if out}
+
+    def consumers(self) -> dict[str, list[onnx.NodeProto]]:
+        out: dict[str, list[onnx.NodeProto]] = {}
+        for n in self.model.graph.node:
+            for name in n.input:
+                if name:
+                    out.setdefault(name, []).append(n)
+        return out
+
+    def is_float(self, tensor: str) -> bool:
+        return self.elem_types.get(tensor) in FLOAT_TYPES
+
+    def initializer(self, name: str) -> np.ndarray | None:
+        for init in self.model.graph.initializer:
+            if init.name == name:
+                return numpy_helper.to_array(init)
+        return None
+
+    def node_names(self) -> list[str]:
+        return [node_label(n, i) for i, n in enumerate(self.model.graph.node)]
+
+
+def node_label(node: onnx.NodeProto, index: int) -> str:
+    """A node's name, or a stable stand-in for unnamed nodes (``Conv_12``)."""
+    return node.name or f"{node.op_type}_{index}"
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def file_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_model(path: str | Path) -> onnx.ModelProto:
+    """Read and check an ONNX file; every failure is one line naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise QuantbenchError(f"{p}: model file not found")
+    try:
+        model = onnx.load(str(p))
+    except Exception as exc:  # noqa: BLE001 - protobuf raises many kinds
+        raise QuantbenchError(
+            f"{p}: not a readable ONNX model ({type(exc).__name__}); is the file truncated?"
+        ) from None
+    if not model.graph.node and not model.graph.output:
+        raise QuantbenchError(f"{p}: not an ONNX model (empty graph); is the file truncated?")
+    try:
+        onnx.checker.check_model(model)
+    except Exception as exc:  # noqa: BLE001
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise QuantbenchError(f"{p}: invalid ONNX model: {first}") from None
+    return model
+
+
+def open_graph(path: str | Path | onnx.ModelProto, require_fixed_rank: bool = True) -> Graph:
+    """Load a model and derive types and constants once."""
+    if isinstance(path, onnx.ModelProto):
+        model, p, digest = path, None, hashlib.sha256(path.SerializeToString()).hexdigest()
+    else:
+        p = Path(path)
+        model = load_model(p)
+        digest = file_hash(p)
+    g = Graph(model=model, path=p, hash=digest)
+    g.elem_types = _elem_types(model)
+    g.inputs = _graph_inputs(model, p, require_fixed_rank)
+    g.outputs = [_spec(v) for v in model.graph.output]
+    g.constants = constant_tensors(model)
+    return g
+
+
+def _spec(v: onnx.ValueInfoProto) -> TensorSpec:
+    t = v.type.tensor_type
+    dims: list[int | str | None] = []
+    if t.HasField("shape"):
+        for d in t.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+    return TensorSpec(v.name, np.dtype(_NP_DTYPES.get(t.elem_type, np.float32)), tuple(dims))
+
+
+def _graph_inputs(model: onnx.ModelProto, p: Path | None, require_fixed_rank: bool) -> list[TensorSpec]:
+    inits = {i.name for i in model.graph.initializer}
+    specs = []
+    for v in model.graph.input:
+        if v.name in inits:
+            continue
+        t = v.type.tensor_type
+        if require_fixed_rank and not t.HasField("shape"):
+            raise QuantbenchError(
+                f"{p or 'model'}: input {v.name!r} has no fixed rank; export the model with a "
+                "static input rank (dynamic dimension sizes are fine)"
+            )
+        specs.append(_spec(v))
+    return specs
+
+
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor, from shape inference where the graph does not say."""
+    try:
+        inferred = shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - inference is best effort (custom ops)
+        inferred = model
+    types: dict[str, int] = {}
+    g = inferred.graph
+    for v in list(g.input) + list(g.value_info) + list(g.output):
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
+            types[v.name] = v.type.tensor_type.elem_type
+    for init in g.initializer:
+        types[init.name] = init.data_type
+    for n in g.node:
+        if n.op_type == "Constant" and n.output:
+            for a in n.attribute:
+                if a.name == "value":
+                    types[n.output[0]] = a.t.data_type
+    return types
+
+
+def constant_tensors(model: onnx.ModelProto) -> set[str]:
+    """Initializers, Constant outputs and outputs of nodes fed only by constants."""
+    graph_inputs = {v.name for v in model.graph.input}
+    const = {i.name for i in model.graph.initializer if i.name not in graph_inputs}
+    for n in model.graph.node:  # nodes are topologically sorted in a valid model
+        if n.op_type in _NONDETERMINISTIC:
+            continue
+        real_inputs = [i for i in n.input if i]
+        if n.op_type == "Constant" or (real_inputs and all(i in const for i in real_inputs)):
+            const.update(o for o in n.output if o)
+    return const
+
+
+# --------------------------------------------------------------------------- graph questions
+
+
+def weighted_nodes(g: Graph, op_types: Iterable[str] = WEIGHTED_OP_TYPES) -> list[onnx.NodeProto]:
+    wanted = set(op_types)
+    return [n for n in g.model.graph.node if n.op_type in wanted]
+
+
+def is_dynamic_weight_conv(g: Graph, node: onnx.NodeProto) -> bool:
+    """A Conv whose kernel (or bias) is a runtime tensor: TensorRT's ConvMultiInput."""
+    if node.op_type not in ("Conv", "ConvTranspose"):
+        return False
+    return any(name and name not in g.constants for name in node.input[1:3])
+
+
+def dynamic_weight_convs(g: Graph) -> list[onnx.NodeProto]:
+    return [n for n in g.model.graph.node if is_dynamic_weight_conv(g, n)]
+
+
+def activation_inputs(g: Graph, node: onnx.NodeProto) -> list[str]:
+    """The runtime float inputs a weighted op quantizes: data, and a runtime weight if any."""
+    if node.op_type in ("Conv", "ConvTranspose"):
+        candidates = list(node.input[:2])
+    elif node.op_type in ("Gemm", "MatMul"):
+        candidates = list(node.input[:2])
+    else:
+        candidates = list(node.input)
+    return [t for t in candidates if t and t not in g.constants and g.is_float(t)]
+
+
+def residual_add_inputs(g: Graph, op_types: Iterable[str] = WEIGHTED_OP_TYPES) -> dict[str, str]:
+    """``{add_node_name: residual_tensor}`` for each Add that follows a weighted op.
+
+    TensorRT fuses ``Conv -> Add`` and the precision of the Add's *other* input decides whether
+    the fused layer can output INT8, so that input is quantized too (reference §4.2 item 4).
+    """
+    producers = g.producers()
+    weighted = set(op_types)
+    out: dict[str, str] = {}
+    for i, n in enumerate(g.model.graph.node):
+        if n.op_type != "Add" or len(n.input) != 2:
+            continue
+        kinds = [producers.get(t) for t in n.input]
+        from_weighted = [k is not None and k.op_type in weighted for k in kinds]
+        if any(from_weighted) and not all(from_weighted):
+            residual = n.input[from_weighted.index(False)]
+        elif all(from_weighted):
+            residual = n.input[1]
+        else:
+            continue
+        if residual not in g.constants and g.is_float(residual):
+            out[node_label(n, i)] = residual
+    return out
+
+
+def calibration_tensors(g: Graph, mode: str = "all") -> list[str]:
+    """Tensors to collect statistics for, in network order.
+
+    ``all``: every float graph input and every float node output (what a TensorRT cache for
+    implicit INT8 should cover). ``quantizable``: only what the Q/DQ path needs — the runtime
+    inputs of weighted ops (dynamic weights included) and residual Add inputs.
+    """
+    if mode not in ("all", "quantizable"):
+        raise QuantbenchError(f"--tensors must be 'all' or 'quantizable', not {mode!r}")
+    names: list[str] = []
+    if mode == "all":
+        names += [s.name for s in g.inputs if s.is_float]
+        for n in g.model.graph.node:
+            names += [o for o in n.output if o and o not in g.constants and g.is_float(o)]
+    else:
+        residual = set(residual_add_inputs(g).values())
+        wanted = set()
+        for n in weighted_nodes(g):
+            wanted.update(activation_inputs(g, n))
+        wanted |= residual
+        order = [s.name for s in g.inputs] + [o for n in g.model.graph.node for o in n.output]
+        names = [t for t in order if t in wanted]
+    return list(dict.fromkeys(names))
+
+
+def tensor_order(g: Graph) -> dict[str, int]:
+    """Position of every tensor in network order (graph inputs first)."""
+    order = [s.name for s in g.inputs] + [o for n in g.model.graph.node for o in n.output if o]
+    return {name: i for i, name in enumerate(dict.fromkeys(order))}

@@ -1,0 +1,210 @@
+"""``quantbench inspect``: what is inside a model, a calibration table or a statistics file.
+
+Each ``inspect_*`` returns a plain dict (printed as JSON with ``--json``) and ``render`` turns
+it into rich tables for people.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from quantbench import calibrators as registry
+from quantbench.errors import QuantbenchError
+from quantbench.graph import (
+    Graph,
+    calibration_tensors,
+    dynamic_weight_convs,
+    node_label,
+    open_graph,
+    weighted_nodes,
+)
+from quantbench.progress import console
+from quantbench.stats import StatsFile
+from quantbench.table.codecs import read_table
+
+
+def kind_of(path: Path) -> str:
+    """``model`` | ``stats`` | ``table``, by content (suffixes lie)."""
+    if not path.is_file():
+        raise QuantbenchError(f"{path}: file not found")
+    if path.suffix == ".onnx":
+        return "model"
+    if zipfile.is_zipfile(path):
+        return "stats"
+    return "table"
+
+
+def inspect_model(g: Graph) -> dict[str, Any]:
+    order = {id(n): i for i, n in enumerate(g.model.graph.node)}
+    dyn = dynamic_weight_convs(g)
+    return {
+        "kind": "model",
+        "path": str(g.path or ""),
+        "hash": g.hash,
+        "opset": g.opset,
+        "num_nodes": len(g.model.graph.node),
+        "inputs": [s.describe() for s in g.inputs],
+        "outputs": [s.describe() for s in g.outputs],
+        "quantizable_ops": [
+            {"node": node_label(n, order[id(n)]), "op_type": n.op_type} for n in weighted_nodes(g)
+        ],
+        "dynamic_weight_convs": [
+            {
+                "node": node_label(n, order[id(n)]),
+                "data": n.input[0],
+                "weight": n.input[1],
+                "bias": n.input[2] if len(n.input) > 2 else "",
+            }
+            for n in dyn
+        ],
+        "calibration_tensors": {
+            "all": len(calibration_tensors(g, "all")),
+            "quantizable": len(calibration_tensors(g, "quantizable")),
+        },
+    }
+
+
+def inspect_table(path: Path, model: Graph | None = None) -> dict[str, Any]:
+    table = read_table(path)
+    out: dict[str, Any] = {
+        "kind": "table",
+        "path": str(path),
+        "method": table.method,
+        "algorithm": table.algorithm,
+        "trt_version": table.provenance.trt_version,
+        "provenance": table.provenance.to_dict(),
+        "num_tensors": len(table),
+        "invalid": table.invalid(),
+        "tensors": [
+            {"name": name, "amax": e.amax, "scale": float(e.scale)} for name, e in table.entries.items()
+        ],
+    }
+    if model is not None:
+        wanted = calibration_tensors(model, "all")
+        quantizable = set(calibration_tensors(model, "quantizable"))
+        out["missing"] = [t for t in wanted if t not in table]
+        out["missing_quantizable"] = [t for t in wanted if t in quantizable and t not in table]
+        known = set(wanted) | {s.name for s in model.inputs}
+        out["extra"] = [t for t in table if t not in known]
+        if table.provenance.model_hash and table.provenance.model_hash != model.hash:
+            out["model_mismatch"] = True
+    return out
+
+
+def inspect_stats(path: Path, methods: list[str] | None = None) -> dict[str, Any]:
+    s = StatsFile.load(path)
+    method_list = registry.expand_methods(methods or ["all"])
+    return {
+        "kind": "stats",
+        "path": str(path),
+        "model_hash": s.model_hash,
+        "data_fingerprint": s.data_fingerprint,
+        "num_samples": s.num_samples,
+        "tool_version": s.tool_version,
+        "methods": method_list,
+        "tensors": [
+            {
+                **t.summary(),
+                "name": t.name,
+                "amax": {m: (None if t.has_nonfinite else registry.compute_amax(m, t)) for m in method_list},
+            }
+            for t in s
+        ],
+    }
+
+
+def inspect_path(path: str | Path, model: str | Path | None = None, methods: list[str] | None = None) -> dict[str, Any]:
+    p = Path(path)
+    kind = kind_of(p)
+    if kind == "model":
+        return inspect_model(open_graph(p))
+    if kind == "stats":
+        return inspect_stats(p, methods)
+    return inspect_table(p, open_graph(model) if model else None)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render(report: dict[str, Any], limit: int = 50) -> None:
+    kind = report["kind"]
+    if kind == "model":
+        _render_model(report)
+    elif kind == "table":
+        _render_table(report, limit)
+    else:
+        _render_stats(report, limit)
+
+
+def _render_model(r: dict[str, Any]) -> None:
+    console.print(f"[bold]{r['path']}[/bold]  opset {r['opset']}, {r['num_nodes']} nodes, sha256 {r['hash'][:16]}")
+    console.print("inputs:  " + "; ".join(r["inputs"]))
+    console.print("outputs: " + "; ".join(r["outputs"]))
+    ct = r["calibration_tensors"]
+    console.print(
+        f"{len(r['quantizable_ops'])} quantizable ops; tensors to calibrate: {ct['all']} (all) / "
+        f"{ct['quantizable']} (quantizable)"
+    )
+    t = Table(title="Dynamic-weight convolutions (TensorRT ConvMultiInput)", title_justify="left")
+    for col in ("node", "data", "weight", "bias"):
+        t.add_column(col)
+    for d in r["dynamic_weight_convs"]:
+        t.add_row(d["node"], d["data"], d["weight"], d["bias"] or "-")
+    if r["dynamic_weight_convs"]:
+        console.print(t)
+    else:
+        console.print("no dynamic-weight convolutions")
+
+
+def _render_table(r: dict[str, Any], limit: int) -> None:
+    head = f"[bold]{r['path']}[/bold]  {r['num_tensors']} tensors, algorithm {r['algorithm']}"
+    if r.get("trt_version"):
+        head += f", TensorRT {r['trt_version']}"
+    if r.get("method"):
+        head += f", method {r['method']}"
+    console.print(head)
+    t = Table(show_lines=False)
+    t.add_column("tensor")
+    t.add_column("amax", justify="right")
+    t.add_column("scale", justify="right")
+    for e in r["tensors"][:limit]:
+        t.add_row(e["name"], f"{e['amax']:.6g}", f"{e['scale']:.6g}")
+    console.print(t)
+    if len(r["tensors"]) > limit:
+        console.print(f"... {len(r['tensors']) - limit} more (use --limit or --json)")
+    if r["invalid"]:
+        console.print(f"[yellow]{len(r['invalid'])} entries are zero/negative/Inf/NaN:[/yellow] " + ", ".join(r["invalid"][:10]))
+    if "missing" in r:
+        if r.get("model_mismatch"):
+            console.print("[yellow]this table was made for another model (hash differs)[/yellow]")
+        console.print(
+            f"the model has {len(r['missing'])} tensors the table lacks "
+            f"({len(r['missing_quantizable'])} of them inputs of quantizable ops); "
+            f"the table has {len(r['extra'])} tensors the model lacks"
+        )
+        for label, names in (("missing", r["missing"]), ("extra", r["extra"])):
+            if names:
+                console.print(f"  {label}: " + ", ".join(names[:20]) + (" ..." if len(names) > 20 else ""))
+
+
+def _render_stats(r: dict[str, Any], limit: int) -> None:
+    console.print(
+        f"[bold]{r['path']}[/bold]  {len(r['tensors'])} tensors, {r['num_samples']} samples, "
+        f"model {r['model_hash'][:12]}, data {r['data_fingerprint'][:12]}"
+    )
+    t = Table()
+    t.add_column("tensor")
+    t.add_column("min", justify="right")
+    t.add_column("max", justify="right")
+    for m in r["methods"]:
+        t.add_column(m, justify="right")
+    for e in r["tensors"][:limit]:
+        cells = ["NaN/Inf" if v is None else f"{v:.5g}" for v in e["amax"].values()]
+        t.add_row(e["name"], f"{e['min']:.5g}", f"{e['max']:.5g}", *cells)
+    console.print(t)
+    if len(r["tensors"]) > limit:
+        console.print(f"... {len(r['tensors']) - limit} more (use --limit or --json)")
