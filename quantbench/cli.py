@@ -109,6 +109,72 @@ def inspect(
         render(report, limit=limit)
 
 
+@app.command()
+def compare(
+    a: Annotated[str, typer.Argument(help="Precision A: fp32, fp16, int8, int8:<method>, a .onnx or an engine.")],
+    b: Annotated[str, typer.Argument(help="Precision B (same forms).")],
+    model: Annotated[Path, typer.Option(help="The FP32 ONNX model (the reference).")],
+    data: Annotated[str, typer.Option("--data", help="Evaluation data (same forms as calibrate --data).")],
+    calib_data: Annotated[Optional[str], typer.Option(help="Calibration data for int8 specs.")] = None,
+    method: Annotated[str, typer.Option("--method", "-m", help="Calibrator for plain 'int8'.")] = "entropy",
+    table: Annotated[Optional[Path], typer.Option(help="Use this calibration table for 'int8'.")] = None,
+    stats: Annotated[Optional[Path], typer.Option(help="Use this statistics file for calibration.")] = None,
+    labels: Annotated[Optional[Path], typer.Option(help=".npy of integer labels: reports accuracy.")] = None,
+    exclude: Annotated[Optional[list[str]], typer.Option(help="Node names/regexes kept in FP32 (repeatable).")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Batch size (default: the model's, else 1).")] = None,
+    max_samples: Annotated[Optional[int], typer.Option(help="Evaluate at most this many samples.")] = None,
+    preset: Annotated[Optional[str], typer.Option(help="Image preprocessing preset.")] = None,
+    provider: Annotated[Optional[str], typer.Option(help="onnxruntime provider (cpu, cuda, ...).")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="onnxruntime intra-op threads.")] = None,
+    backend: Annotated[str, typer.Option(help="onnxruntime | tensorrt")] = "onnxruntime",
+    no_latency: Annotated[bool, typer.Option("--no-latency", help="Skip the latency measurement.")] = False,
+    fail_below: Annotated[Optional[list[str]], typer.Option(help="Gate METRIC=VALUE (repeatable): exit 1 when missed.")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results JSON here.")] = None,
+    csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Write the per-layer table as CSV here.")] = None,
+    report: Annotated[Optional[Path], typer.Option(help="Write the HTML report here.")] = None,
+) -> None:
+    """Per-layer drift, task metrics and latency of B (and A) against onnxruntime FP32."""
+    from quantbench.compare import compare as run_compare
+    from quantbench.compare.summary import print_summary
+    from quantbench.errors import ThresholdFailed
+
+    if backend not in ("onnxruntime", "tensorrt"):
+        raise QuantbenchError(f"--backend must be onnxruntime or tensorrt, not {backend!r}")
+    if backend == "tensorrt":
+        from quantbench.backends.tensorrt import import_tensorrt
+
+        import_tensorrt()
+    doc = run_compare(
+        a, b, model=model, data=data, calib_data=calib_data, method=method, table=table,
+        stats=stats, labels=labels, exclude=exclude, batch_size=batch_size,
+        max_samples=max_samples, preset=preset, provider=provider, threads=threads,
+        latency=not no_latency, fail_below=fail_below, json_path=json_out, csv_path=csv_out,
+        report_path=report, command=_command_line(),
+    )
+    print_summary(doc)
+    for p in (json_out, csv_out, report):
+        if p is not None:
+            console.print(f"wrote {p}")
+    if not doc.get("passed", True):
+        failed = [t for t in doc["thresholds"] if not t["passed"]]
+        raise ThresholdFailed(
+            "gate missed: " + ", ".join(f"{t['metric']}={t['value']} < {t['min']}" for t in failed)
+        )
+
+
+@app.command()
+def report(
+    results: Annotated[Path, typer.Argument(help="Results JSON from compare --json (or calibrate).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")],
+) -> None:
+    """Render a results JSON as one self-contained HTML page."""
+    from quantbench.reports import write_report
+    from quantbench.results import load_results
+
+    write_report(load_results(results), output)
+    console.print(f"wrote {output}")
+
+
 def _command_line() -> str:
     import shlex
 

@@ -1,0 +1,56 @@
+# quantbench developer entry points. `make demo` and `make test` work on a fresh machine:
+# each creates .venv (if missing) and installs the project from its own files.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+QB := $(VENV)/bin/quantbench
+STAMP := $(VENV)/.installed
+OUT ?= out/demo
+EX := examples/tinycnn
+
+.PHONY: venv demo test test-fast test-gpu lint bench clean kernels
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## The main job end to end on the bundled example: calibrate -> inspect -> quantize -> compare -> report.
+demo: $(STAMP)
+	@mkdir -p $(OUT)
+	$(QB) inspect $(EX)/tinycnn.onnx
+	$(QB) calibrate $(EX)/tinycnn.onnx --data $(EX)/calib.npz --method all -o $(OUT)/tables
+	$(QB) calibrate $(EX)/tinycnn.onnx --data $(EX)/calib.npz --method entropy -o $(OUT)/tinycnn.entropy.cache
+	$(QB) inspect $(OUT)/tinycnn.entropy.cache --model $(EX)/tinycnn.onnx --limit 10
+	$(QB) quantize $(EX)/tinycnn.onnx --table $(OUT)/tinycnn.entropy.cache -o $(OUT)/tinycnn.int8.onnx
+	$(QB) compare fp32 int8 --model $(EX)/tinycnn.onnx --data $(EX)/eval.npz --calib-data $(EX)/calib.npz \
+		--labels $(EX)/eval_labels.npy --json $(OUT)/compare.json --csv $(OUT)/layers.csv \
+		--report $(OUT)/report.html
+	@echo "demo report: $(abspath $(OUT)/report.html)"
+
+## The README's test command (CI runs it through .ci/run).
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not browser and not slow"
+
+## GPU kernel tests: run on a machine with an NVIDIA GPU, nvcc and torch (see README).
+test-gpu:
+	python3 -m pytest -q -m gpu tests/gpu
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/run_all.py
+
+kernels:
+	$(MAKE) -C plugins/dwconv2d
+
+clean:
+	rm -rf out build *.egg-info .pytest_cache .ruff_cache

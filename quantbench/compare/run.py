@@ -1,0 +1,347 @@
+"""``quantbench compare A B``: per-layer drift, task metrics and latency against FP32.
+
+One pass over the evaluation data. Per batch: the FP32 reference runs once with every compared
+tensor exposed *and* the isolated copies of each candidate's quantized ops appended
+(:mod:`quantbench.compare.isolated`); each non-reference candidate runs once with the same
+tensors exposed. Streaming accumulators (:mod:`quantbench.compare.metrics`) keep memory flat in
+the number of samples.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
+from quantbench.compare.candidates import CalibrationContext, Candidate, resolve
+from quantbench.compare.isolated import QDQ_OPS, IsolatedModel, build_isolated
+from quantbench.compare.latency import measure_latency
+from quantbench.compare.metrics import AgreementAccumulator, DriftAccumulator
+from quantbench.data import DataSource, Feed, feed_num_samples
+from quantbench.errors import QuantbenchError
+from quantbench.graph import Graph, node_label
+from quantbench.progress import progress_bar, warn
+
+SIDES = ("A", "B")
+
+
+@dataclass
+class Side:
+    """A candidate and what is compared of it."""
+
+    key: str
+    candidate: Candidate
+    runner: OnnxRuntimeRunner | None = None
+    tensors: list[str] = field(default_factory=list)
+    isolated: dict[str, str] = field(default_factory=dict)
+    accumulated: dict[str, DriftAccumulator] = field(default_factory=dict)
+    isolated_acc: dict[str, DriftAccumulator] = field(default_factory=dict)
+    outputs: dict[str, DriftAccumulator] = field(default_factory=dict)
+    agreement: dict[str, AgreementAccumulator] = field(default_factory=dict)
+    clip: dict[str, tuple[str, float]] = field(default_factory=dict)
+    clip_acc: dict[str, DriftAccumulator] = field(default_factory=dict)
+    pairing: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class CompareResult:
+    document: dict[str, Any]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.document.get("passed", True))
+
+
+def _layer_tensors(graph: Graph, candidate: onnx.ModelProto) -> list[str]:
+    """Reference node outputs that the candidate also computes, in network order."""
+    cand = {o for n in candidate.graph.node if n.op_type not in QDQ_OPS for o in n.output}
+    out = []
+    for n in graph.model.graph.node:
+        for o in n.output:
+            if o and o in cand and graph.is_float(o) and o not in graph.constants:
+                out.append(o)
+    return out
+
+
+def _quantized_inputs(model: onnx.ModelProto) -> dict[str, tuple[str, float]]:
+    """op output -> (its first Q/DQ'd data input, amax) for every quantized op."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    out: dict[str, tuple[str, float]] = {}
+    for n in model.graph.node:
+        if n.op_type in QDQ_OPS or not n.input:
+            continue
+        dq = producer.get(n.input[0])
+        if dq is None or dq.op_type != "DequantizeLinear":
+            continue
+        q = producer.get(dq.input[0])
+        scale = inits.get(dq.input[1]) if len(dq.input) > 1 else None
+        if q is None or q.op_type != "QuantizeLinear" or scale is None or scale.size != 1:
+            continue
+        out[n.output[0]] = (q.input[0], float(np.float32(scale.reshape(-1)[0]) * np.float32(127)))
+    return out
+
+
+def _elem_types(graph: Graph, names: list[str]) -> dict[str, int]:
+    return {n: graph.elem_types.get(n, onnx.TensorProto.FLOAT) for n in names}
+
+
+def prepare_sides(graph: Graph, cands: list[Candidate], provider: str | None, threads: int | None) -> tuple[OnnxRuntimeRunner, list[str], list[Side]]:
+    """Build the reference runner (with isolated copies) and one runner per candidate."""
+    sides = [Side(k, c) for k, c in zip(SIDES, cands)]
+    ref_model = graph.model
+    ref_tensors: set[str] = set()
+    isolated_twins: dict[str, str] = {}
+    for side in sides:
+        c = side.candidate
+        if c.backend != "onnxruntime":
+            raise QuantbenchError(
+                f"{c.spec}: comparing TensorRT engines needs the TensorRT backend "
+                "(--backend tensorrt), which is not available here"
+            )
+        if c.is_reference:
+            continue
+        side.tensors = _layer_tensors(graph, c.model)
+        if not side.tensors:
+            warn(f"{c.label}: shares no tensor names with the FP32 model; comparing outputs only")
+        ref_tensors.update(side.tensors)
+        if c.quantized:
+            iso: IsolatedModel = build_isolated(ref_model, c.model)
+            ref_model = iso.model
+            side.isolated = {t: f"{side.key}:{twin}" for t, twin in iso.twins.items()}
+            _rename_twins(ref_model, iso.twins, side.key)
+            side.clip = _quantized_inputs(c.model)
+            ref_tensors.update(src for src, _ in side.clip.values())
+            isolated_twins.update({f"{side.key}:{twin}": t for t, twin in iso.twins.items()})
+    out_names = [o.name for o in graph.model.graph.output]
+    ordered = [t for t in _layer_tensors(graph, graph.model) if t in ref_tensors]
+    ordered += [t for t in ref_tensors if t not in ordered and t not in {s.name for s in graph.inputs}]
+    ref_fetch = list(dict.fromkeys(out_names + ordered + list(isolated_twins)))
+    types = _elem_types(graph, ordered + out_names)
+    types.update({twin: types.get(t, onnx.TensorProto.FLOAT) for twin, t in isolated_twins.items()})
+    ref_runner = OnnxRuntimeRunner(expose(ref_model, ref_fetch, types), provider, threads)
+    for side in sides:
+        if side.candidate.is_reference:
+            continue
+        cand_fetch = list(dict.fromkeys(_output_names(side.candidate.model) + side.tensors))
+        side.runner = OnnxRuntimeRunner(
+            expose(side.candidate.model, cand_fetch, _elem_types(graph, cand_fetch)), provider, threads
+        )
+        side.accumulated = {t: DriftAccumulator() for t in side.tensors}
+        side.isolated_acc = {t: DriftAccumulator() for t in side.isolated}
+        side.clip_acc = {t: DriftAccumulator(amax=amax) for t, (_, amax) in side.clip.items()}
+    return ref_runner, ref_fetch, sides
+
+
+def _rename_twins(model: onnx.ModelProto, twins: dict[str, str], key: str) -> None:
+    """Isolated twins of A and B must not collide in the one reference graph."""
+    rename = {twin: f"{key}:{twin}" for twin in twins.values()}
+    for n in model.graph.node:
+        for i, o in enumerate(n.output):
+            if o in rename:
+                n.output[i] = rename[o]
+
+
+def _output_names(model: onnx.ModelProto) -> list[str]:
+    return [o.name for o in model.graph.output]
+
+
+def _pair_outputs(ref_outputs: list[str], cand_outputs: list[str]) -> dict[str, str]:
+    """Outputs match by name, else by position when the counts agree."""
+    if set(ref_outputs) <= set(cand_outputs):
+        return {o: o for o in ref_outputs}
+    if len(ref_outputs) == len(cand_outputs):
+        return dict(zip(ref_outputs, cand_outputs))
+    raise QuantbenchError(
+        f"outputs differ: reference has {', '.join(ref_outputs)}, candidate has {', '.join(cand_outputs)}"
+    )
+
+
+def run_comparison(
+    graph: Graph,
+    source: DataSource,
+    specs: tuple[str, str],
+    ctx: CalibrationContext,
+    *,
+    labels: np.ndarray | None = None,
+    provider: str | None = None,
+    threads: int | None = None,
+    latency: bool = True,
+    latency_runs: int = 100,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Everything ``compare`` measures, as the ``layers/outputs/task/latency`` parts."""
+    cands = [resolve(s, graph, ctx) for s in specs]
+    ref_runner, ref_fetch, sides = prepare_sides(graph, cands, provider, threads)
+    ref_out = _output_names(graph.model)
+    for side in sides:
+        if side.runner is not None:
+            pairing = _pair_outputs(ref_out, _output_names(side.candidate.model))
+            side.outputs = {o: DriftAccumulator() for o in pairing}
+            side.agreement = {o: AgreementAccumulator() for o in pairing}
+            side.pairing = pairing
+    label_iter = _label_batches(labels)
+    acc_ref = {o: AgreementAccumulator() for o in ref_out}
+    seen = 0
+    first_feed: Feed | None = None
+    with progress_bar("Comparing", total=source.num_samples, show=show_progress) as advance:
+        for feed in source.batches():
+            first_feed = first_feed or feed
+            n = feed_num_samples(feed, graph.inputs)
+            lab = label_iter(n) if labels is not None else None
+            ref = ref_runner.infer(feed, ref_fetch)
+            ref.update({k: v for k, v in feed.items()})
+            for o in ref_out:
+                acc_ref[o].update(ref[o], ref[o], lab)
+            for side in sides:
+                _update_side(side, ref, feed, lab)
+            seen += n
+            advance(n)
+    if seen == 0:
+        raise QuantbenchError(f"{source.description}: the evaluation data set is empty")
+    if labels is not None and seen != len(labels):
+        raise QuantbenchError(f"labels: {len(labels)} labels for {seen} evaluation samples")
+    doc = _document(graph, sides, ref_out, acc_ref, labels is not None)
+    doc["eval_samples"] = seen
+    info = ref_runner.info.to_dict()
+    for side in sides:
+        c = side.candidate
+        doc[side.key.lower()] = {"spec": c.spec, "label": c.label, **info, "method": c.method}
+    quantized = [s.candidate for s in sides if s.candidate.quantized]
+    doc["excluded"] = quantized[-1].excluded if quantized else []
+    doc["dynamic_weight_convs"] = quantized[-1].dynamic_weight_convs if quantized else []
+    doc["method_used"] = quantized[-1].method if quantized else None
+    if latency and first_feed is not None:
+        doc["latency"] = _latency(graph, sides, first_feed, provider, threads, latency_runs)
+    return doc
+
+
+def _label_batches(labels: np.ndarray | None):
+    pos = 0
+
+    def take(n: int) -> np.ndarray:
+        nonlocal pos
+        assert labels is not None
+        chunk = labels[pos : pos + n]
+        pos += n
+        if len(chunk) != n:
+            raise QuantbenchError(f"labels: only {len(labels)} labels, more evaluation samples than that")
+        return chunk
+
+    return take
+
+
+def _update_side(side: Side, ref: dict[str, np.ndarray], feed: Feed, labels: np.ndarray | None) -> None:
+    if side.runner is None:  # the FP32 reference itself
+        return
+    got = side.runner.infer(feed, list(dict.fromkeys(list(side.pairing.values()) + side.tensors)))
+    for t, acc in side.accumulated.items():
+        acc.update(ref[t], got[t])
+    for t, acc in side.isolated_acc.items():
+        acc.update(ref[t], ref[side.isolated[t]])
+    for t, acc in side.clip_acc.items():
+        src = side.clip[t][0]
+        if src in ref:
+            acc.update(ref[src], ref[src])
+    for ro, co in side.pairing.items():
+        side.outputs[ro].update(ref[ro], got[co])
+        side.agreement[ro].update(ref[ro], got[co], labels)
+
+
+def _node_of(graph: Graph) -> dict[str, tuple[str, str]]:
+    return {o: (node_label(n, i), n.op_type) for i, n in enumerate(graph.model.graph.node) for o in n.output}
+
+
+def _clean(v: float | None) -> float | None | str:
+    if v is None:
+        return None
+    if isinstance(v, float) and not math.isfinite(v):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+def _document(graph: Graph, sides: list[Side], ref_out: list[str], acc_ref: dict[str, AgreementAccumulator], labelled: bool) -> dict[str, Any]:
+    nodes = _node_of(graph)
+    order = {t: i for i, t in enumerate(o for n in graph.model.graph.node for o in n.output)}
+    layers: list[dict[str, Any]] = []
+    outputs: list[dict[str, Any]] = []
+    task: dict[str, Any] = {}
+    for side in sides:
+        if side.runner is None:
+            continue
+        for view, accs in (("accumulated", side.accumulated), ("isolated", side.isolated_acc)):
+            for t, acc in accs.items():
+                node, op = nodes.get(t, (t, ""))
+                row: dict[str, Any] = {
+                    "candidate": side.key,
+                    "index": order.get(t, -1),
+                    "tensor": t,
+                    "node": node,
+                    "op_type": op,
+                    "view": view,
+                    "quantized": t in side.isolated,
+                }
+                row.update({k: _clean(v) for k, v in acc.metrics().items() if k != "clip_fraction"})
+                clip = side.clip_acc.get(t)
+                row["clip_fraction"] = clip.clipped / clip.n if clip and clip.n else None
+                row["amax"] = side.clip[t][1] if t in side.clip else None
+                layers.append(row)
+        for o in ref_out:
+            row = {"candidate": side.key, "name": o}
+            row.update(side.agreement[o].metrics())
+            row.update({k: _clean(v) for k, v in side.outputs[o].metrics().items() if k != "clip_fraction"})
+            outputs.append(row)
+        if labelled and ref_out:
+            acc = side.agreement[ref_out[0]].accuracy()
+            if acc is not None:
+                task.setdefault("accuracy", {})[side.key] = acc["B"]
+    if labelled and ref_out:
+        ref_acc = acc_ref[ref_out[0]].accuracy()
+        for side in sides:
+            if side.runner is None and ref_acc is not None:
+                task.setdefault("accuracy", {})[side.key] = ref_acc["A"]
+        if "A" in task.get("accuracy", {}) and "B" in task["accuracy"]:
+            task["accuracy"]["delta"] = task["accuracy"]["B"] - task["accuracy"]["A"]
+        task["accuracy_output"] = ref_out[0]
+    layers.sort(key=lambda r: (r["candidate"], r["index"], r["view"]))
+    return {"layers": layers, "outputs": outputs, "task": task, "ranking": _ranking(layers)}
+
+
+def _ranking(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Layers worst first by isolated SQNR (the error each adds by itself)."""
+    def key(r: dict[str, Any]) -> float:
+        v = r.get("sqnr_db")
+        return math.inf if v in (None, "inf") else (-math.inf if v == "-inf" else float(v))
+
+    iso = [r for r in layers if r["view"] == "isolated"]
+    acc = {(r["candidate"], r["tensor"]): r for r in layers if r["view"] == "accumulated"}
+    out = []
+    for rank, r in enumerate(sorted(iso, key=key)):
+        a = acc.get((r["candidate"], r["tensor"]))
+        out.append({
+            "rank": rank + 1,
+            "candidate": r["candidate"],
+            "tensor": r["tensor"],
+            "node": r["node"],
+            "op_type": r["op_type"],
+            "isolated_sqnr_db": r.get("sqnr_db"),
+            "accumulated_sqnr_db": a.get("sqnr_db") if a else None,
+        })
+    return out
+
+
+def _latency(graph: Graph, sides: list[Side], feed: Feed, provider: str | None, threads: int | None, runs: int) -> dict[str, Any]:
+    bs = feed_num_samples(feed, graph.inputs)
+    out: dict[str, Any] = {}
+    for side in sides:
+        runner = OnnxRuntimeRunner(side.candidate.model, provider, threads)
+        stats = measure_latency(runner.infer, feed, bs, runs=runs)
+        stats.update(runner.info.to_dict())
+        out[side.key] = stats
+        runner.close()
+    return out
+
