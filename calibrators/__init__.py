@@ -55,7 +55,9 @@ def register(
     """Decorator that adds a calibrator function to the registry under ``name``."""
 
     def wrap(fn: CalibrateFn) -> CalibrateFn:
-        _REGISTRY[name] = CalibratorSpec(name, fn, description, trt_algorithm, default_option, options)
+        _REGISTRY[name] = CalibratorSpec(
+            name, fn, description, trt_algorithm, default_option, options
+        )
         return fn
 
     return wrap

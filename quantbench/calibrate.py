@@ -62,7 +62,9 @@ def obtain_stats(
         return _load_for(graph, stats), Path(stats), True
     if data is None:
         raise QuantbenchError("no calibration data: give --data PATH (or --stats / --merge)")
-    source = open_data(data, graph.inputs, batch_size=batch_size, max_samples=max_samples, preset=preset)
+    source = open_data(
+        data, graph.inputs, batch_size=batch_size, max_samples=max_samples, preset=preset
+    )
     if use_cache and source.fingerprint:
         cached = find_cached_stats(graph.hash, source.fingerprint, tensors)
         if cached is not None:
@@ -147,8 +149,16 @@ def calibrate(
         check_output_path(save_stats)
     mode = tensors or default_tensors_mode(fmt)
     stats_file, stats_path, from_cache = obtain_stats(
-        graph, data, tensors=mode, stats=stats, merge=merge, batch_size=batch_size,
-        max_samples=max_samples, preset=preset, provider=provider, use_cache=use_cache,
+        graph,
+        data,
+        tensors=mode,
+        stats=stats,
+        merge=merge,
+        batch_size=batch_size,
+        max_samples=max_samples,
+        preset=preset,
+        provider=provider,
+        use_cache=use_cache,
         show_progress=show_progress,
     )
     if save_stats is not None:
@@ -157,7 +167,8 @@ def calibrate(
     if nonfinite:
         warn(
             f"{len(nonfinite)} tensor(s) held NaN/Inf and are left out of the tables: "
-            + ", ".join(nonfinite[:8]) + (" ..." if len(nonfinite) > 8 else "")
+            + ", ".join(nonfinite[:8])
+            + (" ..." if len(nonfinite) > 8 else "")
         )
     tables = {m: build_table(stats_file, m, graph) for m in method_list}
     written = []
@@ -166,7 +177,9 @@ def calibrate(
     return CalibrationResult(tables, stats_file, stats_path, written, nonfinite, from_cache)
 
 
-def _output_targets(graph: Graph, methods: list[str], output: str | Path | None, fmt: str) -> dict[str, Path]:
+def _output_targets(
+    graph: Graph, methods: list[str], output: str | Path | None, fmt: str
+) -> dict[str, Path]:
     """One method: ``output`` is the file. Several: ``output`` is a folder of one file each."""
     if output is None:
         return {}

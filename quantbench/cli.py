@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -28,7 +28,7 @@ app = typer.Typer(
 
 ModelArg = Annotated[Path, typer.Argument(help="ONNX model file.", show_default=False)]
 DataOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--data",
         help=".npz/.npy, a folder of them, an image folder (with --preset) or a data-loader "
@@ -36,8 +36,13 @@ DataOpt = Annotated[
     ),
 ]
 MethodOpt = Annotated[
-    Optional[list[str]],
-    typer.Option("--method", "-m", help="Calibrator (repeatable), e.g. entropy, minmax, percentile:99.9, mse, entropy:ort, or 'all'."),
+    list[str] | None,
+    typer.Option(
+        "--method",
+        "-m",
+        help="Calibrator (repeatable), e.g. entropy, minmax, percentile:99.9, mse, entropy:ort, "
+        "or 'all'.",
+    ),
 ]
 
 
@@ -49,7 +54,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
+    ] = False,
 ) -> None:
     """quantbench: INT8 for TensorRT without losing accuracy."""
 
@@ -59,33 +66,74 @@ def calibrate(
     model: ModelArg,
     data: DataOpt = None,
     method: MethodOpt = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (one method) or folder (several).")] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="trt | json | ort-flatbuffers")] = "trt",
-    trt_version: Annotated[str, typer.Option(help="TensorRT version the cache header targets (X.Y.Z, <= 10.x).")] = "10.16.0",
-    tensors: Annotated[Optional[str], typer.Option(help="all | quantizable (default: all for caches).")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Batch size for inference (default: the model's, else 1).")] = None,
-    max_samples: Annotated[Optional[int], typer.Option(help="Use at most this many samples.")] = None,
-    preset: Annotated[Optional[str], typer.Option(help="Image preprocessing preset: a configs/ name or a .toml path.")] = None,
-    provider: Annotated[Optional[str], typer.Option(help="onnxruntime provider: cpu (default), cuda, or a full name.")] = None,
-    stats: Annotated[Optional[Path], typer.Option(help="Use this statistics file instead of running the data.")] = None,
-    merge: Annotated[Optional[list[Path]], typer.Option(help="Merge these statistics files (shards) first (repeatable).")] = None,
-    save_stats: Annotated[Optional[Path], typer.Option(help="Also save the statistics to this file.")] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Ignore and do not write the statistics cache.")] = False,
-    report: Annotated[Optional[Path], typer.Option(help="Write a calibration-only HTML report here.")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Output file (one method) or folder (several)."),
+    ] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="trt | json | ort-flatbuffers")
+    ] = "trt",
+    trt_version: Annotated[
+        str, typer.Option(help="TensorRT version the cache header targets (X.Y.Z, <= 10.x).")
+    ] = "10.16.0",
+    tensors: Annotated[
+        str | None, typer.Option(help="all | quantizable (default: all for caches).")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Batch size for inference (default: the model's, else 1).")
+    ] = None,
+    max_samples: Annotated[
+        int | None, typer.Option(help="Use at most this many samples.")
+    ] = None,
+    preset: Annotated[
+        str | None,
+        typer.Option(help="Image preprocessing preset: a configs/ name or a .toml path."),
+    ] = None,
+    provider: Annotated[
+        str | None,
+        typer.Option(help="onnxruntime provider: cpu (default), cuda, or a full name."),
+    ] = None,
+    stats: Annotated[
+        Path | None, typer.Option(help="Use this statistics file instead of running the data.")
+    ] = None,
+    merge: Annotated[
+        list[Path] | None,
+        typer.Option(help="Merge these statistics files (shards) first (repeatable)."),
+    ] = None,
+    save_stats: Annotated[
+        Path | None, typer.Option(help="Also save the statistics to this file.")
+    ] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Ignore and do not write the statistics cache.")
+    ] = False,
+    report: Annotated[
+        Path | None, typer.Option(help="Write a calibration-only HTML report here.")
+    ] = None,
 ) -> None:
     """Collect statistics in one onnxruntime pass and write calibration tables."""
     from quantbench import calibrate as cal
 
     result = cal.calibrate(
-        model, data, methods=method, output=output, fmt=fmt, trt_version=trt_version,
-        tensors=tensors, batch_size=batch_size, max_samples=max_samples, preset=preset,
-        provider=provider, stats=stats, merge=merge, save_stats=save_stats,
+        model,
+        data,
+        methods=method,
+        output=output,
+        fmt=fmt,
+        trt_version=trt_version,
+        tensors=tensors,
+        batch_size=batch_size,
+        max_samples=max_samples,
+        preset=preset,
+        provider=provider,
+        stats=stats,
+        merge=merge,
+        save_stats=save_stats,
         use_cache=not no_cache,
     )
     cal.summarize(result)
     if report is not None:
-        from quantbench.results import calibration_results
         from quantbench.reports import write_report
+        from quantbench.results import calibration_results
 
         write_report(calibration_results(model, result, command=_command_line()), report)
         console.print(f"wrote {report}")
@@ -93,8 +141,12 @@ def calibrate(
 
 @app.command()
 def inspect(
-    path: Annotated[Path, typer.Argument(help="An ONNX model, a calibration table/cache or a statistics file.")],
-    model: Annotated[Optional[Path], typer.Option(help="With a table: list the model tensors it lacks.")] = None,
+    path: Annotated[
+        Path, typer.Argument(help="An ONNX model, a calibration table/cache or a statistics file.")
+    ],
+    model: Annotated[
+        Path | None, typer.Option(help="With a table: list the model tensors it lacks.")
+    ] = None,
     method: MethodOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     limit: Annotated[int, typer.Option(help="Rows to show per table.")] = 50,
@@ -111,27 +163,59 @@ def inspect(
 
 @app.command()
 def compare(
-    a: Annotated[str, typer.Argument(help="Precision A: fp32, fp16, int8, int8:<method>, a .onnx or an engine.")],
+    a: Annotated[
+        str,
+        typer.Argument(help="Precision A: fp32, fp16, int8, int8:<method>, a .onnx or an engine."),
+    ],
     b: Annotated[str, typer.Argument(help="Precision B (same forms).")],
     model: Annotated[Path, typer.Option(help="The FP32 ONNX model (the reference).")],
-    data: Annotated[str, typer.Option("--data", help="Evaluation data (same forms as calibrate --data).")],
-    calib_data: Annotated[Optional[str], typer.Option(help="Calibration data for int8 specs.")] = None,
-    method: Annotated[str, typer.Option("--method", "-m", help="Calibrator for plain 'int8'.")] = "entropy",
-    table: Annotated[Optional[Path], typer.Option(help="Use this calibration table for 'int8'.")] = None,
-    stats: Annotated[Optional[Path], typer.Option(help="Use this statistics file for calibration.")] = None,
-    labels: Annotated[Optional[Path], typer.Option(help=".npy of integer labels: reports accuracy.")] = None,
-    exclude: Annotated[Optional[list[str]], typer.Option(help="Node names/regexes kept in FP32 (repeatable).")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Batch size (default: the model's, else 1).")] = None,
-    max_samples: Annotated[Optional[int], typer.Option(help="Evaluate at most this many samples.")] = None,
-    preset: Annotated[Optional[str], typer.Option(help="Image preprocessing preset.")] = None,
-    provider: Annotated[Optional[str], typer.Option(help="onnxruntime provider (cpu, cuda, ...).")] = None,
-    threads: Annotated[Optional[int], typer.Option(help="onnxruntime intra-op threads.")] = None,
+    data: Annotated[
+        str, typer.Option("--data", help="Evaluation data (same forms as calibrate --data).")
+    ],
+    calib_data: Annotated[
+        str | None, typer.Option(help="Calibration data for int8 specs.")
+    ] = None,
+    method: Annotated[
+        str, typer.Option("--method", "-m", help="Calibrator for plain 'int8'.")
+    ] = "entropy",
+    table: Annotated[
+        Path | None, typer.Option(help="Use this calibration table for 'int8'.")
+    ] = None,
+    stats: Annotated[
+        Path | None, typer.Option(help="Use this statistics file for calibration.")
+    ] = None,
+    labels: Annotated[
+        Path | None, typer.Option(help=".npy of integer labels: reports accuracy.")
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option(help="Node names/regexes kept in FP32 (repeatable).")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Batch size (default: the model's, else 1).")
+    ] = None,
+    max_samples: Annotated[
+        int | None, typer.Option(help="Evaluate at most this many samples.")
+    ] = None,
+    preset: Annotated[str | None, typer.Option(help="Image preprocessing preset.")] = None,
+    provider: Annotated[
+        str | None, typer.Option(help="onnxruntime provider (cpu, cuda, ...).")
+    ] = None,
+    threads: Annotated[int | None, typer.Option(help="onnxruntime intra-op threads.")] = None,
     backend: Annotated[str, typer.Option(help="onnxruntime | tensorrt")] = "onnxruntime",
-    no_latency: Annotated[bool, typer.Option("--no-latency", help="Skip the latency measurement.")] = False,
-    fail_below: Annotated[Optional[list[str]], typer.Option(help="Gate METRIC=VALUE (repeatable): exit 1 when missed.")] = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results JSON here.")] = None,
-    csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Write the per-layer table as CSV here.")] = None,
-    report: Annotated[Optional[Path], typer.Option(help="Write the HTML report here.")] = None,
+    no_latency: Annotated[
+        bool, typer.Option("--no-latency", help="Skip the latency measurement.")
+    ] = False,
+    fail_below: Annotated[
+        list[str] | None,
+        typer.Option(help="Gate METRIC=VALUE (repeatable): exit 1 when missed."),
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the results JSON here.")
+    ] = None,
+    csv_out: Annotated[
+        Path | None, typer.Option("--csv", help="Write the per-layer table as CSV here.")
+    ] = None,
+    report: Annotated[Path | None, typer.Option(help="Write the HTML report here.")] = None,
 ) -> None:
     """Per-layer drift, task metrics and latency of B (and A) against onnxruntime FP32."""
     from quantbench.compare import compare as run_compare
@@ -145,11 +229,27 @@ def compare(
 
         import_tensorrt()
     doc = run_compare(
-        a, b, model=model, data=data, calib_data=calib_data, method=method, table=table,
-        stats=stats, labels=labels, exclude=exclude, batch_size=batch_size,
-        max_samples=max_samples, preset=preset, provider=provider, threads=threads,
-        latency=not no_latency, fail_below=fail_below, json_path=json_out, csv_path=csv_out,
-        report_path=report, command=_command_line(),
+        a,
+        b,
+        model=model,
+        data=data,
+        calib_data=calib_data,
+        method=method,
+        table=table,
+        stats=stats,
+        labels=labels,
+        exclude=exclude,
+        batch_size=batch_size,
+        max_samples=max_samples,
+        preset=preset,
+        provider=provider,
+        threads=threads,
+        latency=not no_latency,
+        fail_below=fail_below,
+        json_path=json_out,
+        csv_path=csv_out,
+        report_path=report,
+        command=_command_line(),
     )
     print_summary(doc)
     for p in (json_out, csv_out, report):
@@ -164,7 +264,9 @@ def compare(
 
 @app.command()
 def report(
-    results: Annotated[Path, typer.Argument(help="Results JSON from compare --json (or calibrate).")],
+    results: Annotated[
+        Path, typer.Argument(help="Results JSON from compare --json (or calibrate).")
+    ],
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")],
 ) -> None:
     """Render a results JSON as one self-contained HTML page."""
@@ -182,26 +284,15 @@ def _command_line() -> str:
 
 
 def main() -> None:
-    """Console entry point: one-line errors for user mistakes."""
+    """Console entry point: one-line errors for user mistakes, exit 130 on Ctrl-C."""
     try:
-        app(standalone_mode=False)
+        app()  # standalone: usage errors print click's message and exit 2
     except QuantbenchError as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         console.print("[red]interrupted[/red]: no output was written", highlight=False)
         sys.exit(130)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        sys.exit(130)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
 
 
 if __name__ == "__main__":

@@ -35,7 +35,9 @@ def cached_stats_path(model_hash: str, data_fingerprint: str, tensors_mode: str)
     return stats_cache_dir() / f"{model_hash[:16]}-{data_fingerprint[:16]}-{tensors_mode}.stats.npz"
 
 
-def find_cached_stats(model_hash: str, data_fingerprint: str | None, tensors_mode: str) -> Path | None:
+def find_cached_stats(
+    model_hash: str, data_fingerprint: str | None, tensors_mode: str
+) -> Path | None:
     """A cached statistics file covering ``tensors_mode`` (``all`` covers ``quantizable``)."""
     if not data_fingerprint:
         return None
@@ -60,12 +62,16 @@ def collect_stats(
     input_names = {s.name for s in graph.inputs}
     from_feed = [t for t in tensors if t in input_names]
     from_outputs = [t for t in tensors if t not in input_names]
-    runner = OnnxRuntimeRunner(expose(graph.model, from_outputs, graph.elem_types), provider, threads)
+    runner = OnnxRuntimeRunner(
+        expose(graph.model, from_outputs, graph.elem_types), provider, threads
+    )
     stats = {name: TensorStats(name) for name in tensors}
     fingerprint = None if source.fingerprint else StreamFingerprint()
     num_samples = 0
-    with progress_bar("Calibrating", total=source.num_samples, show=show_progress) as advance, \
-            _stats_worker() as submit:
+    with (
+        progress_bar("Calibrating", total=source.num_samples, show=show_progress) as advance,
+        _stats_worker() as submit,
+    ):
         pending: Future[None] | None = None
         for feed in _nonempty(source.batches(), source):
             if fingerprint is not None:

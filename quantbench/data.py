@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import tomllib
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import tomllib
 
 from quantbench.errors import QuantbenchError
 from quantbench.graph import TensorSpec
@@ -88,7 +88,9 @@ class _NpzMember:
 
     def read(self, start: int, stop: int) -> np.ndarray:
         if self.fortran:
-            raise QuantbenchError(f"{self.path}[{self.member}]: Fortran-ordered arrays are not supported")
+            raise QuantbenchError(
+                f"{self.path}[{self.member}]: Fortran-ordered arrays are not supported"
+            )
         if self._stream is None or start < self._pos:
             self._open()
         if start > self._pos:
@@ -265,7 +267,9 @@ def _from_array_files(
     return DataSource(f"{origin} ({n} samples)", fingerprint, n, batches)
 
 
-def _batch_feed(readers: Mapping[str, ArrayReader], inputs: list[TensorSpec], a: int, b: int) -> Feed:
+def _batch_feed(
+    readers: Mapping[str, ArrayReader], inputs: list[TensorSpec], a: int, b: int
+) -> Feed:
     feed: Feed = {}
     for spec in inputs:
         arr = readers[spec.name].read(a, b)
@@ -306,7 +310,9 @@ def _check_names(origin: Path | str, names: set[str], inputs: list[TensorSpec]) 
         )
 
 
-def _check_arrays(origin: Path, readers: Mapping[str, ArrayReader], inputs: list[TensorSpec]) -> int:
+def _check_arrays(
+    origin: Path, readers: Mapping[str, ArrayReader], inputs: list[TensorSpec]
+) -> int:
     counts = set()
     for spec in inputs:
         r = readers[spec.name]
@@ -341,7 +347,9 @@ def _check_dtype(where: str, dtype: np.dtype, spec: TensorSpec) -> None:
         return
     if dtype == want:
         return
-    raise QuantbenchError(f"{where}: dtype {dtype.name} does not match model input {spec.describe()}")
+    raise QuantbenchError(
+        f"{where}: dtype {dtype.name} does not match model input {spec.describe()}"
+    )
 
 
 def _cast(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
@@ -354,7 +362,9 @@ def _cast(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
 def validate_feed(feed: Mapping[str, Any], inputs: list[TensorSpec], where: str) -> Feed:
     """Check one feed dict against the model inputs; returns contiguous, cast arrays."""
     if not isinstance(feed, Mapping):
-        raise QuantbenchError(f"{where}: expected a dict of input name -> array, got {type(feed).__name__}")
+        raise QuantbenchError(
+            f"{where}: expected a dict of input name -> array, got {type(feed).__name__}"
+        )
     _check_names(where, set(feed), inputs)
     out: Feed = {}
     for spec in inputs:
@@ -397,7 +407,9 @@ def _from_python(obj: Any, inputs: list[TensorSpec], max_samples: int | None) ->
     return DataSource(f"{type(obj).__name__} (Python)", None, None, batches)
 
 
-def _from_script(path: Path, func: str, inputs: list[TensorSpec], max_samples: int | None) -> DataSource:
+def _from_script(
+    path: Path, func: str, inputs: list[TensorSpec], max_samples: int | None
+) -> DataSource:
     if not path.is_file():
         raise QuantbenchError(f"{path}: data-loader script not found")
     spec = importlib.util.spec_from_file_location(f"quantbench_data_{path.stem}", path)
@@ -581,8 +593,12 @@ def _from_images(
                 arr = arr[0]
             yield {name: arr}
 
-    return DataSource(f"{origin} ({len(files)} images, preset {Path(p.source).stem})",
-                      fingerprint, len(files), batches)
+    return DataSource(
+        f"{origin} ({len(files)} images, preset {Path(p.source).stem})",
+        fingerprint,
+        len(files),
+        batches,
+    )
 
 
 class StreamFingerprint:

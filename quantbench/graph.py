@@ -21,11 +21,21 @@ from quantbench.errors import QuantbenchError
 
 #: ops whose inputs TensorRT quantizes (weighted ops: Q/DQ on data and weight).
 WEIGHTED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
-               onnx.TensorProto.BFLOAT16}
+FLOAT_TYPES = {
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.DOUBLE,
+    onnx.TensorProto.BFLOAT16,
+}
 #: ops never folded into constants (their output changes from run to run).
-_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                     "Multinomial", "Bernoulli"}
+_NONDETERMINISTIC = {
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+}
 _NP_DTYPES = {
     onnx.TensorProto.FLOAT: np.float32,
     onnx.TensorProto.FLOAT16: np.float16,
@@ -135,12 +145,23 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         ) from None
     if not model.graph.node and not model.graph.output:
         raise QuantbenchError(f"{p}: not an ONNX model (empty graph); is the file truncated?")
+    _check_input_ranks(model, p)
     try:
         onnx.checker.check_model(model)
     except Exception as exc:  # noqa: BLE001
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise QuantbenchError(f"{p}: invalid ONNX model: {first}") from None
     return model
+
+
+def _check_input_ranks(model: onnx.ModelProto, p: Path | None) -> None:
+    inits = {i.name for i in model.graph.initializer}
+    for v in model.graph.input:
+        if v.name not in inits and not v.type.tensor_type.HasField("shape"):
+            raise QuantbenchError(
+                f"{p or 'model'}: input {v.name!r} has no fixed rank; export the model with a "
+                "static input rank (dynamic dimension sizes are fine)"
+            )
 
 
 def open_graph(path: str | Path | onnx.ModelProto, require_fixed_rank: bool = True) -> Graph:
@@ -153,7 +174,9 @@ def open_graph(path: str | Path | onnx.ModelProto, require_fixed_rank: bool = Tr
         digest = file_hash(p)
     g = Graph(model=model, path=p, hash=digest)
     g.elem_types = _elem_types(model)
-    g.inputs = _graph_inputs(model, p, require_fixed_rank)
+    if require_fixed_rank:
+        _check_input_ranks(model, p)
+    g.inputs = _graph_inputs(model)
     g.outputs = [_spec(v) for v in model.graph.output]
     g.constants = constant_tensors(model)
     return g
@@ -173,20 +196,9 @@ def _spec(v: onnx.ValueInfoProto) -> TensorSpec:
     return TensorSpec(v.name, np.dtype(_NP_DTYPES.get(t.elem_type, np.float32)), tuple(dims))
 
 
-def _graph_inputs(model: onnx.ModelProto, p: Path | None, require_fixed_rank: bool) -> list[TensorSpec]:
+def _graph_inputs(model: onnx.ModelProto) -> list[TensorSpec]:
     inits = {i.name for i in model.graph.initializer}
-    specs = []
-    for v in model.graph.input:
-        if v.name in inits:
-            continue
-        t = v.type.tensor_type
-        if require_fixed_rank and not t.HasField("shape"):
-            raise QuantbenchError(
-                f"{p or 'model'}: input {v.name!r} has no fixed rank; export the model with a "
-                "static input rank (dynamic dimension sizes are fine)"
-            )
-        specs.append(_spec(v))
-    return specs
+    return [_spec(v) for v in model.graph.input if v.name not in inits]
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -244,9 +256,7 @@ def dynamic_weight_convs(g: Graph) -> list[onnx.NodeProto]:
 
 def activation_inputs(g: Graph, node: onnx.NodeProto) -> list[str]:
     """The runtime float inputs a weighted op quantizes: data, and a runtime weight if any."""
-    if node.op_type in ("Conv", "ConvTranspose"):
-        candidates = list(node.input[:2])
-    elif node.op_type in ("Gemm", "MatMul"):
+    if node.op_type in ("Conv", "ConvTranspose") or node.op_type in ("Gemm", "MatMul"):
         candidates = list(node.input[:2])
     else:
         candidates = list(node.input)

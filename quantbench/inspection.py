@@ -15,12 +15,12 @@ from rich.table import Table
 from quantbench import calibrators as registry
 from quantbench.errors import QuantbenchError
 from quantbench.graph import (
+    WEIGHTED_OP_TYPES,
     Graph,
     calibration_tensors,
-    dynamic_weight_convs,
+    is_dynamic_weight_conv,
     node_label,
     open_graph,
-    weighted_nodes,
 )
 from quantbench.progress import console
 from quantbench.stats import StatsFile
@@ -39,8 +39,8 @@ def kind_of(path: Path) -> str:
 
 
 def inspect_model(g: Graph) -> dict[str, Any]:
-    order = {id(n): i for i, n in enumerate(g.model.graph.node)}
-    dyn = dynamic_weight_convs(g)
+    labels = [node_label(n, i) for i, n in enumerate(g.model.graph.node)]
+    nodes = list(g.model.graph.node)
     return {
         "kind": "model",
         "path": str(g.path or ""),
@@ -50,16 +50,19 @@ def inspect_model(g: Graph) -> dict[str, Any]:
         "inputs": [s.describe() for s in g.inputs],
         "outputs": [s.describe() for s in g.outputs],
         "quantizable_ops": [
-            {"node": node_label(n, order[id(n)]), "op_type": n.op_type} for n in weighted_nodes(g)
+            {"node": labels[i], "op_type": n.op_type}
+            for i, n in enumerate(nodes)
+            if n.op_type in WEIGHTED_OP_TYPES
         ],
         "dynamic_weight_convs": [
             {
-                "node": node_label(n, order[id(n)]),
+                "node": labels[i],
                 "data": n.input[0],
                 "weight": n.input[1],
                 "bias": n.input[2] if len(n.input) > 2 else "",
             }
-            for n in dyn
+            for i, n in enumerate(nodes)
+            if is_dynamic_weight_conv(g, n)
         ],
         "calibration_tensors": {
             "all": len(calibration_tensors(g, "all")),
@@ -80,7 +83,8 @@ def inspect_table(path: Path, model: Graph | None = None) -> dict[str, Any]:
         "num_tensors": len(table),
         "invalid": table.invalid(),
         "tensors": [
-            {"name": name, "amax": e.amax, "scale": float(e.scale)} for name, e in table.entries.items()
+            {"name": name, "amax": e.amax, "scale": float(e.scale)}
+            for name, e in table.entries.items()
         ],
     }
     if model is not None:
@@ -110,14 +114,19 @@ def inspect_stats(path: Path, methods: list[str] | None = None) -> dict[str, Any
             {
                 **t.summary(),
                 "name": t.name,
-                "amax": {m: (None if t.has_nonfinite else registry.compute_amax(m, t)) for m in method_list},
+                "amax": {
+                    m: (None if t.has_nonfinite else registry.compute_amax(m, t))
+                    for m in method_list
+                },
             }
             for t in s
         ],
     }
 
 
-def inspect_path(path: str | Path, model: str | Path | None = None, methods: list[str] | None = None) -> dict[str, Any]:
+def inspect_path(
+    path: str | Path, model: str | Path | None = None, methods: list[str] | None = None
+) -> dict[str, Any]:
     p = Path(path)
     kind = kind_of(p)
     if kind == "model":
@@ -141,7 +150,10 @@ def render(report: dict[str, Any], limit: int = 50) -> None:
 
 
 def _render_model(r: dict[str, Any]) -> None:
-    console.print(f"[bold]{r['path']}[/bold]  opset {r['opset']}, {r['num_nodes']} nodes, sha256 {r['hash'][:16]}")
+    console.print(
+        f"[bold]{r['path']}[/bold]  opset {r['opset']}, {r['num_nodes']} nodes, "
+        f"sha256 {r['hash'][:16]}"
+    )
     console.print("inputs:  " + "; ".join(r["inputs"]))
     console.print("outputs: " + "; ".join(r["outputs"]))
     ct = r["calibration_tensors"]
@@ -177,7 +189,10 @@ def _render_table(r: dict[str, Any], limit: int) -> None:
     if len(r["tensors"]) > limit:
         console.print(f"... {len(r['tensors']) - limit} more (use --limit or --json)")
     if r["invalid"]:
-        console.print(f"[yellow]{len(r['invalid'])} entries are zero/negative/Inf/NaN:[/yellow] " + ", ".join(r["invalid"][:10]))
+        console.print(
+            f"[yellow]{len(r['invalid'])} entries are zero/negative/Inf/NaN:[/yellow] "
+            + ", ".join(r["invalid"][:10])
+        )
     if "missing" in r:
         if r.get("model_mismatch"):
             console.print("[yellow]this table was made for another model (hash differs)[/yellow]")
@@ -188,7 +203,9 @@ def _render_table(r: dict[str, Any], limit: int) -> None:
         )
         for label, names in (("missing", r["missing"]), ("extra", r["extra"])):
             if names:
-                console.print(f"  {label}: " + ", ".join(names[:20]) + (" ..." if len(names) > 20 else ""))
+                console.print(
+                    f"  {label}: " + ", ".join(names[:20]) + (" ..." if len(names) > 20 else "")
+                )
 
 
 def _render_stats(r: dict[str, Any], limit: int) -> None:

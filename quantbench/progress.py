@@ -21,7 +21,9 @@ console = Console(stderr=True)
 
 
 @contextmanager
-def progress_bar(description: str, total: int | None, show: bool = True) -> Iterator[Callable[[int], None]]:
+def progress_bar(
+    description: str, total: int | None, show: bool = True
+) -> Iterator[Callable[[int], None]]:
     """Yield ``advance(n)``; draws a bar on a terminal, nothing otherwise."""
     if not show or not console.is_terminal:
         yield lambda n: None
@@ -41,8 +43,8 @@ def progress_bar(description: str, total: int | None, show: bool = True) -> Iter
 
 
 def warn(message: str) -> None:
-    console.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
+    console.print(f"[yellow]warning:[/yellow] {message}", highlight=False, soft_wrap=True)
 
 
 def info(message: str) -> None:
-    console.print(message, highlight=False)
+    console.print(message, highlight=False, soft_wrap=True)

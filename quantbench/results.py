@@ -29,7 +29,12 @@ HISTOGRAM_BINS = 128
 
 #: --fail-below metric names and where they are read from.
 GATE_METRICS = (
-    "top1_agreement", "top5_agreement", "accuracy", "accuracy_delta", "cosine", "sqnr_db",
+    "top1_agreement",
+    "top5_agreement",
+    "accuracy",
+    "accuracy_delta",
+    "cosine",
+    "sqnr_db",
     "min_layer_sqnr_db",
 )
 
@@ -77,35 +82,59 @@ def base_document(kind: str, graph: Graph, command: str) -> dict[str, Any]:
     }
 
 
-def calibration_section(stats: StatsFile, tensors: list[str] | None, method_used: str | None, methods: list[str] | None = None) -> dict[str, Any]:
+def calibration_section(
+    stats: StatsFile,
+    tensors: list[str] | None,
+    method_used: str | None,
+    methods: list[str] | None = None,
+) -> dict[str, Any]:
     """amax per method per tensor and a compact |x| histogram, for the report's calibration part."""
     method_list = registry.expand_methods(methods or ["all"])
     names = [t for t in (tensors or list(stats.tensors)) if t in stats.tensors]
     rows = []
     for name in names:
         t = stats[name]
-        amax = {m: (None if t.has_nonfinite else _finite(registry.compute_amax(m, t))) for m in method_list}
+        amax = {
+            m: (None if t.has_nonfinite else _finite(registry.compute_amax(m, t)))
+            for m in method_list
+        }
         upper = t.max_abs
-        hist = t.abs_histogram(HISTOGRAM_BINS, upper) if t.count and upper > 0 else np.zeros(HISTOGRAM_BINS)
-        rows.append({
-            **{k: _finite(v) for k, v in t.summary().items()},
-            "name": name,
-            "amax": amax,
-            "used_method": method_used,
-            "histogram": {"upper": upper, "counts": [round(float(c), 2) for c in hist]},
-        })
-    return {"methods": method_list, "method_used": method_used, "tensors": rows,
-            "num_samples": stats.num_samples, "data_fingerprint": stats.data_fingerprint}
+        hist = (
+            t.abs_histogram(HISTOGRAM_BINS, upper)
+            if t.count and upper > 0
+            else np.zeros(HISTOGRAM_BINS)
+        )
+        rows.append(
+            {
+                **{k: _finite(v) for k, v in t.summary().items()},
+                "name": name,
+                "amax": amax,
+                "used_method": method_used,
+                "histogram": {"upper": upper, "counts": [round(float(c), 2) for c in hist]},
+            }
+        )
+    return {
+        "methods": method_list,
+        "method_used": method_used,
+        "tensors": rows,
+        "num_samples": stats.num_samples,
+        "data_fingerprint": stats.data_fingerprint,
+    }
 
 
-def calibration_results(model: str | Path | Graph, result: Any, command: str = "") -> dict[str, Any]:
+def calibration_results(
+    model: str | Path | Graph, result: Any, command: str = ""
+) -> dict[str, Any]:
     """Results document of ``calibrate --report`` (kind = calibration)."""
     from quantbench.graph import open_graph
 
     graph = model if isinstance(model, Graph) else open_graph(model)
     doc = base_document("calibration", graph, command)
     methods = list(result.tables)
-    doc["data"] = {"calib_fingerprint": result.stats.data_fingerprint, "calib_samples": result.stats.num_samples}
+    doc["data"] = {
+        "calib_fingerprint": result.stats.data_fingerprint,
+        "calib_samples": result.stats.num_samples,
+    }
     doc["calibration"] = calibration_section(result.stats, None, methods[0] if methods else None)
     doc["written"] = [str(p) for p in result.written]
     return doc
@@ -125,7 +154,8 @@ def parse_gate(text: str) -> tuple[str, float]:
     name = name.strip()
     if not sep or name not in GATE_METRICS:
         raise QuantbenchError(
-            f"--fail-below {text!r}: expected METRIC=VALUE with METRIC one of {', '.join(GATE_METRICS)}"
+            f"--fail-below {text!r}: expected METRIC=VALUE with METRIC one of "
+            + ", ".join(GATE_METRICS)
         )
     try:
         return name, float(value)
@@ -149,8 +179,13 @@ def gate_value(doc: dict[str, Any], metric: str, side: str = "B") -> float | Non
         v = first.get(metric)
         return math.inf if v == "inf" else v
     if metric == "min_layer_sqnr_db":
-        vals = [r["sqnr_db"] for r in doc.get("layers", []) if r.get("candidate") == side
-                and r.get("view") == "accumulated" and isinstance(r.get("sqnr_db"), (int, float))]
+        vals = [
+            r["sqnr_db"]
+            for r in doc.get("layers", [])
+            if r.get("candidate") == side
+            and r.get("view") == "accumulated"
+            and isinstance(r.get("sqnr_db"), (int, float))
+        ]
         return min(vals) if vals else None
     return None
 
@@ -159,8 +194,14 @@ def apply_gates(doc: dict[str, Any], gates: list[tuple[str, float]]) -> None:
     rows = []
     for metric, minimum in gates:
         value = gate_value(doc, metric)
-        rows.append({"metric": metric, "min": minimum, "value": value,
-                     "passed": value is not None and value >= minimum})
+        rows.append(
+            {
+                "metric": metric,
+                "min": minimum,
+                "value": value,
+                "passed": value is not None and value >= minimum,
+            }
+        )
     doc["thresholds"] = rows
     doc["passed"] = all(r["passed"] for r in rows)
 
@@ -187,7 +228,9 @@ def load_results(path: str | Path) -> dict[str, Any]:
 
 
 def write_json(doc: dict[str, Any], path: str | Path) -> Path:
-    return write_text_atomic(path, json.dumps(doc, indent=2, default=_json_default, allow_nan=False) + "\n")
+    return write_text_atomic(
+        path, json.dumps(doc, indent=2, default=_json_default, allow_nan=False) + "\n"
+    )
 
 
 def _json_default(v: Any) -> Any:
@@ -203,8 +246,22 @@ def _json_default(v: Any) -> Any:
 def write_layers_csv(doc: dict[str, Any], path: str | Path) -> Path:
     import pandas as pd
 
-    columns = ["candidate", "index", "tensor", "node", "op_type", "view", "quantized", "cosine",
-               "sqnr_db", "rel_l2", "max_abs", "mean_abs", "clip_fraction", "amax"]
+    columns = [
+        "candidate",
+        "index",
+        "tensor",
+        "node",
+        "op_type",
+        "view",
+        "quantized",
+        "cosine",
+        "sqnr_db",
+        "rel_l2",
+        "max_abs",
+        "mean_abs",
+        "clip_fraction",
+        "amax",
+    ]
     frame = pd.DataFrame(doc.get("layers", []), columns=columns)
     with atomic_path(path) as tmp:
         frame.to_csv(tmp, index=False)

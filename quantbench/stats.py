@@ -318,7 +318,9 @@ class StatsFile:
                 if meta.get("format") != STATS_FORMAT:
                     raise ValueError("not a quantbench statistics file")
                 if meta.get("half_bins") != HALF_BINS:
-                    raise ValueError(f"made with {meta.get('half_bins')} bins, expected {HALF_BINS}")
+                    raise ValueError(
+                        f"made with {meta.get('half_bins')} bins, expected {HALF_BINS}"
+                    )
                 tensors: dict[str, TensorStats] = {}
                 for i, t in enumerate(meta["tensors"]):
                     counts = np.zeros(2 * HALF_BINS, dtype=np.int64)

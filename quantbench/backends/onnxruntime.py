@@ -36,14 +36,19 @@ def resolve_provider(provider: str | None) -> str:
     if name not in available:
         hint = ""
         if name == "CUDAExecutionProvider":
-            hint = " (install the gpu extra: pip uninstall onnxruntime && pip install 'quantbench[gpu]')"
+            hint = (
+                " (install the gpu extra: pip uninstall onnxruntime && "
+                "pip install 'quantbench[gpu]')"
+            )
         raise QuantbenchError(
             f"onnxruntime provider {name} is not available{hint}; available: {', '.join(available)}"
         )
     return name
 
 
-def expose(model: onnx.ModelProto, tensors: Iterable[str], elem_types: Mapping[str, int]) -> onnx.ModelProto:
+def expose(
+    model: onnx.ModelProto, tensors: Iterable[str], elem_types: Mapping[str, int]
+) -> onnx.ModelProto:
     """Copy of ``model`` whose graph also outputs ``tensors`` (types from shape inference)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -51,7 +56,9 @@ def expose(model: onnx.ModelProto, tensors: Iterable[str], elem_types: Mapping[s
     for name in tensors:
         if name in present:
             continue
-        vi = onnx.helper.make_tensor_value_info(name, elem_types.get(name, onnx.TensorProto.FLOAT), None)
+        vi = onnx.helper.make_tensor_value_info(
+            name, elem_types.get(name, onnx.TensorProto.FLOAT), None
+        )
         out.graph.output.append(vi)
         present.add(name)
     return out
@@ -94,7 +101,9 @@ class OnnxRuntimeRunner:
         }[optimization]
         payload = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
         try:
-            self.session = ort.InferenceSession(payload, sess_options=opts, providers=[self.provider])
+            self.session = ort.InferenceSession(
+                payload, sess_options=opts, providers=[self.provider]
+            )
         except Exception as exc:  # noqa: BLE001 - ORT reports model problems as generic errors
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise QuantbenchError(f"onnxruntime cannot load the model: {first}") from None
@@ -108,7 +117,9 @@ class OnnxRuntimeRunner:
     def input_metadata(self) -> dict[str, tuple[str, list[int | str | None]]]:
         return {i.name: (i.type, list(i.shape)) for i in self.session.get_inputs()}
 
-    def infer(self, feeds: Mapping[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+    def infer(
+        self, feeds: Mapping[str, np.ndarray], outputs: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
         names = outputs or self.output_names
         try:
             values = self.session.run(names, dict(feeds))

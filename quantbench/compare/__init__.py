@@ -38,7 +38,9 @@ def _load_labels(path: str | Path | None) -> np.ndarray | None:
     except Exception as exc:  # noqa: BLE001
         raise QuantbenchError(f"{p}: not a readable .npy of labels ({exc})") from None
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-        raise QuantbenchError(f"{p}: labels must be a 1-D integer array, got {labels.dtype}{list(labels.shape)}")
+        raise QuantbenchError(
+            f"{p}: labels must be a 1-D integer array, got {labels.dtype}{list(labels.shape)}"
+        )
     return labels
 
 
@@ -76,8 +78,14 @@ def compare(
             check_output_path(p)
     graph = open_graph(model)
     label_array = _load_labels(labels)
-    source = open_data(data, graph.inputs, batch_size=batch_size, max_samples=max_samples, preset=preset)
-    if label_array is not None and source.num_samples is not None and len(label_array) != source.num_samples:
+    source = open_data(
+        data, graph.inputs, batch_size=batch_size, max_samples=max_samples, preset=preset
+    )
+    if (
+        label_array is not None
+        and source.num_samples is not None
+        and len(label_array) != source.num_samples
+    ):
         raise QuantbenchError(
             f"{labels}: {len(label_array)} labels for {source.num_samples} evaluation samples"
         )
@@ -88,14 +96,28 @@ def compare(
         ctx.table = read_table(table)
     if needs_int8 and (calib_data is not None or stats is not None):
         stats_file, _, _ = obtain_stats(
-            graph, calib_data, tensors="quantizable", stats=stats, batch_size=batch_size,
-            max_samples=calib_max_samples, preset=preset, provider=provider,
+            graph,
+            calib_data,
+            tensors="quantizable",
+            stats=stats,
+            batch_size=batch_size,
+            max_samples=calib_max_samples,
+            preset=preset,
+            provider=provider,
             show_progress=show_progress,
         )
         ctx.stats = stats_file
     body = run_comparison(
-        graph, source, (a, b), ctx, labels=label_array, provider=provider, threads=threads,
-        latency=latency, latency_runs=latency_runs, show_progress=show_progress,
+        graph,
+        source,
+        (a, b),
+        ctx,
+        labels=label_array,
+        provider=provider,
+        threads=threads,
+        latency=latency,
+        latency_runs=latency_runs,
+        show_progress=show_progress,
     )
     doc = base_document("compare", graph, command or f"quantbench compare {a} {b} --model {model}")
     doc["data"] = {
@@ -122,4 +144,3 @@ def compare(
 
         write_report(doc, report_path)
     return doc
-

@@ -142,9 +142,12 @@ def _clone(node: onnx.NodeProto, inputs: list[str], outputs: list[str]) -> onnx.
 
 def quantized_ops(candidate: onnx.ModelProto) -> list[onnx.NodeProto]:
     """Ops of the candidate that read at least one DequantizeLinear output."""
-    dq_outputs = {o for n in candidate.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    dq_outputs = {
+        o for n in candidate.graph.node if n.op_type == "DequantizeLinear" for o in n.output
+    }
     return [
-        n for n in candidate.graph.node
+        n
+        for n in candidate.graph.node
         if n.op_type not in QDQ_OPS and any(i in dq_outputs for i in n.input)
     ]
 

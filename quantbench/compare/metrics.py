@@ -58,7 +58,10 @@ class DriftAccumulator:
 
     def metrics(self) -> dict[str, float | None]:
         if self.n == 0:
-            return {k: None for k in ("cosine", "sqnr_db", "rel_l2", "max_abs", "mean_abs", "clip_fraction")}
+            return {
+                k: None
+                for k in ("cosine", "sqnr_db", "rel_l2", "max_abs", "mean_abs", "clip_fraction")
+            }
         denom = math.sqrt(self.sum_aa * self.sum_bb)
         cosine = self.sum_ab / denom if denom > 0 else (1.0 if self.sum_dd == 0 else 0.0)
         if self.sum_dd == 0:
@@ -67,7 +70,11 @@ class DriftAccumulator:
             sqnr = -math.inf
         else:
             sqnr = 10.0 * math.log10(self.sum_aa / self.sum_dd)
-        rel = math.sqrt(self.sum_dd / self.sum_aa) if self.sum_aa > 0 else (0.0 if self.sum_dd == 0 else math.inf)
+        rel = (
+            math.sqrt(self.sum_dd / self.sum_aa)
+            if self.sum_aa > 0
+            else (0.0 if self.sum_dd == 0 else math.inf)
+        )
         return {
             "cosine": min(1.0, max(-1.0, cosine)),
             "sqnr_db": sqnr,

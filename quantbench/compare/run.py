@@ -90,7 +90,9 @@ def _elem_types(graph: Graph, names: list[str]) -> dict[str, int]:
     return {n: graph.elem_types.get(n, onnx.TensorProto.FLOAT) for n in names}
 
 
-def prepare_sides(graph: Graph, cands: list[Candidate], provider: str | None, threads: int | None) -> tuple[OnnxRuntimeRunner, list[str], list[Side]]:
+def prepare_sides(
+    graph: Graph, cands: list[Candidate], provider: str | None, threads: int | None
+) -> tuple[OnnxRuntimeRunner, list[str], list[Side]]:
     """Build the reference runner (with isolated copies) and one runner per candidate."""
     sides = [Side(k, c) for k, c in zip(SIDES, cands)]
     ref_model = graph.model
@@ -119,7 +121,9 @@ def prepare_sides(graph: Graph, cands: list[Candidate], provider: str | None, th
             isolated_twins.update({f"{side.key}:{twin}": t for t, twin in iso.twins.items()})
     out_names = [o.name for o in graph.model.graph.output]
     ordered = [t for t in _layer_tensors(graph, graph.model) if t in ref_tensors]
-    ordered += [t for t in ref_tensors if t not in ordered and t not in {s.name for s in graph.inputs}]
+    ordered += [
+        t for t in ref_tensors if t not in ordered and t not in {s.name for s in graph.inputs}
+    ]
     ref_fetch = list(dict.fromkeys(out_names + ordered + list(isolated_twins)))
     types = _elem_types(graph, ordered + out_names)
     types.update({twin: types.get(t, onnx.TensorProto.FLOAT) for twin, t in isolated_twins.items()})
@@ -129,7 +133,9 @@ def prepare_sides(graph: Graph, cands: list[Candidate], provider: str | None, th
             continue
         cand_fetch = list(dict.fromkeys(_output_names(side.candidate.model) + side.tensors))
         side.runner = OnnxRuntimeRunner(
-            expose(side.candidate.model, cand_fetch, _elem_types(graph, cand_fetch)), provider, threads
+            expose(side.candidate.model, cand_fetch, _elem_types(graph, cand_fetch)),
+            provider,
+            threads,
         )
         side.accumulated = {t: DriftAccumulator() for t in side.tensors}
         side.isolated_acc = {t: DriftAccumulator() for t in side.isolated}
@@ -157,7 +163,8 @@ def _pair_outputs(ref_outputs: list[str], cand_outputs: list[str]) -> dict[str, 
     if len(ref_outputs) == len(cand_outputs):
         return dict(zip(ref_outputs, cand_outputs))
     raise QuantbenchError(
-        f"outputs differ: reference has {', '.join(ref_outputs)}, candidate has {', '.join(cand_outputs)}"
+        f"outputs differ: reference has {', '.join(ref_outputs)}, "
+        f"candidate has {', '.join(cand_outputs)}"
     )
 
 
@@ -229,13 +236,17 @@ def _label_batches(labels: np.ndarray | None):
         chunk = labels[pos : pos + n]
         pos += n
         if len(chunk) != n:
-            raise QuantbenchError(f"labels: only {len(labels)} labels, more evaluation samples than that")
+            raise QuantbenchError(
+                f"labels: only {len(labels)} labels, more evaluation samples than that"
+            )
         return chunk
 
     return take
 
 
-def _update_side(side: Side, ref: dict[str, np.ndarray], feed: Feed, labels: np.ndarray | None) -> None:
+def _update_side(
+    side: Side, ref: dict[str, np.ndarray], feed: Feed, labels: np.ndarray | None
+) -> None:
     if side.runner is None:  # the FP32 reference itself
         return
     got = side.runner.infer(feed, list(dict.fromkeys(list(side.pairing.values()) + side.tensors)))
@@ -253,7 +264,11 @@ def _update_side(side: Side, ref: dict[str, np.ndarray], feed: Feed, labels: np.
 
 
 def _node_of(graph: Graph) -> dict[str, tuple[str, str]]:
-    return {o: (node_label(n, i), n.op_type) for i, n in enumerate(graph.model.graph.node) for o in n.output}
+    return {
+        o: (node_label(n, i), n.op_type)
+        for i, n in enumerate(graph.model.graph.node)
+        for o in n.output
+    }
 
 
 def _clean(v: float | None) -> float | None | str:
@@ -264,7 +279,13 @@ def _clean(v: float | None) -> float | None | str:
     return v
 
 
-def _document(graph: Graph, sides: list[Side], ref_out: list[str], acc_ref: dict[str, AgreementAccumulator], labelled: bool) -> dict[str, Any]:
+def _document(
+    graph: Graph,
+    sides: list[Side],
+    ref_out: list[str],
+    acc_ref: dict[str, AgreementAccumulator],
+    labelled: bool,
+) -> dict[str, Any]:
     nodes = _node_of(graph)
     order = {t: i for i, t in enumerate(o for n in graph.model.graph.node for o in n.output)}
     layers: list[dict[str, Any]] = []
@@ -293,7 +314,9 @@ def _document(graph: Graph, sides: list[Side], ref_out: list[str], acc_ref: dict
         for o in ref_out:
             row = {"candidate": side.key, "name": o}
             row.update(side.agreement[o].metrics())
-            row.update({k: _clean(v) for k, v in side.outputs[o].metrics().items() if k != "clip_fraction"})
+            row.update(
+                {k: _clean(v) for k, v in side.outputs[o].metrics().items() if k != "clip_fraction"}
+            )
             outputs.append(row)
         if labelled and ref_out:
             acc = side.agreement[ref_out[0]].accuracy()
@@ -313,6 +336,7 @@ def _document(graph: Graph, sides: list[Side], ref_out: list[str], acc_ref: dict
 
 def _ranking(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Layers worst first by isolated SQNR (the error each adds by itself)."""
+
     def key(r: dict[str, Any]) -> float:
         v = r.get("sqnr_db")
         return math.inf if v in (None, "inf") else (-math.inf if v == "-inf" else float(v))
@@ -322,19 +346,28 @@ def _ranking(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for rank, r in enumerate(sorted(iso, key=key)):
         a = acc.get((r["candidate"], r["tensor"]))
-        out.append({
-            "rank": rank + 1,
-            "candidate": r["candidate"],
-            "tensor": r["tensor"],
-            "node": r["node"],
-            "op_type": r["op_type"],
-            "isolated_sqnr_db": r.get("sqnr_db"),
-            "accumulated_sqnr_db": a.get("sqnr_db") if a else None,
-        })
+        out.append(
+            {
+                "rank": rank + 1,
+                "candidate": r["candidate"],
+                "tensor": r["tensor"],
+                "node": r["node"],
+                "op_type": r["op_type"],
+                "isolated_sqnr_db": r.get("sqnr_db"),
+                "accumulated_sqnr_db": a.get("sqnr_db") if a else None,
+            }
+        )
     return out
 
 
-def _latency(graph: Graph, sides: list[Side], feed: Feed, provider: str | None, threads: int | None, runs: int) -> dict[str, Any]:
+def _latency(
+    graph: Graph,
+    sides: list[Side],
+    feed: Feed,
+    provider: str | None,
+    threads: int | None,
+    runs: int,
+) -> dict[str, Any]:
     bs = feed_num_samples(feed, graph.inputs)
     out: dict[str, Any] = {}
     for side in sides:
@@ -344,4 +377,3 @@ def _latency(graph: Graph, sides: list[Side], feed: Feed, provider: str | None, 
         out[side.key] = stats
         runner.close()
     return out
-

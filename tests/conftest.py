@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny models built in code, an isolated stats cache, a CLI runner."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import synthetic  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+EXAMPLE = REPO / "examples" / "tinycnn"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Every test gets its own statistics cache (never the user's ~/.cache)."""
+    monkeypatch.setenv("QUANTBENCH_CACHE", str(tmp_path_factory.mktemp("qb-cache")))
+
+
+@pytest.fixture()
+def cnn_path(tmp_path) -> Path:
+    return synthetic.save(synthetic.small_cnn(), tmp_path / "cnn.onnx")
+
+
+@pytest.fixture()
+def cnn_data(tmp_path) -> Path:
+    path = tmp_path / "calib.npz"
+    np.savez(path, input=synthetic.images(40))
+    return path
+
+
+@pytest.fixture()
+def run_cli(capsys) -> Callable[..., tuple[int, str, str]]:
+    """Run ``quantbench ARGS`` in-process; returns (exit code, stdout, stderr)."""
+    from quantbench import cli
+
+    def run(*args: object) -> tuple[int, str, str]:
+        old = sys.argv
+        sys.argv = ["quantbench", *map(str, args)]
+        code = 0
+        try:
+            cli.main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            sys.argv = old
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def require_example() -> Path:
+    if not (EXAMPLE / "tinycnn.onnx").is_file():
+        pytest.skip("bundled example examples/tinycnn/ not generated")
+    return EXAMPLE

@@ -1,0 +1,223 @@
+"""`quantbench calibrate` and `inspect` end to end, including every bad input of the issue."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import synthetic
+from onnx import TensorProto, helper
+
+from quantbench import calibrate as cal
+from quantbench.table.codecs import read_table
+
+
+def test_one_method_writes_a_trt_cache(run_cli, cnn_path, cnn_data, tmp_path):
+    out = tmp_path / "cnn.cache"
+    code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "-m", "entropy", "-o", out)
+    assert code == 0, err
+    lines = out.read_text().splitlines()
+    assert lines[0] == "TRT-101600-EntropyCalibration2"
+    table = read_table(out)
+    assert list(table)[:2] == ["input", "c1"]  # network order, graph input first
+    assert len(table) == 8 and not table.invalid()
+
+
+def test_all_methods_write_a_folder_from_one_pass(
+    run_cli, cnn_path, cnn_data, tmp_path, monkeypatch
+):
+    calls = []
+    real = cal.collect_stats
+    monkeypatch.setattr(cal, "collect_stats", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = tmp_path / "tables"
+    code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "--method", "all", "-o", out)
+    assert code == 0, err
+    names = sorted(p.name for p in out.iterdir())
+    assert (
+        "entropy.cache" in names and "minmax.cache" in names and "percentile-99.99.cache" in names
+    )
+    assert read_table(out / "minmax.cache").algorithm == "MinMaxCalibration"
+    assert len(calls) == 1
+    # a second run with another method is served from the statistics cache: no inference
+    code, _, err = run_cli(
+        "calibrate",
+        cnn_path,
+        "--data",
+        cnn_data,
+        "-m",
+        "mse",
+        "-o",
+        tmp_path / "m.json",
+        "-f",
+        "json",
+    )
+    assert code == 0 and len(calls) == 1 and "cached statistics" in err
+    assert json.loads((tmp_path / "m.json").read_text())["method"] == "mse"
+
+
+def test_tables_are_deterministic(cnn_path, cnn_data, tmp_path):
+    a = cal.calibrate(
+        cnn_path, cnn_data, output=tmp_path / "a.cache", use_cache=False, show_progress=False
+    )
+    b = cal.calibrate(
+        cnn_path,
+        cnn_data,
+        output=tmp_path / "b.cache",
+        batch_size=7,
+        use_cache=False,
+        show_progress=False,
+    )
+    assert a.written[0].read_bytes() == b.written[0].read_bytes()
+
+
+def test_merge_shards_equals_whole(run_cli, cnn_path, tmp_path):
+    x = synthetic.images(30)
+    np.savez(tmp_path / "all.npz", input=x)
+    np.savez(tmp_path / "h1.npz", input=x[:13])
+    np.savez(tmp_path / "h2.npz", input=x[13:])
+    for name in ("h1", "h2", "all"):
+        code, _, err = run_cli(
+            "calibrate",
+            cnn_path,
+            "--data",
+            tmp_path / f"{name}.npz",
+            "--save-stats",
+            tmp_path / f"{name}.stats",
+            "-o",
+            tmp_path / f"{name}.cache",
+        )
+        assert code == 0, err
+    code, _, err = run_cli(
+        "calibrate",
+        cnn_path,
+        "--merge",
+        tmp_path / "h1.stats",
+        "--merge",
+        tmp_path / "h2.stats",
+        "-o",
+        tmp_path / "merged.cache",
+    )
+    assert code == 0, err
+    assert (tmp_path / "merged.cache").read_bytes() == (tmp_path / "all.cache").read_bytes()
+
+
+def test_inspect_model_cache_and_stats(run_cli, cnn_path, cnn_data, tmp_path):
+    cache = tmp_path / "c.cache"
+    assert (
+        run_cli("calibrate", cnn_path, "--data", cnn_data, "--tensors", "quantizable", "-o", cache)[
+            0
+        ]
+        == 0
+    )
+    code, out, _ = run_cli("inspect", cache, "--model", cnn_path, "--json")
+    report = json.loads(out)
+    assert code == 0 and report["num_tensors"] == 3
+    assert set(report["missing"]) == {"c1", "c2", "sum", "gap", "logits"}
+    assert report["missing_quantizable"] == []
+    code, out, _ = run_cli("inspect", cnn_path, "--json")
+    assert json.loads(out)["quantizable_ops"][0] == {"node": "conv1", "op_type": "Conv"}
+    assert (
+        run_cli("calibrate", cnn_path, "--data", cnn_data, "--save-stats", tmp_path / "s.stats")[0]
+        == 0
+    )
+    code, out, _ = run_cli("inspect", tmp_path / "s.stats", "--json", "-m", "minmax")
+    rows = json.loads(out)["tensors"]
+    assert rows[0]["amax"]["minmax"] == pytest.approx(rows[0]["max_abs"])
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _expect_error(run_cli, *args, match: str):
+    code, out, err = run_cli(*args)
+    assert code == 2, (out, err)
+    assert match in err
+    assert "Traceback" not in err
+    assert len([ln for ln in err.strip().splitlines() if ln.startswith("error:")]) == 1
+
+
+def test_not_onnx_and_truncated(run_cli, cnn_path, cnn_data, tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_text("hello")
+    _expect_error(run_cli, "calibrate", junk, "--data", cnn_data, match="not a readable ONNX model")
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(cnn_path.read_bytes()[:300])
+    _expect_error(run_cli, "calibrate", cut, "--data", cnn_data, match="cut.onnx")
+
+
+def test_input_without_fixed_rank(run_cli, cnn_data, tmp_path):
+    m = synthetic.small_cnn()
+    m.graph.input[0].type.tensor_type.ClearField("shape")
+    path = synthetic.save(m, tmp_path / "norank.onnx")
+    _expect_error(run_cli, "calibrate", path, "--data", cnn_data, match="no fixed rank")
+
+
+def test_wrong_data(run_cli, cnn_path, tmp_path):
+    np.savez(tmp_path / "w.npz", image=synthetic.images(2))
+    _expect_error(
+        run_cli,
+        "calibrate",
+        cnn_path,
+        "--data",
+        tmp_path / "w.npz",
+        match="no data for model input(s) input",
+    )
+    np.savez(tmp_path / "e.npz", input=np.zeros((0, 3, 16, 16), np.float32))
+    _expect_error(run_cli, "calibrate", cnn_path, "--data", tmp_path / "e.npz", match="empty")
+
+
+def test_missing_output_folder_writes_nothing(run_cli, cnn_path, cnn_data, tmp_path):
+    _expect_error(
+        run_cli,
+        "calibrate",
+        cnn_path,
+        "--data",
+        cnn_data,
+        "-o",
+        tmp_path / "no" / "x.cache",
+        match="does not exist",
+    )
+    assert not (tmp_path / "no").exists()
+
+
+def test_corrupt_cache_to_inspect(run_cli, tmp_path):
+    bad = tmp_path / "bad.cache"
+    bad.write_text("TRT-8401-EntropyCalibration2\ninput 3c010a14\n")
+    _expect_error(run_cli, "inspect", bad, match="bad.cache")
+
+
+def test_stats_from_another_model(run_cli, cnn_path, cnn_data, tmp_path):
+    assert (
+        run_cli("calibrate", cnn_path, "--data", cnn_data, "--save-stats", tmp_path / "s.stats")[0]
+        == 0
+    )
+    other = synthetic.save(synthetic.small_cnn(seed=5), tmp_path / "other.onnx")
+    _expect_error(
+        run_cli, "calibrate", other, "--stats", tmp_path / "s.stats", match="another model"
+    )
+
+
+def test_nan_activations_are_reported_and_left_out(run_cli, tmp_path):
+    nodes = [
+        helper.make_node("Log", ["x"], ["logx"], name="log"),  # NaN for negative inputs
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Add", ["logx", "r"], ["y"], name="add"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "nan",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "nan.onnx"
+    onnx.save(model, path)
+    np.save(tmp_path / "x.npy", np.array([[1, -1, 2, 3]] * 5, np.float32))
+    out = tmp_path / "t.cache"
+    code, _, err = run_cli("calibrate", path, "--data", tmp_path / "x.npy", "-o", out)
+    assert code == 0, err
+    assert "NaN/Inf" in err and "logx" in err
+    table = read_table(out)
+    assert "logx" not in table and "y" not in table and "r" in table

@@ -1,0 +1,155 @@
+"""Data sources: every input form, validation against the model, bounded reading."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import synthetic
+from PIL import Image
+
+from quantbench.data import open_data
+from quantbench.errors import QuantbenchError
+from quantbench.graph import open_graph
+
+
+@pytest.fixture()
+def graph(cnn_path):
+    return open_graph(cnn_path)
+
+
+def _all(source):
+    return list(source.batches())
+
+
+def test_npz_batches_and_max_samples(graph, tmp_path):
+    x = synthetic.images(23)
+    np.savez(tmp_path / "d.npz", input=x)
+    src = open_data(tmp_path / "d.npz", graph.inputs, batch_size=5, max_samples=17)
+    batches = _all(src)
+    assert [b["input"].shape[0] for b in batches] == [5, 5, 5, 2]
+    assert np.array_equal(np.concatenate([b["input"] for b in batches]), x[:17])
+    assert src.num_samples == 17
+    assert _all(src)[0]["input"].shape == (5, 3, 16, 16)  # re-iterable
+
+
+def test_compressed_npz_streams(graph, tmp_path):
+    x = synthetic.images(9)
+    np.savez_compressed(tmp_path / "d.npz", input=x)
+    got = np.concatenate(
+        [b["input"] for b in _all(open_data(tmp_path / "d.npz", graph.inputs, batch_size=4))]
+    )
+    assert np.array_equal(got, x)
+
+
+def test_npy_folder_and_float64_cast(graph, tmp_path):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    np.save(folder / "a.npy", synthetic.images(3).astype(np.float64))
+    np.save(folder / "b.npy", synthetic.images(2, seed=1))
+    batches = _all(open_data(folder, graph.inputs, batch_size=2))
+    assert sum(b["input"].shape[0] for b in batches) == 5
+    assert all(b["input"].dtype == np.float32 for b in batches)
+
+
+def test_fingerprint_depends_on_content_not_batching(graph, tmp_path):
+    np.savez(tmp_path / "d.npz", input=synthetic.images(6))
+    f1 = open_data(tmp_path / "d.npz", graph.inputs, batch_size=1).fingerprint
+    f2 = open_data(tmp_path / "d.npz", graph.inputs, batch_size=3).fingerprint
+    np.savez(tmp_path / "e.npz", input=synthetic.images(6, seed=3))
+    f3 = open_data(tmp_path / "e.npz", graph.inputs).fingerprint
+    assert f1 == f2 != f3
+
+
+def test_loader_script(graph, tmp_path):
+    script = tmp_path / "loader.py"
+    script.write_text(
+        "import numpy as np\n"
+        "def load_data():\n"
+        "    for i in range(4):\n"
+        "        yield {'input': np.full((2, 3, 16, 16), i, np.float32)}\n"
+        "def other():\n"
+        "    yield {'input': np.zeros((1, 3, 16, 16), np.float32)}\n"
+    )
+    assert len(_all(open_data(script, graph.inputs))) == 4
+    assert len(_all(open_data(f"{script}:other", graph.inputs))) == 1
+    assert (
+        sum(b["input"].shape[0] for b in _all(open_data(script, graph.inputs, max_samples=3))) == 3
+    )
+    with pytest.raises(QuantbenchError, match="no function 'nope'"):
+        open_data(f"{script}:nope", graph.inputs)
+
+
+def test_calibration_data_reader_protocol(graph):
+    class Reader:
+        def __init__(self):
+            self.items = [{"input": synthetic.images(2, seed=i)} for i in range(3)]
+
+        def get_next(self):
+            return self.items.pop(0) if self.items else None
+
+    src = open_data(Reader(), graph.inputs)
+    assert len(_all(src)) == 3 and src.fingerprint is None
+
+
+def test_image_folder_with_preset(tmp_path):
+    from onnx import TensorProto, helper
+
+    model = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Identity", ["img"], ["out"])],
+            "id",
+            [helper.make_tensor_value_info("img", TensorProto.FLOAT, ["N", 3, 8, 8])],
+            [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    g = open_graph(model)
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(3):
+        Image.fromarray(np.full((12, 10, 3), 40 * i, np.uint8)).save(folder / f"{i}.png")
+    preset = tmp_path / "p.toml"
+    preset.write_text(
+        "[input]\nresize = [8, 8]\nscale = 0.00392156862745098\n"
+        "mean = [0.5, 0.5, 0.5]\nstd = [0.5, 0.5, 0.5]\n"
+    )
+    batches = _all(open_data(folder, g.inputs, batch_size=2, preset=preset))
+    assert [b["img"].shape for b in batches] == [(2, 3, 8, 8), (1, 3, 8, 8)]
+    assert batches[0]["img"][0].max() == pytest.approx(-1.0)  # black -> (0 - 0.5) / 0.5
+    with pytest.raises(QuantbenchError, match="preset"):
+        open_data(folder, g.inputs)
+
+
+@pytest.mark.parametrize(
+    ("arrays", "match"),
+    [
+        ({"wrong": synthetic.images(2)}, "no data for model input"),
+        ({"input": synthetic.images(2).astype(np.int32)}, "dtype int32"),
+        ({"input": synthetic.images(2)[:, :, :8]}, "does not match model input"),
+        ({"input": np.zeros((2, 3), np.float32)}, "rank"),
+        ({"input": np.zeros((0, 3, 16, 16), np.float32)}, "empty"),
+    ],
+)
+def test_bad_arrays(graph, tmp_path, arrays, match):
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(QuantbenchError, match=match):
+        open_data(tmp_path / "bad.npz", graph.inputs)
+
+
+def test_bad_paths(graph, tmp_path):
+    with pytest.raises(QuantbenchError, match="not found"):
+        open_data(tmp_path / "missing.npz", graph.inputs)
+    (tmp_path / "x.txt").write_text("hi")
+    with pytest.raises(QuantbenchError, match="unsupported data file"):
+        open_data(tmp_path / "x.txt", graph.inputs)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(QuantbenchError, match="holds no"):
+        open_data(tmp_path / "empty", graph.inputs)
+
+
+def test_static_batch_model_rejects_other_batch_size(tmp_path):
+    g = open_graph(synthetic.small_cnn(batch=1))
+    np.savez(tmp_path / "d.npz", input=synthetic.images(4))
+    assert len(_all(open_data(tmp_path / "d.npz", g.inputs))) == 4
+    with pytest.raises(QuantbenchError, match="fixed batch size of 1"):
+        open_data(tmp_path / "d.npz", g.inputs, batch_size=2)

@@ -1,0 +1,130 @@
+"""TensorStats / StatsFile: exact merging, batching independence, resampling, persistence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from quantbench.errors import QuantbenchError
+from quantbench.stats import HALF_BINS, StatsFile, TensorStats, exponent_for
+
+
+def _stats(x: np.ndarray, chunks: int = 1, name: str = "t") -> TensorStats:
+    s = TensorStats(name)
+    for part in np.array_split(x, chunks):
+        s.update(part)
+    return s
+
+
+@pytest.fixture()
+def heavy_tail() -> np.ndarray:
+    rng = np.random.default_rng(1)
+    x = rng.laplace(0, 1, 50_000).astype(np.float32)
+    x[::997] *= 40  # outliers that force the histogram to grow mid-stream
+    return x
+
+
+def test_two_halves_merged_equal_the_whole(heavy_tail):
+    whole = _stats(heavy_tail)
+    a, b = _stats(heavy_tail[:20_000]), _stats(heavy_tail[20_000:])
+    merged = a.merge(b)
+    assert np.array_equal(merged.counts, whole.counts)
+    assert merged.exponent == whole.exponent
+    assert (merged.count, merged.min, merged.max) == (whole.count, whole.min, whole.max)
+    assert np.array_equal(b.merge(a).counts, whole.counts)  # order does not matter
+
+
+def test_histogram_independent_of_batching_and_order(heavy_tail):
+    reference = _stats(heavy_tail)
+    rng = np.random.default_rng(7)
+    shuffled = heavy_tail[rng.permutation(heavy_tail.size)]
+    for chunks in (3, 17, 250):
+        assert np.array_equal(_stats(shuffled, chunks).counts, reference.counts)
+
+
+def test_growth_is_exact_rebinning():
+    x = np.linspace(-1, 1, 10_001, dtype=np.float32)
+    small_first = TensorStats("t")
+    small_first.update(x * 0.001)  # tiny range first: very fine bins
+    small_first.update(x * 100)  # then a range 10^5 x larger
+    direct = _stats(np.concatenate([x * 0.001, x * 100]))
+    assert np.array_equal(small_first.counts, direct.counts)
+
+
+def test_exponent_keeps_max_inside_grid():
+    for m in (1e-30, 0.37, 1.0, 2.0, 16384.0, 3e8):
+        e = exponent_for(m)
+        assert m < HALF_BINS * 2.0**e
+        assert m >= HALF_BINS * 2.0 ** (e - 1)
+
+
+def test_abs_histogram_matches_numpy(heavy_tail):
+    s = _stats(heavy_tail)
+    ours = s.abs_histogram(2048)
+    ref, _ = np.histogram(np.abs(heavy_tail), bins=2048, range=(0, s.max_abs))
+    assert ours.sum() == pytest.approx(heavy_tail.size)
+    # each coarse bin spans >= 4 fine bins; only the split fine bins at its edges can differ
+    assert np.abs(ours - ref).max() <= 0.02 * ref.max() + 2
+
+
+def test_signed_histogram_matches_numpy(heavy_tail):
+    s = _stats(heavy_tail)
+    t = s.max_abs
+    ours = s.signed_histogram(128, -t, t)
+    ref, _ = np.histogram(heavy_tail, bins=128, range=(-t, t))
+    assert np.abs(ours - ref).max() <= 0.01 * ref.max() + 2
+
+
+def test_quantile_and_count_above():
+    x = np.arange(1, 100_001, dtype=np.float32)
+    s = _stats(x)
+    assert s.abs_quantile(0.5) == pytest.approx(50_000, rel=1e-3)
+    assert s.count_above(90_000) == pytest.approx(10_000, rel=1e-3)
+    assert s.abs_quantile(1.0) == pytest.approx(100_000)
+
+
+def test_nonfinite_values_counted_and_excluded():
+    x = np.array([1.0, np.nan, -np.inf, 2.0, np.inf], dtype=np.float32)
+    s = _stats(x)
+    assert (s.nan_count, s.inf_count, s.count, s.max) == (1, 2, 2, 2.0)
+    assert s.has_nonfinite
+
+
+def test_all_zero_tensor_then_growth():
+    s = _stats(np.zeros(100, np.float32))
+    assert s.max_abs == 0 and s.count == 100
+    s.update(np.array([3.0], np.float32))
+    assert s.positive_counts()[0] == 100  # zeros stay in bin 0 after growth
+    assert s.count == 101
+
+
+def test_save_load_roundtrip(tmp_path, heavy_tail):
+    sf = StatsFile("m" * 64, "d" * 64, 10, {"a:0 x": _stats(heavy_tail, name="a:0 x")}, "0.1.0")
+    path = sf.save(tmp_path / "s.stats.npz")
+    back = StatsFile.load(path)
+    assert np.array_equal(back["a:0 x"].counts, sf["a:0 x"].counts)
+    assert back.model_hash == sf.model_hash and back.num_samples == 10
+    # deterministic bytes
+    assert sf.save(tmp_path / "t.npz").read_bytes() == path.read_bytes()
+
+
+def test_merge_files_checks_model(tmp_path, heavy_tail):
+    a = StatsFile("m1", "d1", 5, {"t": _stats(heavy_tail[:100])})
+    b = StatsFile("m2", "d2", 5, {"t": _stats(heavy_tail[100:])})
+    with pytest.raises(QuantbenchError, match="different models"):
+        StatsFile.merge([a, b])
+    c = StatsFile("m1", "d2", 7, {"t": _stats(heavy_tail[100:])})
+    merged = StatsFile.merge([a, c])
+    assert merged.num_samples == 12
+    assert np.array_equal(merged["t"].counts, _stats(heavy_tail).counts)
+
+
+def test_load_rejects_foreign_files(tmp_path):
+    bad = tmp_path / "x.npz"
+    np.savez(bad, a=np.zeros(3))
+    with pytest.raises(QuantbenchError, match="statistics file"):
+        StatsFile.load(bad)
+    junk = tmp_path / "j.npz"
+    junk.write_bytes(b"not a zip")
+    with pytest.raises(QuantbenchError):
+        StatsFile.load(junk)
