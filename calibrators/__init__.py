@@ -39,6 +39,8 @@ class CalibratorSpec:
     trt_algorithm: str = "EntropyCalibration2"
     default_option: str | None = None
     options: tuple[str, ...] = ()
+    #: the variants ``all`` expands to (default: every option); slow niche variants stay out.
+    in_all: tuple[str, ...] | None = None
 
 
 _REGISTRY: dict[str, CalibratorSpec] = {}
@@ -51,12 +53,13 @@ def register(
     trt_algorithm: str = "EntropyCalibration2",
     default_option: str | None = None,
     options: tuple[str, ...] = (),
+    in_all: tuple[str, ...] | None = None,
 ) -> Callable[[CalibrateFn], CalibrateFn]:
     """Decorator that adds a calibrator function to the registry under ``name``."""
 
     def wrap(fn: CalibrateFn) -> CalibrateFn:
         _REGISTRY[name] = CalibratorSpec(
-            name, fn, description, trt_algorithm, default_option, options
+            name, fn, description, trt_algorithm, default_option, options, in_all
         )
         return fn
 
@@ -122,7 +125,7 @@ def all_methods() -> list[str]:
     out: list[str] = []
     for name in available():
         s = spec(name)
-        variants = s.options or (s.default_option,)
+        variants = s.in_all if s.in_all is not None else (s.options or (s.default_option,))
         out.extend(canonical(name if v is None else f"{name}:{v}") for v in variants)
     return list(dict.fromkeys(out))
 
