@@ -277,6 +277,43 @@ def report(
     console.print(f"wrote {output}")
 
 
+@app.command()
+def build(
+    model: ModelArg,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Engine file (.plan) to write.")],
+    int8: Annotated[bool, typer.Option("--int8", help="INT8 build (implicit with --table, explicit with --qdq).")] = False,
+    table: Annotated[Optional[Path], typer.Option(help="Calibration table for implicit INT8 (TensorRT <= 10).")] = None,
+    qdq: Annotated[bool, typer.Option("--qdq", help="The model carries Q/DQ nodes (explicit INT8).")] = False,
+    fp16: Annotated[bool, typer.Option("--fp16", help="FP16 build (or FP16 fallback, TensorRT <= 10).")] = False,
+    calib_data: Annotated[Optional[str], typer.Option(help="Let TensorRT calibrate itself on this data.")] = None,
+    timing_cache: Annotated[Optional[Path], typer.Option(help="Timing cache file (read and updated).")] = None,
+    plugin: Annotated[Optional[list[Path]], typer.Option(help="Plugin library to load, e.g. libdwconv2d_plugin.so.")] = None,
+    workspace_mb: Annotated[Optional[int], typer.Option(help="Builder workspace limit in MiB.")] = None,
+) -> None:
+    """Build a TensorRT engine (needs TensorRT and an NVIDIA GPU)."""
+    from quantbench.backends.tensorrt import build as trt_build
+    from quantbench.graph import open_graph
+
+    batches = None
+    if calib_data is not None:
+        from quantbench.data import open_data
+
+        batches = open_data(calib_data, open_graph(model).inputs).batches()
+    result = trt_build(
+        model, output, int8=int8 and not qdq, table=table, qdq=qdq, fp16=fp16,
+        calibration_data=batches, timing_cache=timing_cache, plugin_libraries=plugin or (),
+        workspace_mb=workspace_mb, table_encoder=_table_as_trt_cache,
+    )
+    console.print(f"wrote {output} ({result})")
+
+
+def _table_as_trt_cache(path: Path, trt_version: str) -> bytes:
+    """Any quantbench-readable table -> TensorRT cache bytes for the running TensorRT."""
+    from quantbench.table.codecs import encode_table, read_table
+
+    return encode_table(read_table(path), "trt", trt_version)
+
+
 def _command_line() -> str:
     import shlex
 

@@ -16,7 +16,7 @@ import onnx
 
 from quantbench import calibrators as registry
 from quantbench.errors import QuantbenchError
-from quantbench.graph import Graph, load_model
+from quantbench.graph import Graph, load_model, node_label
 from quantbench.stats import StatsFile
 from quantbench.table import CalibrationTable
 
@@ -107,5 +107,30 @@ def _int8(graph: Graph, ctx: CalibrationContext, method: str | None) -> Candidat
         table=table,
         quantized=True,
         excluded=[s.to_dict() for s in result.skipped],
-        dynamic_weight_convs=result.dynamic_weight_convs(),
+        dynamic_weight_convs=_dynamic_convs(graph, result),
     )
+
+
+def _dynamic_convs(graph: Graph, result: Any) -> list[dict[str, Any]]:
+    """Every dynamic-weight conv: how it was quantized, or why it was not."""
+    from quantbench.graph import is_dynamic_weight_conv
+    from quantbench.qdq.plan import RUNTIME_WEIGHT
+
+    quantized = {q.node: q for q in result.quantized}
+    skipped = {s.node: s.reason for s in result.skipped}
+    out = []
+    for i, n in enumerate(graph.model.graph.node):
+        if not is_dynamic_weight_conv(graph, n):
+            continue
+        name = node_label(n, i)
+        q = quantized.get(name)
+        weight = next((x for x in q.inputs if x.role == RUNTIME_WEIGHT), None) if q else None
+        out.append({
+            "node": name,
+            "data_tensor": n.input[0],
+            "weight_tensor": n.input[1],
+            "quantized": q is not None,
+            "weight_amax": float(weight.scale.reshape(-1)[0]) * 127.0 if weight is not None else None,
+            "reason": skipped.get(name, ""),
+        })
+    return out

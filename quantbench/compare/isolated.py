@@ -46,6 +46,7 @@ class _Builder:
         )
         self.ref_producer = {o: n for n in reference.graph.node for o in n.output}
         self.nodes: list[onnx.NodeProto] = []
+        self.rebuilt: dict[str, str] = {}  # candidate DQ output -> its rebuilt twin (fan-out)
         self.inits: dict[str, onnx.TensorProto] = {}
         self.const_nodes: dict[str, onnx.NodeProto] = {
             o: n for n in candidate.graph.node if n.op_type == "Constant" for o in n.output
@@ -83,6 +84,8 @@ class _Builder:
 
     def dequantized(self, tensor: str) -> str | None:
         """Rebuild ``Q -> DQ`` (or ``DQ`` of a constant) of the candidate on reference inputs."""
+        if tensor in self.rebuilt:
+            return self.rebuilt[tensor]
         dq = self.cand_producer[tensor]
         q = self.cand_producer.get(dq.input[0])
         if q is not None and q.op_type == "QuantizeLinear":
@@ -104,6 +107,7 @@ class _Builder:
             return None
         out = _PREFIX + dq.output[0]
         self.nodes.append(_clone(dq, dq_inputs, [out]))
+        self.rebuilt[tensor] = out
         return out
 
     def isolate(self, node: onnx.NodeProto) -> str | None:
@@ -122,11 +126,16 @@ class _Builder:
                 new = self.source(name) if name else ""
             if new is None:
                 del self.nodes[mark:]
+                self.rebuilt = {k: v for k, v in self.rebuilt.items() if v in self._emitted()}
                 return None
             inputs.append(new)
         outputs = [o + SUFFIX if o else "" for o in node.output]
         self.nodes.append(_clone(node, inputs, outputs))
         return out
+
+
+    def _emitted(self) -> set[str]:
+        return {o for n in self.nodes for o in n.output}
 
 
 def _clone(node: onnx.NodeProto, inputs: list[str], outputs: list[str]) -> onnx.NodeProto:
