@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from quantbench import __version__
 from quantbench.errors import QuantbenchError
@@ -82,9 +83,7 @@ def calibrate(
     batch_size: Annotated[
         int | None, typer.Option(help="Batch size for inference (default: the model's, else 1).")
     ] = None,
-    max_samples: Annotated[
-        int | None, typer.Option(help="Use at most this many samples.")
-    ] = None,
+    max_samples: Annotated[int | None, typer.Option(help="Use at most this many samples.")] = None,
     preset: Annotated[
         str | None,
         typer.Option(help="Image preprocessing preset: a configs/ name or a .toml path."),
@@ -172,9 +171,7 @@ def compare(
     data: Annotated[
         str, typer.Option("--data", help="Evaluation data (same forms as calibrate --data).")
     ],
-    calib_data: Annotated[
-        str | None, typer.Option(help="Calibration data for int8 specs.")
-    ] = None,
+    calib_data: Annotated[str | None, typer.Option(help="Calibration data for int8 specs.")] = None,
     method: Annotated[
         str, typer.Option("--method", "-m", help="Calibrator for plain 'int8'.")
     ] = "entropy",
@@ -281,14 +278,31 @@ def report(
 def build(
     model: ModelArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="Engine file (.plan) to write.")],
-    int8: Annotated[bool, typer.Option("--int8", help="INT8 build (implicit with --table, explicit with --qdq).")] = False,
-    table: Annotated[Optional[Path], typer.Option(help="Calibration table for implicit INT8 (TensorRT <= 10).")] = None,
-    qdq: Annotated[bool, typer.Option("--qdq", help="The model carries Q/DQ nodes (explicit INT8).")] = False,
-    fp16: Annotated[bool, typer.Option("--fp16", help="FP16 build (or FP16 fallback, TensorRT <= 10).")] = False,
-    calib_data: Annotated[Optional[str], typer.Option(help="Let TensorRT calibrate itself on this data.")] = None,
-    timing_cache: Annotated[Optional[Path], typer.Option(help="Timing cache file (read and updated).")] = None,
-    plugin: Annotated[Optional[list[Path]], typer.Option(help="Plugin library to load, e.g. libdwconv2d_plugin.so.")] = None,
-    workspace_mb: Annotated[Optional[int], typer.Option(help="Builder workspace limit in MiB.")] = None,
+    int8: Annotated[
+        bool,
+        typer.Option("--int8", help="INT8 build (implicit with --table, explicit with --qdq)."),
+    ] = False,
+    table: Annotated[
+        Path | None, typer.Option(help="Calibration table for implicit INT8 (TensorRT <= 10).")
+    ] = None,
+    qdq: Annotated[
+        bool, typer.Option("--qdq", help="The model carries Q/DQ nodes (explicit INT8).")
+    ] = False,
+    fp16: Annotated[
+        bool, typer.Option("--fp16", help="FP16 build (or FP16 fallback, TensorRT <= 10).")
+    ] = False,
+    calib_data: Annotated[
+        str | None, typer.Option(help="Let TensorRT calibrate itself on this data.")
+    ] = None,
+    timing_cache: Annotated[
+        Path | None, typer.Option(help="Timing cache file (read and updated).")
+    ] = None,
+    plugin: Annotated[
+        list[Path] | None, typer.Option(help="Plugin library to load, e.g. libdwconv2d_plugin.so.")
+    ] = None,
+    workspace_mb: Annotated[
+        int | None, typer.Option(help="Builder workspace limit in MiB.")
+    ] = None,
 ) -> None:
     """Build a TensorRT engine (needs TensorRT and an NVIDIA GPU)."""
     from quantbench.backends.tensorrt import build as trt_build
@@ -300,9 +314,17 @@ def build(
 
         batches = open_data(calib_data, open_graph(model).inputs).batches()
     result = trt_build(
-        model, output, int8=int8 and not qdq, table=table, qdq=qdq, fp16=fp16,
-        calibration_data=batches, timing_cache=timing_cache, plugin_libraries=plugin or (),
-        workspace_mb=workspace_mb, table_encoder=_table_as_trt_cache,
+        model,
+        output,
+        int8=int8 and not qdq,
+        table=table,
+        qdq=qdq,
+        fp16=fp16,
+        calibration_data=batches,
+        timing_cache=timing_cache,
+        plugin_libraries=plugin or (),
+        workspace_mb=workspace_mb,
+        table_encoder=_table_as_trt_cache,
     )
     console.print(f"wrote {output} ({result})")
 
@@ -325,7 +347,7 @@ def main() -> None:
     try:
         app()  # standalone: usage errors print click's message and exit 2
     except QuantbenchError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         console.print("[red]interrupted[/red]: no output was written", highlight=False)

@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from quantbench import calibrators as registry
@@ -165,7 +166,7 @@ def _render_model(r: dict[str, Any]) -> None:
     for col in ("node", "data", "weight", "bias"):
         t.add_column(col)
     for d in r["dynamic_weight_convs"]:
-        t.add_row(d["node"], d["data"], d["weight"], d["bias"] or "-")
+        t.add_row(*(escape(x) for x in (d["node"], d["data"], d["weight"], d["bias"] or "-")))
     if r["dynamic_weight_convs"]:
         console.print(t)
     else:
@@ -184,14 +185,14 @@ def _render_table(r: dict[str, Any], limit: int) -> None:
     t.add_column("amax", justify="right")
     t.add_column("scale", justify="right")
     for e in r["tensors"][:limit]:
-        t.add_row(e["name"], f"{e['amax']:.6g}", f"{e['scale']:.6g}")
+        t.add_row(escape(e["name"]), f"{e['amax']:.6g}", f"{e['scale']:.6g}")
     console.print(t)
     if len(r["tensors"]) > limit:
         console.print(f"... {len(r['tensors']) - limit} more (use --limit or --json)")
     if r["invalid"]:
         console.print(
             f"[yellow]{len(r['invalid'])} entries are zero/negative/Inf/NaN:[/yellow] "
-            + ", ".join(r["invalid"][:10])
+            + escape(", ".join(r["invalid"][:10]))
         )
     if "missing" in r:
         if r.get("model_mismatch"):
@@ -221,7 +222,7 @@ def _render_stats(r: dict[str, Any], limit: int) -> None:
         t.add_column(m, justify="right")
     for e in r["tensors"][:limit]:
         cells = ["NaN/Inf" if v is None else f"{v:.5g}" for v in e["amax"].values()]
-        t.add_row(e["name"], f"{e['min']:.5g}", f"{e['max']:.5g}", *cells)
+        t.add_row(escape(e["name"]), f"{e['min']:.5g}", f"{e['max']:.5g}", *cells)
     console.print(t)
     if len(r["tensors"]) > limit:
         console.print(f"... {len(r['tensors']) - limit} more (use --limit or --json)")

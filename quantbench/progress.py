@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -43,8 +44,8 @@ def progress_bar(
 
 
 def warn(message: str) -> None:
-    console.print(f"[yellow]warning:[/yellow] {message}", highlight=False, soft_wrap=True)
+    console.print(f"[yellow]warning:[/yellow] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def info(message: str) -> None:
-    console.print(message, highlight=False, soft_wrap=True)
+    console.print(escape(message), highlight=False, soft_wrap=True)

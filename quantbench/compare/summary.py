@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from quantbench.progress import console
@@ -35,7 +36,7 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
     for o in doc.get("outputs", []):
         t.add_row(
             o["candidate"],
-            o["name"],
+            escape(o["name"]),
             _fmt(o.get("agreement")),
             _fmt(o.get("top5_agreement")),
             _fmt(o.get("cosine"), 6),
@@ -53,7 +54,7 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
         for r in ranking:
             t.add_row(
                 str(r["rank"]),
-                r["node"],
+                escape(r["node"]),
                 r["op_type"],
                 _fmt(r["isolated_sqnr_db"]),
                 _fmt(r["accumulated_sqnr_db"]),

@@ -1,0 +1,119 @@
+"""What quantization did to a model: every quantized node with its Q/DQ inputs, and every op that
+was left in high precision with the reason. Nothing is skipped silently (peers.md section 0.6:
+onnxruntime and ModelOpt drop or mis-quantize dynamic-weight convolutions without a word)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+#: roles an input can play; they decide where its scale comes from.
+ACTIVATION = "activation"  # runtime tensor, per-tensor scale from the calibration table
+WEIGHT = "weight"  # constant tensor, scale from its own values (per-channel where supported)
+RUNTIME_WEIGHT = "runtime weight"  # a conv kernel computed at run time: per-tensor, from the table
+RESIDUAL = "residual"  # the other input of an Add that follows a quantized weighted op
+
+
+@dataclass(frozen=True)
+class QdqInput:
+    """One input of a quantized node and the Q/DQ pair placed on it."""
+
+    index: int
+    tensor: str
+    role: str
+    scale: np.ndarray  # float32; shape () per-tensor, (K,) per-channel
+    axis: int | None = None
+
+    @property
+    def per_channel(self) -> bool:
+        return self.axis is not None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "index": self.index,
+            "tensor": self.tensor,
+            "role": self.role,
+            "axis": self.axis,
+            "scale": self.scale.tolist(),
+        }
+
+
+@dataclass(frozen=True)
+class QuantizedNode:
+    """A node whose inputs now come from DequantizeLinear nodes."""
+
+    node: str
+    op_type: str
+    inputs: tuple[QdqInput, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "node": self.node,
+            "op_type": self.op_type,
+            "inputs": [i.to_dict() for i in self.inputs],
+        }
+
+
+@dataclass(frozen=True)
+class SkippedNode:
+    """A candidate op left in high precision, and why."""
+
+    node: str
+    op_type: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"node": self.node, "op_type": self.op_type, "reason": self.reason}
+
+
+@dataclass
+class QuantizeResult:
+    """The Q/DQ model plus the plan that produced it."""
+
+    model: onnx.ModelProto
+    quantized: list[QuantizedNode] = field(default_factory=list)
+    skipped: list[SkippedNode] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    opset_from: int = 0
+    opset_to: int = 0
+    per_channel: bool = True
+    qdq_pairs: int = 0
+
+    def quantized_node(self, name: str) -> QuantizedNode:
+        for q in self.quantized:
+            if q.node == name:
+                return q
+        raise KeyError(name)
+
+    def skipped_node(self, name: str) -> SkippedNode:
+        for s in self.skipped:
+            if s.node == name:
+                return s
+        raise KeyError(name)
+
+    def summary(self) -> str:
+        """One line for the CLI: counts, opset change, weight mode."""
+        opset = (
+            f"opset {self.opset_from}"
+            if self.opset_from == self.opset_to
+            else f"opset {self.opset_from} -> {self.opset_to}"
+        )
+        weights = "per-channel" if self.per_channel else "per-tensor"
+        return (
+            f"{len(self.quantized)} ops quantized, {len(self.skipped)} left in high precision, "
+            f"{self.qdq_pairs} Q/DQ pairs, {weights} weights, {opset}"
+            + (f", {len(self.warnings)} warnings" if self.warnings else "")
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "quantized": [q.to_dict() for q in self.quantized],
+            "skipped": [s.to_dict() for s in self.skipped],
+            "warnings": list(self.warnings),
+            "opset_from": self.opset_from,
+            "opset_to": self.opset_to,
+            "per_channel": self.per_channel,
+            "qdq_pairs": self.qdq_pairs,
+        }

@@ -1,0 +1,217 @@
+"""``quantize_model``: a float ONNX model plus a CalibrationTable -> a Q/DQ model for TensorRT.
+
+Steps, each its own module: strip existing Q/DQ (:mod:`.strip`, only with ``requantize``),
+upgrade the opset (:mod:`.opset`), decide placement (:mod:`.placement`), edit the graph
+(:mod:`.insert`), record the table in the model (:mod:`.embedded`). Every user mistake is found
+before the graph is edited and nothing is written here; :func:`write_quantized` writes atomically.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import onnx
+
+from quantbench.errors import QuantbenchError
+from quantbench.fileio import write_bytes_atomic
+from quantbench.graph import Graph, node_label, open_graph
+from quantbench.plugins.dwconv2d.onnx_op import checkable_copy
+from quantbench.qdq.embedded import embed_table
+from quantbench.qdq.insert import insert_qdq
+from quantbench.qdq.opset import ensure_qdq_opset
+from quantbench.qdq.placement import (
+    DEFAULT_OP_TYPES,
+    Exclusions,
+    Placement,
+    PlacementOptions,
+    plan_placement,
+    validate_op_types,
+)
+from quantbench.qdq.plan import QuantizeResult
+from quantbench.qdq.strip import qdq_nodes, strip_qdq
+from quantbench.table import CalibrationTable
+
+_EXAMPLES = 3
+
+
+def quantize_model(
+    graph_or_path: Graph | onnx.ModelProto | str | os.PathLike[str],
+    table: CalibrationTable,
+    *,
+    op_types: Iterable[str] = DEFAULT_OP_TYPES,
+    exclude: Iterable[str] = (),
+    per_channel: bool = True,
+    quantize_residual: bool = True,
+    allow_partial: bool = False,
+    requantize: bool = False,
+) -> QuantizeResult:
+    """Place Q/DQ the way TensorRT fuses it; see :mod:`quantbench.qdq` for the rules.
+
+    ``exclude``: node names or regular expressions (matched against the whole name) to keep in
+    high precision. ``allow_partial``: quantize what the table covers and list the rest instead
+    of refusing. ``requantize``: strip the model's existing Q/DQ first instead of refusing.
+    """
+    source = graph_or_path if isinstance(graph_or_path, Graph) else open_graph(graph_or_path)
+    label = str(source.path) if source.path else f"model {source.name!r}"
+    op_types = validate_op_types(tuple(op_types))
+    exclude = tuple(exclude)
+    if source.path is None:
+        _check_input(source.model, label)
+    model = onnx.ModelProto()
+    model.CopyFrom(source.model)
+    warnings = name_nodes(model)
+    Exclusions(exclude, [n.name for n in model.graph.node])  # bad regexes fail before any work
+
+    stripped = _strip_existing(model, requantize, label)
+    if stripped is not None:
+        model = stripped
+    else:
+        warnings += _check_provenance(source, table, allow_partial, label)
+    decision = ensure_qdq_opset(model, per_channel)
+    warnings += decision.warnings
+    g = open_graph(decision.model, require_fixed_rank=False)
+    options = PlacementOptions(op_types, exclude, decision.per_channel, quantize_residual)
+    placement = plan_placement(g, table, options)
+    warnings += _check_coverage(g, table, placement, allow_partial, label)
+    warnings += placement.warnings
+
+    quantized_model, pairs = insert_qdq(g.model, placement.quantized, placement.folds)
+    embed_table(quantized_model, table, placement.needed_tensors())
+    _check_output(quantized_model, label)
+    return QuantizeResult(
+        model=quantized_model,
+        quantized=placement.quantized,
+        skipped=placement.skipped,
+        warnings=list(dict.fromkeys(warnings)),
+        opset_from=decision.opset_from,
+        opset_to=decision.opset_to,
+        per_channel=decision.per_channel,
+        qdq_pairs=pairs,
+    )
+
+
+def write_quantized(result: QuantizeResult, path: str | os.PathLike[str]) -> Path:
+    """Write the Q/DQ model atomically (a crash never leaves half a model)."""
+    try:
+        data = result.model.SerializeToString()
+    except ValueError as exc:  # protobuf refuses messages over 2 GiB
+        raise QuantbenchError(
+            f"{path}: quantized model too large to serialize in one file ({exc})"
+        ) from None
+    return write_bytes_atomic(path, data)
+
+
+def name_nodes(model: onnx.ModelProto) -> list[str]:
+    """Give unnamed nodes their stable label and make duplicate names unique.
+
+    The plan, exclusions and reports refer to nodes by name, so every node needs its own.
+    """
+    seen: set[str] = set()
+    renamed: list[str] = []
+    for index, node in enumerate(model.graph.node):
+        base = node_label(node, index)
+        name, k = base, 1
+        while name in seen:
+            name, k = f"{base}_{k}", k + 1
+        if node.name and name != node.name:
+            renamed.append(f"duplicate node name {node.name!r} renamed to {name!r}")
+        node.name = name
+        seen.add(name)
+    return renamed
+
+
+def _check_input(model: onnx.ModelProto, label: str) -> None:
+    try:
+        onnx.checker.check_model(checkable_copy(model))
+    except Exception as exc:  # noqa: BLE001
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise QuantbenchError(f"{label}: invalid ONNX model: {first}") from None
+
+
+def _check_output(model: onnx.ModelProto, label: str) -> None:
+    """A bug guard: the emitted model must pass the checker (custom DWConv2D ops aside)."""
+    try:
+        onnx.checker.check_model(checkable_copy(model))
+    except Exception as exc:
+        raise RuntimeError(f"{label}: quantbench produced an invalid Q/DQ model: {exc}") from exc
+
+
+def _strip_existing(model: onnx.ModelProto, requantize: bool, label: str) -> onnx.ModelProto | None:
+    existing = qdq_nodes(model)
+    if not existing:
+        return None
+    if not requantize:
+        raise QuantbenchError(
+            f"{label}: already has {len(existing)} QuantizeLinear/DequantizeLinear nodes; pass "
+            "requantize=True (--requantize) to strip them and quantize again"
+        )
+    return strip_qdq(model)
+
+
+def _check_provenance(
+    source: Graph, table: CalibrationTable, allow_partial: bool, label: str
+) -> list[str]:
+    """A table records the hash of the model it was calibrated on; another hash is refused."""
+    made_for = table.provenance.model_hash
+    if not made_for or not source.hash or made_for == source.hash:
+        return []
+    message = (
+        f"the calibration table was made for another model (model hash {made_for[:12]}..., "
+        f"this model {source.hash[:12]}...)"
+    )
+    if allow_partial:
+        return [f"{message}; applied to the tensors both share (allow_partial)"]
+    raise QuantbenchError(
+        f"{label}: {message}; calibrate this model, or use --allow-partial to apply the "
+        "matching tensors anyway"
+    )
+
+
+def _check_coverage(
+    g: Graph, table: CalibrationTable, placement: Placement, allow_partial: bool, label: str
+) -> list[str]:
+    """Refuse a table that does not cover the tensors to quantize (unless allow_partial)."""
+    model_tensors = _tensor_names(g.model)
+    extra = [name for name in table if name not in model_tensors]
+    notes: list[str] = []
+    if placement.invalid:
+        bad = ", ".join(f"{t} (amax={table.amax(t)!r})" for t in placement.invalid[:_EXAMPLES])
+        message = (
+            f"{len(placement.invalid)} tensors to quantize have a zero, negative, Inf or NaN "
+            f"amax, e.g. {bad}"
+        )
+        if not allow_partial:
+            raise QuantbenchError(
+                f"{label}: {message}; recalibrate them or use --allow-partial to quantize only "
+                "the rest"
+            )
+        notes.append(f"{message}; their ops stay high precision")
+    if placement.missing:
+        message = (
+            f"calibration table lacks tensors to quantize: {len(placement.missing)} missing, "
+            f"e.g. {', '.join(placement.missing[:_EXAMPLES])}"
+        )
+        if extra:
+            message += (
+                f"; it has {len(extra)} entries for tensors this model does not have (e.g. "
+                f"{', '.join(extra[:_EXAMPLES])}): is it for another model?"
+            )
+        if not allow_partial:
+            raise QuantbenchError(
+                f"{label}: {message}; use --allow-partial to quantize only the rest"
+            )
+        notes.append(f"{message}; their ops stay high precision")
+    elif extra:
+        notes.append(
+            f"calibration table has {len(extra)} entries for tensors this model does not have "
+            f"(e.g. {', '.join(extra[:_EXAMPLES])}); they are ignored"
+        )
+    return notes
+
+
+def _tensor_names(model: onnx.ModelProto) -> set[str]:
+    names = {v.name for v in model.graph.input} | {i.name for i in model.graph.initializer}
+    names.update(o for n in model.graph.node for o in n.output if o)
+    return names
