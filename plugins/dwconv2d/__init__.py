@@ -1,0 +1,40 @@
+"""DWConv2D: grouped 2-D convolution with a runtime (optionally per-sample) kernel.
+
+The ONNX side lives here (:mod:`.onnx_op`: node builder, validation, Conv <-> DWConv2D rewrites,
+INT8 plugin pattern); the TensorRT plugin (IPluginV3) and its CUDA kernels are built from the
+C++ sources in this folder.
+"""
+
+from quantbench.plugins.dwconv2d.onnx_op import (
+    ATTRIBUTES,
+    DEFAULT_DOMAIN,
+    NOT_INT8,
+    OP_TYPE,
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+    DWConv2DSpec,
+    checkable_copy,
+    conv_to_dwconv2d,
+    dwconv2d_int8_pattern,
+    dwconv2d_to_conv,
+    is_dwconv2d,
+    make_dwconv2d_node,
+    validate_dwconv2d,
+)
+
+__all__ = [
+    "ATTRIBUTES",
+    "DEFAULT_DOMAIN",
+    "NOT_INT8",
+    "OP_TYPE",
+    "PLUGIN_NAMESPACE",
+    "PLUGIN_VERSION",
+    "DWConv2DSpec",
+    "checkable_copy",
+    "conv_to_dwconv2d",
+    "dwconv2d_int8_pattern",
+    "dwconv2d_to_conv",
+    "is_dwconv2d",
+    "make_dwconv2d_node",
+    "validate_dwconv2d",
+]

@@ -125,12 +125,16 @@ def _dynamic_convs(graph: Graph, result: Any) -> list[dict[str, Any]]:
         name = node_label(n, i)
         q = quantized.get(name)
         weight = next((x for x in q.inputs if x.role == RUNTIME_WEIGHT), None) if q else None
-        out.append({
-            "node": name,
-            "data_tensor": n.input[0],
-            "weight_tensor": n.input[1],
-            "quantized": q is not None,
-            "weight_amax": float(weight.scale.reshape(-1)[0]) * 127.0 if weight is not None else None,
-            "reason": skipped.get(name, ""),
-        })
+        out.append(
+            {
+                "node": name,
+                "data_tensor": n.input[0],
+                "weight_tensor": n.input[1],
+                "quantized": q is not None,
+                "weight_amax": None
+                if weight is None
+                else float(weight.scale.reshape(-1)[0]) * 127.0,
+                "reason": skipped.get(name, ""),
+            }
+        )
     return out

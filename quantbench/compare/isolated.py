@@ -133,7 +133,6 @@ class _Builder:
         self.nodes.append(_clone(node, inputs, outputs))
         return out
 
-
     def _emitted(self) -> set[str]:
         return {o for n in self.nodes for o in n.output}
 
