@@ -147,10 +147,19 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise QuantbenchError(f"{p}: not an ONNX model (empty graph); is the file truncated?")
     _check_input_ranks(model, p)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(_checkable(model))
     except Exception as exc:  # noqa: BLE001
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise QuantbenchError(f"{p}: invalid ONNX model: {first}") from None
+    return model
+
+
+def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx.checker knows no DWConv2D (our plugin op): check a copy that names its domain."""
+    if any(n.op_type == "DWConv2D" for n in model.graph.node):
+        from quantbench.plugins.dwconv2d import checkable_copy
+
+        return checkable_copy(model)
     return model
 
 
