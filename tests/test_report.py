@@ -1,0 +1,404 @@
+"""HTML report: structure, self-containment, escaping, scale and file handling (no browser)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quantbench.errors import QuantbenchError
+from quantbench.reports import load_results, render_report, write_report
+from quantbench.reports.formatting import fmt_delta_pp, fmt_num, fmt_pct
+from quantbench.reports.tables import sort_key
+
+EXAMPLE = Path(__file__).resolve().parent / "data" / "results_example.json"
+NASTY = 'a<b>:0 "x"'
+SECTION_IDS = (
+    "verdict",
+    "drift",
+    "layers",
+    "calibration",
+    "precision",
+    "latency",
+    "recovery",
+    "provenance",
+)
+
+
+class Page(HTMLParser):
+    """Every start tag with its attributes, and each id's element."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+    def ids(self) -> set[str]:
+        return {a["id"] for _, a in self.tags if a.get("id")}
+
+    def all(self, tag: str) -> list[dict[str, str | None]]:
+        return [a for t, a in self.tags if t == tag]
+
+
+def example() -> dict:
+    return json.loads(EXAMPLE.read_text(encoding="utf-8"))
+
+
+def minimal() -> dict:
+    return {"schema": "quantbench-results", "schema_version": 1}
+
+
+def calibration_only() -> dict:
+    doc = example()
+    keep = (
+        "schema",
+        "schema_version",
+        "tool_version",
+        "created",
+        "command",
+        "model",
+        "data",
+        "machine",
+        "calibration",
+    )
+    out = {k: doc[k] for k in keep}
+    out["kind"] = "calibration"
+    out["command"] = "quantbench calibrate --model m.onnx --calib calib.npz --method all"
+    return out
+
+
+def synthetic_results(layers: int = 200, tensors: int = 200, bins: int = 128) -> dict:
+    """A large model's results with long ONNX-style names, both views and full calibration."""
+    rng = np.random.default_rng(0)
+    ops = ("Conv", "Relu", "Conv", "Add", "Relu", "MatMul")
+    methods = ["entropy", "entropy:pytorch", "entropy:ort", "minmax", "percentile:99.99", "mse"]
+    names = [
+        f"/backbone/stage{i // 40}/block{i % 40}/{ops[i % 6].lower()}/Output_0"
+        for i in range(max(layers, tensors))
+    ]
+    entries = []
+    for i in range(layers):
+        accumulated = 42 - 18 * i / layers + rng.normal(0, 1.0)
+        isolated = 38 + rng.normal(0, 6.0)
+        for view, sqnr in (("accumulated", accumulated), ("isolated", isolated)):
+            rel = 10 ** (-sqnr / 20)
+            entries.append(
+                {
+                    "index": i,
+                    "tensor": names[i],
+                    "node": f"{ops[i % 6]}_{i}",
+                    "op_type": ops[i % 6],
+                    "view": view,
+                    "cosine": 1 - rel * rel / 2,
+                    "sqnr_db": sqnr,
+                    "rel_l2": rel,
+                    "max_abs": rel * rng.uniform(3, 9),
+                    "mean_abs": rel * 0.3,
+                    "clip_fraction": rng.uniform(0, 1e-3),
+                    "amax": rng.uniform(1, 12),
+                }
+            )
+    calib = []
+    for i in range(tensors):
+        upper = float(rng.uniform(1, 30))
+        shape = np.exp(-np.arange(bins) / rng.uniform(4, 30)) * 4e6
+        counts = np.maximum(np.round(shape * rng.uniform(0.5, 1.5, bins)), 0).astype(int)
+        entropy = upper * rng.uniform(0.3, 0.9)
+        amax = {
+            m: entropy * f
+            for m, f in zip(methods, (1, 1.01, 0.99, upper / entropy, 1.2, 1.1), strict=True)
+        }
+        calib.append(
+            {
+                "name": names[i],
+                "count": int(counts.sum()),
+                "min": -upper,
+                "max": upper,
+                "nan_count": 0,
+                "inf_count": 0,
+                "amax": amax,
+                "used_method": "entropy",
+                "histogram": {"upper": upper, "counts": counts.tolist()},
+            }
+        )
+    doc = example()
+    doc["layers"] = entries
+    doc["calibration"] = {"methods": methods, "method_used": "entropy", "tensors": calib}
+    return doc
+
+
+def table_rows(html: str, table_id: str) -> int:
+    start = html.index(f'id="{table_id}"')
+    body = html[html.index("<tbody>", start) : html.index("</tbody>", start)]
+    return body.count("<tr")
+
+
+def assert_self_contained(html: str) -> None:
+    page = Page(html)
+    assert "http://" not in html and "https://" not in html
+    assert not [a for _, a in page.tags if "src" in a or "srcset" in a], "no element loads a file"
+    assert not page.all("link") and not page.all("iframe") and not page.all("object")
+    assert not page.all("img") and not page.all("embed")
+    style = html[html.index("<style>") : html.index("</style>")]
+    assert "url(" not in style and "@import" not in style and "@font-face" not in style
+    assert all("src" not in a for a in page.all("script"))
+
+
+def assert_svgs_sized(html: str) -> int:
+    svgs = Page(html).all("svg")
+    for attrs in svgs:
+        assert float(attrs["width"]) > 0 and float(attrs["height"]) > 0
+        assert attrs.get("viewbox"), "charts scale with their viewBox"
+    return len(svgs)
+
+
+def test_example_report_has_every_section():
+    doc = example()
+    html = render_report(load_results(EXAMPLE))
+    assert set(SECTION_IDS) <= Page(html).ids()
+    assert '<span class="badge badge-pass" id="verdict-badge">PASS</span>' in html
+    assert "INT8 (entropy) vs FP32: top-1 agreement 99.20% on logits" in html
+    assert "accuracy 94.00% → 93.60% (−0.40 pp)" in html
+    assert "1.85× faster at the median" in html
+    assert table_rows(html, "layer-table") == len(doc["layers"])
+    assert table_rows(html, "amax-table") == len(doc["calibration"]["tensors"])
+    assert table_rows(html, "thresholds") == len(doc["thresholds"])
+    assert html.count("<option>") + html.count("<option selected>") >= len(
+        doc["calibration"]["tensors"]
+    )
+    assert doc["model"]["hash"] in html
+    assert '<code id="command">quantbench compare fp32 int8:entropy' in html
+    for excluded in doc["excluded"]:
+        assert excluded["reason"] in html
+    assert "head/weight_gen:0" in html  # the dynamic-weight conv's weight tensor
+    assert "Conv_10" in html and "Add_11" in html  # kept in high precision by recovery
+
+
+def test_worst_layers_follow_isolated_sqnr_then_accumulated():
+    doc = example()
+    isolated = sorted(
+        (e for e in doc["layers"] if e["view"] == "isolated"), key=lambda e: e["sqnr_db"]
+    )
+    html = render_report(doc)
+    worst = html[html.index('id="worst"') : html.index("</table>", html.index('id="worst"'))]
+    order = [worst.index(f">{e['tensor']}<") for e in isolated[:5]]
+    assert order == sorted(order)
+    assert 'data-worst="1"' in html and "worst 5 by isolated SQNR" in html
+
+    doc["layers"] = [e for e in doc["layers"] if e["view"] == "accumulated"]
+    html = render_report(doc)
+    assert "Worst layers by accumulated SQNR" in html
+    assert 'id="layer-view"' not in html  # one view: no view selector
+
+
+@pytest.mark.parametrize("make", [example, minimal, calibration_only, synthetic_results])
+def test_reports_are_self_contained_and_charts_sized(make):
+    html = render_report(make())
+    assert_self_contained(html)
+    assert_svgs_sized(html)
+    assert html.count("<script") == html.count("</script>") <= 2
+
+
+def test_example_charts_present():
+    html = render_report(example())
+    page = Page(html)
+    classes = [a.get("class", "") for a in page.all("svg")]
+    assert "chart drift" in classes
+    assert classes.count("chart hist") == 4  # pre-rendered worst-layer histograms
+    assert classes.count("chart bars") == 2  # latency and throughput
+    assert "chart recovery" in classes
+    assert assert_svgs_sized(html) == 8
+
+
+def test_minimal_document_renders_only_what_it_has():
+    html = render_report(minimal())
+    ids = Page(html).ids()
+    assert {"verdict", "provenance"} <= ids
+    assert not ids & {"drift", "layers", "calibration", "precision", "latency", "recovery"}
+    assert ">NO GATE<" in html and "No thresholds were set" in html
+    assert "No model outputs were compared." in html
+
+
+def test_calibration_only_report():
+    doc = calibration_only()
+    html = render_report(doc)
+    ids = Page(html).ids()
+    assert {"verdict", "calibration", "provenance", "hist-select"} <= ids
+    assert not ids & {"drift", "layers", "latency", "recovery", "verdict-badge"}
+    assert ">CALIBRATION<" in html
+    assert "range cut most by calibration" in html  # no layers: picks by how much was clipped
+    assert Page(html).all("svg").__len__() == 4
+    assert "Tensors calibrated" in html and ">18<" in html
+
+
+def test_nasty_names_are_escaped_everywhere():
+    doc = example()
+    doc["layers"][20]["tensor"] = NASTY  # block 2/downsample, isolated: the worst layer
+    doc["layers"][21]["tensor"] = NASTY
+    doc["calibration"]["tensors"][11]["name"] = NASTY
+    doc["calibration"]["tensors"][12]["name"] = "</script><script>alert(1)</script>"
+    doc["model"]["name"] = "<img src=x onerror=alert(1)>"
+    doc["command"] = "quantbench compare --model 'a&b <c>.onnx'"
+    html = render_report(doc)
+    assert "a<b>" not in html and "<img" not in html and "<c>" not in html
+    assert "a&lt;b&gt;:0 &#34;x&#34;" in html  # table cell, option, SVG label
+    assert html.count("<script") == 2
+    data = json.loads(re.search(r'id="qb-histograms">(.*?)</script>', html, re.S).group(1))
+    names = [t[0] for t in data["tensors"]]
+    assert NASTY in names and "</script><script>alert(1)</script>" in names
+    svg_text = re.findall(r"<svg class=\"chart drift\".*?</svg>", html, re.S)[0]
+    assert "a&lt;b&gt;:0 &#34;x&#34;" in svg_text  # worst-layer label and tooltip
+    assert "quantbench compare --model &#39;a&amp;b &lt;c&gt;.onnx&#39;" in html
+
+
+def test_odd_values_render_gracefully():
+    doc = example()
+    doc["layers"][0]["sqnr_db"] = math.inf  # exact match
+    doc["layers"][1]["sqnr_db"] = None
+    doc["layers"][2]["cosine"] = "n/a"
+    doc["layers"][3]["sqnr_db"] = math.nan
+    doc["task"] = {"accuracy": {"A": 0.94, "B": 0.936}}  # no delta: computed
+    doc["latency"] = {"A": {"median_ms": 2.0}}  # B missing
+    doc["thresholds"] = [{"metric": "top1_agreement", "min": 0.99, "value": None, "passed": None}]
+    doc["passed"] = None
+    doc["outputs"] = [{"name": "logits"}]
+    doc["calibration"]["tensors"][0]["histogram"] = {"upper": 0, "counts": []}
+    doc["calibration"]["tensors"][1]["amax"] = {"entropy": None, "weird": 1.5}
+    doc["recovery"] = {"target": "something odd", "steps": [{"metric": None}]}
+    html = render_report(doc)
+    assert "−0.40 pp" in html
+    assert 'data-v="Infinity"' in html and ">∞<" in html
+    assert ">NO GATE<" in html
+    assert ">weird<" in html  # a method only one tensor has still gets a column
+    data = json.loads(re.search(r'id="qb-histograms">(.*?)</script>', html, re.S).group(1))
+    assert len(data["tensors"]) == len(doc["calibration"]["tensors"]) - 1
+    assert_svgs_sized(html)
+
+
+def test_fail_badge_names_the_missed_gate():
+    doc = example()
+    doc["passed"] = False
+    doc["thresholds"][0].update(value=0.982, passed=False)
+    html = render_report(doc)
+    assert '<span class="badge badge-fail" id="verdict-badge">FAIL</span>' in html
+    assert "1 of 2 thresholds missed: top1_agreement" in html
+    assert '<span class="pill pill-fail">FAIL</span>' in html
+
+
+def test_on_demand_histogram_data_is_compact_json():
+    html = render_report(example())
+    raw = re.search(r'id="qb-histograms">(.*?)</script>', html, re.S).group(1)
+    data = json.loads(raw)
+    assert data["methods"][0] == "entropy" and set(data["colours"]) == set(data["methods"])
+    assert all(len(t[2]) == 128 and t[1] > 0 for t in data["tensors"])
+    assert "NaN" not in raw and "Infinity" not in raw
+
+
+def test_render_is_deterministic():
+    assert render_report(example()) == render_report(example())
+
+
+def test_200_layer_report_stays_small_and_readable(capsys):
+    doc = synthetic_results(layers=200, tensors=200)
+    html = render_report(doc)
+    size = len(html.encode("utf-8"))
+    with capsys.disabled():
+        print(f"\n200 layers x 2 views + 200 calibrated tensors: {size / 1024:.0f} KiB")
+    assert size < 2 * 1024 * 1024
+    drift = re.search(r'<svg class="chart drift" width="(\d+)"(.*?)</svg>', html, re.S)
+    assert int(drift.group(1)) >= 200 * 6  # the chart widens instead of squeezing layers
+    x_labels = re.findall(r'class="tick mid">\d+</text>', drift.group(2))
+    assert 10 <= len(x_labels) <= 40  # thinned: not one label per layer
+    assert table_rows(html, "layer-table") == 400
+
+
+def test_write_report_is_atomic(tmp_path):
+    target = tmp_path / "report.html"
+    written = write_report(example(), target)
+    assert written == target
+    assert target.read_text(encoding="utf-8") == render_report(example())
+    before = target.read_bytes()
+    with pytest.raises(QuantbenchError):
+        write_report({"schema": "something-else"}, target)
+    assert target.read_bytes() == before  # a failed render leaves the old report alone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]  # no temp files
+    with pytest.raises(QuantbenchError, match="does not exist"):
+        write_report(example(), tmp_path / "missing" / "report.html")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "invalid JSON at line 1"),
+        ("[1, 2]", "top level is a list"),
+        ('{"schema": "quantbench-stats", "schema_version": 1}', "schema 'quantbench-stats'"),
+        ('{"schema_version": 1}', "schema None"),
+        ('{"schema": "quantbench-results", "schema_version": 2}', "newer than this quantbench"),
+        ('{"schema": "quantbench-results", "schema_version": "1"}', "no integer schema_version"),
+        ('{"schema": "quantbench-results", "schema_version": 1, "kind": "x"}', "kind 'x'"),
+        ('{"schema": "quantbench-results", "schema_version": 1, "layers": {}}', "'layers' must"),
+        ('{"schema": "quantbench-results", "schema_version": 1, "model": []}', "'model' must"),
+    ],
+)
+def test_bad_results_files_are_one_line_errors(tmp_path, content, message):
+    path = tmp_path / "results.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(QuantbenchError) as error:
+        load_results(path)
+    text = str(error.value)
+    assert text.startswith(f"{path}: ") and message in text and "\n" not in text
+
+
+def test_missing_and_binary_results_files(tmp_path):
+    with pytest.raises(QuantbenchError, match="no such results file"):
+        load_results(tmp_path / "absent.json")
+    binary = tmp_path / "results.json"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(QuantbenchError, match="not UTF-8"):
+        load_results(binary)
+    with pytest.raises(QuantbenchError, match="is a folder"):
+        load_results(tmp_path)
+    with pytest.raises(QuantbenchError, match="not a quantbench results file"):
+        render_report({"schema": "nope"})
+
+
+def test_render_does_not_mutate_the_document():
+    for doc in (example(), calibration_only(), minimal()):
+        original = copy.deepcopy(doc)
+        render_report(doc)
+        assert doc == original
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (None, "—"),
+        (math.inf, "∞"),
+        (-math.inf, "−∞"),
+        (math.nan, "NaN"),
+        (0.0, "0"),
+        (123456, "123,456"),
+        (-0.004, "−0.004"),
+        (1e-5, "1.000e-05"),
+        (True, "True"),
+    ],
+)
+def test_fmt_num_never_raises(value, text):
+    assert fmt_num(value) == text
+
+
+def test_percent_and_sort_helpers():
+    assert fmt_pct(0.992) == "99.20%" and fmt_delta_pp(-0.004) == "−0.40 pp"
+    assert fmt_delta_pp(0.01) == "+1.00 pp"
+    assert sort_key(math.inf) == "Infinity" and sort_key(None) == "" and sort_key(math.nan) == ""
+    # Two cosines that print alike ("0.999999") still sort apart by their keys.
+    assert float(sort_key(0.9999991)) < float(sort_key(0.9999992))
