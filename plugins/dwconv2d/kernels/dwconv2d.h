@@ -1,0 +1,126 @@
+/*
+ * DWConv2D: 2-D convolution whose weights are a runtime tensor ("dynamic weights").
+ *
+ * Plain C ABI so that the same shared library serves the TensorRT plugin (DWConv2DPlugin.cpp),
+ * Python through ctypes (plugins/dwconv2d/kernel_lib.py) and the GPU tests.
+ *
+ * Semantics are exactly ONNX Conv (NCHW, OIHW weights, group), extended by
+ *   - per-batch weights: W is [N, K, C/group, kH, kW] instead of [K, C/group, kH, kW];
+ *   - per-batch bias:    B is [N, K] instead of [K].
+ *
+ * Output size: Ho = floor((H + pad_top + pad_bottom - dilation_h * (kH - 1) - 1) / stride_h) + 1
+ * (and likewise for Wo).
+ *
+ * Element types (all tensors dense, row-major, NCHW):
+ *   dwconv2d_forward_f32   x, w, b, y float32; float32 accumulation.
+ *   dwconv2d_forward_f16   x, w, b, y IEEE binary16; float32 accumulation; one rounding to
+ *                          binary16 at the end (round to nearest even).
+ *   dwconv2d_forward_int8  x, w int8 (symmetric, zero point 0), b float32 (real units);
+ *                          int32 accumulation, then
+ *                            v = fl(fl(float(acc) * fl(input_scale * weight_scale)) + b)
+ *                          with each fl() one IEEE float32 rounding (no fused multiply-add), and
+ *                            output_scale >  0: y int8 = clamp(round_half_even(fl(v / output_scale)),
+ *                                                              -128, 127)
+ *                            output_scale <= 0: y float32 = v
+ *                          The rounding steps are spelled out so that a float32 host reference
+ *                          reproduces the result bit for bit.
+ *
+ * Every entry point returns a cudaError_t value as int: 0 (cudaSuccess) on success,
+ * 1 (cudaErrorInvalidValue) for invalid parameters or pointers (nothing is launched), otherwise the
+ * error of the launch. Launches are asynchronous on `stream`; nothing synchronises.
+ */
+#ifndef QUANTBENCH_DWCONV2D_H
+#define QUANTBENCH_DWCONV2D_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define DWCONV2D_API __declspec(dllexport)
+#else
+#define DWCONV2D_API __attribute__((visibility("default")))
+#endif
+
+/* Bumped whenever DWConv2DParams or an entry point's signature changes. */
+#define DWCONV2D_ABI_VERSION 1
+
+/* Layout of the weight tensor. */
+#define DWCONV2D_WEIGHT_SHARED 0    /* [K, C/group, kH, kW], one filter set for the whole batch */
+#define DWCONV2D_WEIGHT_PER_BATCH 1 /* [N, K, C/group, kH, kW], one filter set per batch item */
+
+/* Layout of the bias tensor. */
+#define DWCONV2D_BIAS_NONE 0
+#define DWCONV2D_BIAS_SHARED 1    /* [K] */
+#define DWCONV2D_BIAS_PER_BATCH 2 /* [N, K] */
+
+/* Kernel paths, as reported by dwconv2d_kernel_path(). */
+#define DWCONV2D_PATH_INVALID (-1)
+#define DWCONV2D_PATH_DEPTHWISE_TILED 0 /* C/group == 1: shared-memory tiles, one plane per z */
+#define DWCONV2D_PATH_DIRECT 1          /* any shape: one thread per pixel and 4 output channels */
+#define DWCONV2D_PATH_IMPLICIT_GEMM 2   /* K/group >= 32: 64x64 tiles of (channel x pixel) */
+
+typedef struct DWConv2DParams
+{
+    int32_t batch;        /* N (0 is allowed: nothing is launched) */
+    int32_t in_channels;  /* C */
+    int32_t in_h;         /* H */
+    int32_t in_w;         /* W */
+    int32_t out_channels; /* K */
+    int32_t kernel_h;     /* kH */
+    int32_t kernel_w;     /* kW */
+    int32_t stride_h;
+    int32_t stride_w;
+    int32_t pad_top; /* ONNX pads order: x1_begin, x2_begin, x1_end, x2_end */
+    int32_t pad_left;
+    int32_t pad_bottom;
+    int32_t pad_right;
+    int32_t dilation_h;
+    int32_t dilation_w;
+    int32_t group;       /* divides C and K */
+    int32_t weight_mode; /* DWCONV2D_WEIGHT_* */
+    int32_t bias_mode;   /* DWCONV2D_BIAS_* */
+    int32_t out_h;       /* filled by dwconv2d_infer_output_shape(); checked by the forwards */
+    int32_t out_w;
+    float input_scale;  /* INT8 only: real = q * scale */
+    float weight_scale; /* INT8 only, per tensor */
+    float output_scale; /* INT8 only: > 0 requantizes to int8, <= 0 writes float32 */
+} DWConv2DParams;
+
+/* DWCONV2D_ABI_VERSION of the compiled library. */
+DWCONV2D_API int dwconv2d_abi_version(void);
+
+/* sizeof(DWConv2DParams) in the compiled library, for binding checks (ctypes). */
+DWCONV2D_API size_t dwconv2d_params_size(void);
+
+/* Validate everything but out_h/out_w, then set them from the formula above. Host only. */
+DWCONV2D_API int dwconv2d_infer_output_shape(DWConv2DParams* params);
+
+/* Validate all fields, out_h/out_w included. Host only. */
+DWCONV2D_API int dwconv2d_validate(DWConv2DParams const* params);
+
+/* Which DWCONV2D_PATH_* the forwards use for these parameters (INVALID if they are invalid). */
+DWCONV2D_API int dwconv2d_kernel_path(DWConv2DParams const* params);
+
+/* b may be NULL only when bias_mode is DWCONV2D_BIAS_NONE. */
+DWCONV2D_API int dwconv2d_forward_f32(float const* x, float const* w, float const* b, float* y,
+    DWConv2DParams const* params, cudaStream_t stream);
+
+/* x, w, b, y point to IEEE binary16 data (__half). */
+DWCONV2D_API int dwconv2d_forward_f16(void const* x, void const* w, void const* b, void* y,
+    DWConv2DParams const* params, cudaStream_t stream);
+
+/* y is int8_t* when params->output_scale > 0, else float*. */
+DWCONV2D_API int dwconv2d_forward_int8(int8_t const* x, int8_t const* w, float const* b, void* y,
+    DWConv2DParams const* params, cudaStream_t stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* QUANTBENCH_DWCONV2D_H */

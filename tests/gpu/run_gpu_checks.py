@@ -1,0 +1,167 @@
+"""Run the DWConv2D GPU checks and timings in one go and write results.json and results.md.
+
+Meant for one call on the device machine (see plugins/dwconv2d/README.md):
+
+    python3 tests/gpu/run_gpu_checks.py --out "$OUT"
+
+Correctness: every case of dwconv_gpu_harness.CASES in every mode. Timing: the BENCH_CASES
+shapes, ours against cuDNN through torch.nn.functional.conv2d (median of CUDA-event timings).
+Exits 1 when any check failed, 2 when no GPU is usable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dwconv_gpu_harness as harness  # noqa: E402  (sibling helper module)
+
+from quantbench.fileio import write_text_atomic  # noqa: E402  (harness puts the repo on the path)
+
+
+def environment() -> dict[str, Any]:
+    """What ran: GPU, driver, torch/cuDNN, nvcc, onnxruntime."""
+    import torch
+
+    info: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "python": platform.python_version(),
+        "library": str(harness.get_library().path),
+    }
+    try:
+        import onnxruntime
+
+        info["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        info["onnxruntime"] = None
+    for key, command in {
+        "driver": ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        "nvcc": [harness.kl.find_nvcc() or "nvcc", "--version"],
+    }.items():
+        try:
+            out = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+            info[key] = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else None
+        except OSError:
+            info[key] = None
+    return info
+
+
+def correctness_rows() -> list[dict[str, Any]]:
+    runner = harness.gpu_runner(harness.get_library())
+    names = sorted(harness.CASES)
+    rows = []
+    for name in names:
+        for mode in harness.MODES:
+            seed = names.index(name) * 10 + harness.MODES.index(mode)
+            try:
+                row = harness.check_case(runner, name, mode, seed=seed)
+            except Exception as exc:  # keep going: one broken case must not hide the others
+                row = harness.describe(name, harness.CASES[name]) | {
+                    "mode": mode,
+                    "passed": False,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(limit=3),
+                }
+            row["path"] = harness.get_library().kernel_path(harness.CASES[name].to_params())
+            rows.append(row)
+    return rows
+
+
+def bench_rows(reps: int) -> list[dict[str, Any]]:
+    rows = []
+    for name in harness.BENCH_CASES:
+        try:
+            rows.extend(harness.bench_case(harness.get_library(), name, reps=reps))
+        except Exception as exc:
+            rows.append({"case": name, "error": f"{type(exc).__name__}: {exc}"})
+    return rows
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def markdown(env: dict[str, Any], rows: list[dict[str, Any]], bench: list[dict[str, Any]]) -> str:
+    passed = sum(1 for r in rows if r.get("passed"))
+    lines = [
+        "# DWConv2D GPU checks",
+        "",
+        "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()),
+        "",
+        f"Correctness: {passed}/{len(rows)} passed.",
+        "",
+        "| case | mode | path | input | weight | max err / max ref | ORT err | exact int8 "
+        "| max LSB | passed |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        err = r.get("max_err_over_max_ref", r.get("max_abs_err"))
+        lines.append(
+            f"| {r['case']} | {r['mode']} | {r.get('path')} | {r['input']} | {r['weight']} "
+            f"| {_fmt(err)} | {_fmt(r.get('ort_max_err_over_max_ref'))} "
+            f"| {_fmt(r.get('exact_fraction'), 6)} | {_fmt(r.get('max_lsb_diff'))} "
+            f"| {'yes' if r.get('passed') else 'NO ' + r.get('error', '')} |"
+        )
+    lines += [
+        "",
+        "Timing (median per launch, CUDA events; cuDNN via torch F.conv2d, TF32 off, "
+        "cudnn.benchmark on):",
+        "",
+        "| case | mode | path | ours us | ours GB/s | cuDNN us | cuDNN / ours | diff vs cuDNN |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in bench:
+        if "error" in r:
+            lines.append(f"| {r['case']} | error: {r['error']} | | | | | | |")
+            continue
+        lines.append(
+            f"| {r['case']} | {r['mode']} | {r['path']} | {_fmt(r['ours_us'], 4)} "
+            f"| {_fmt(r['ours_GBps'], 4)} | {_fmt(r.get('cudnn_us'), 4)} "
+            f"| {_fmt(r.get('speedup_vs_cudnn'))} | {_fmt(r.get('max_diff_vs_cudnn_over_max'))} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for results.json/.md")
+    parser.add_argument("--reps", type=int, default=30, help="timed repetitions per shape")
+    parser.add_argument("--skip-bench", action="store_true", help="correctness only")
+    args = parser.parse_args(argv)
+    reason = harness.gpu_unavailable_reason()
+    if reason is not None:
+        print(f"run_gpu_checks: {reason}", file=sys.stderr)
+        return 2
+    started = time.time()
+    env = environment()
+    rows = correctness_rows()
+    bench = [] if args.skip_bench else bench_rows(args.reps)
+    env["seconds"] = round(time.time() - started, 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(
+        args.out / "results.json",
+        json.dumps({"environment": env, "correctness": rows, "timing": bench}, indent=1),
+    )
+    summary = markdown(env, rows, bench)
+    write_text_atomic(args.out / "results.md", summary)
+    print(summary)
+    return 0 if all(r.get("passed") for r in rows) and not any("error" in r for r in bench) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

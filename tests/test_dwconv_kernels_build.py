@@ -1,0 +1,220 @@
+"""CPU-side checks of the DWConv2D CUDA kernels (CI has nvcc but no GPU).
+
+The kernels must compile with nvcc, export exactly the C entry points the TensorRT plugin and the
+ctypes binding call, and their host-side logic (output shape, validation, kernel choice) must agree
+with ONNX Conv. Only host functions are called: none of them touches the CUDA driver.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from quantbench.errors import QuantbenchError
+from quantbench.plugins.dwconv2d import kernel_lib
+from quantbench.plugins.dwconv2d.kernel_lib import (
+    BIAS_NONE,
+    BIAS_PER_BATCH,
+    BIAS_SHARED,
+    CUDA_ERROR_INVALID_VALUE,
+    ConvSpec,
+    KernelLibrary,
+)
+
+pytestmark = pytest.mark.skipif(
+    kernel_lib.find_nvcc() is None, reason="nvcc not found (install the CUDA toolkit or set NVCC)"
+)
+
+FAKE_DEVICE_POINTER = 0x1000  # never dereferenced: every call below is rejected on the host
+
+
+@pytest.fixture(scope="module")
+def built_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return kernel_lib.build_kernels(tmp_path_factory.mktemp("dwconv2d"))
+
+
+@pytest.fixture(scope="module")
+def lib(built_library: Path) -> KernelLibrary:
+    return KernelLibrary(built_library)
+
+
+def test_library_exports_exactly_the_c_entry_points(built_library: Path) -> None:
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) not found")
+    listing = subprocess.run(
+        [nm, "-D", "--defined-only", str(built_library)], capture_output=True, text=True, check=True
+    ).stdout
+    exported = {line.split()[-1] for line in listing.splitlines() if " T " in line}
+    assert exported == set(kernel_lib.EXPORTED_SYMBOLS)
+
+
+def test_abi_version_and_params_layout_match_the_binding(lib: KernelLibrary) -> None:
+    raw = lib._lib
+    assert raw.dwconv2d_abi_version() == kernel_lib.ABI_VERSION
+    assert raw.dwconv2d_params_size() == ctypes.sizeof(kernel_lib.DWConv2DParams) == 23 * 4
+
+
+def test_header_struct_fields_match_the_binding() -> None:
+    """The ctypes field order is the C struct's: a swapped pair would keep the size but break."""
+    header = kernel_lib.KERNEL_HEADER.read_text()
+    body = re.search(r"typedef struct DWConv2DParams\s*\{(.*?)\}\s*DWConv2DParams;", header, re.S)
+    assert body is not None
+    declared = re.findall(r"^\s*(?:int32_t|float)\s+(\w+);", body.group(1), re.M)
+    assert declared == [name for name, _ in kernel_lib.DWConv2DParams._fields_]
+
+
+def test_makefile_uses_the_binding_flags() -> None:
+    makefile = (kernel_lib.KERNEL_DIR.parent / "Makefile").read_text()
+    gencode = re.search(r"^GENCODE \?= (.*)$", makefile, re.M)
+    flags = re.search(r"^NVCC_FLAGS \?= (.*)$", makefile, re.M)
+    assert gencode is not None and flags is not None
+    command = kernel_lib.nvcc_command(Path("out.so"))
+    assert " ".join(kernel_lib.DEFAULT_GENCODE) == gencode.group(1).strip()
+    assert " ".join(command[1 : 1 + len(flags.group(1).split())]) == flags.group(1).strip()
+
+
+def _onnx_conv_output_hw(spec: ConvSpec) -> tuple[int, int]:
+    """Output H, W from ONNX shape inference on a Conv node with the same attributes."""
+    node = helper.make_node(
+        "Conv",
+        ["x", "w"],
+        ["y"],
+        strides=list(spec.strides),
+        pads=list(spec.pads),
+        dilations=list(spec.dilations),
+        group=spec.group,
+    )
+    graph = helper.make_graph(
+        [node],
+        "conv",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, list(spec.input_shape)),
+            helper.make_tensor_value_info(
+                "w",
+                TensorProto.FLOAT,
+                [spec.out_channels, spec.in_channels // spec.group, *spec.kernel],
+            ),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    dims = inferred.graph.output[0].type.tensor_type.shape.dim
+    return dims[2].dim_value, dims[3].dim_value
+
+
+SHAPE_CASES = [
+    ConvSpec(1, 8, 7, 7, 8, (3, 3), pads=(1, 1, 1, 1), group=8),
+    ConvSpec(2, 16, 15, 17, 16, (3, 3), strides=(2, 2), pads=(0, 1, 1, 0), group=16),
+    ConvSpec(1, 32, 28, 28, 32, (5, 5), pads=(4, 4, 4, 4), dilations=(2, 2), group=32),
+    ConvSpec(3, 12, 9, 11, 18, (3, 3), pads=(2, 0, 1, 2), dilations=(2, 1), group=3),
+    ConvSpec(2, 8, 64, 64, 32, (7, 7), strides=(2, 2), pads=(3, 3, 3, 3)),
+    ConvSpec(1, 4, 10, 13, 4, (1, 7), strides=(1, 3), pads=(0, 3, 0, 2), group=4),
+    ConvSpec(1, 6, 8, 8, 6, (8, 8), group=2),  # kernel covers the whole input: 1 x 1 output
+]
+
+
+@pytest.mark.parametrize("spec", SHAPE_CASES, ids=lambda s: f"{s.in_h}x{s.in_w}k{s.kernel}")
+def test_output_shape_matches_onnx_shape_inference(lib: KernelLibrary, spec: ConvSpec) -> None:
+    expected = _onnx_conv_output_hw(spec)
+    assert lib.infer_output_shape(spec.to_params()) == expected == spec.out_hw
+    assert lib.validate(spec.to_params()) == 0
+
+
+def test_validate_rejects_a_wrong_output_shape(lib: KernelLibrary) -> None:
+    params = SHAPE_CASES[0].to_params()
+    params.out_w += 1
+    assert lib.validate(params) == CUDA_ERROR_INVALID_VALUE
+
+
+INVALID_CASES = {
+    "group does not divide C": ConvSpec(1, 30, 8, 8, 32, (3, 3), group=4),
+    "group does not divide K": ConvSpec(1, 32, 8, 8, 30, (3, 3), group=4),
+    "kernel larger than padded input": ConvSpec(1, 8, 4, 4, 8, (5, 5), group=8),
+    "dilated kernel larger than input": ConvSpec(1, 8, 8, 8, 8, (3, 3), dilations=(5, 1)),
+    "zero stride": ConvSpec(1, 8, 8, 8, 8, (3, 3), strides=(0, 1)),
+    "negative pad": ConvSpec(1, 8, 8, 8, 8, (3, 3), pads=(-1, 0, 0, 0)),
+    "zero kernel": ConvSpec(1, 8, 8, 8, 8, (0, 3)),
+    "bad bias mode": ConvSpec(1, 8, 8, 8, 8, (3, 3), bias_mode=7),
+}
+
+
+@pytest.mark.parametrize("reason", sorted(INVALID_CASES))
+@pytest.mark.parametrize("dtype", ["f32", "f16", "int8"])
+def test_invalid_parameters_are_rejected_on_the_host(
+    lib: KernelLibrary, reason: str, dtype: str
+) -> None:
+    spec = INVALID_CASES[reason]
+    params = spec.to_params(input_scale=0.1, weight_scale=0.1, output_scale=0.1)
+    with pytest.raises(QuantbenchError, match="invalid parameters"):
+        lib.infer_output_shape(params)
+    assert lib.kernel_path(params) == "invalid"
+    p = FAKE_DEVICE_POINTER
+    assert lib.forward(dtype, p, p, p, p, params) == CUDA_ERROR_INVALID_VALUE
+
+
+def test_null_pointers_are_rejected(lib: KernelLibrary) -> None:
+    p = FAKE_DEVICE_POINTER
+    params = ConvSpec(1, 8, 8, 8, 8, (3, 3), bias_mode=BIAS_SHARED).to_params()
+    assert lib.forward("f32", None, p, p, p, params) == CUDA_ERROR_INVALID_VALUE
+    assert lib.forward("f32", p, None, p, p, params) == CUDA_ERROR_INVALID_VALUE
+    assert lib.forward("f32", p, p, p, None, params) == CUDA_ERROR_INVALID_VALUE
+    assert lib.forward("f16", p, p, None, p, params) == CUDA_ERROR_INVALID_VALUE
+
+
+@pytest.mark.parametrize(
+    ("input_scale", "weight_scale", "output_scale"),
+    [
+        (0.0, 0.1, 0.1),
+        (-0.5, 0.1, 0.1),
+        (0.1, math.nan, 0.1),
+        (0.1, 0.1, math.inf),
+        (1e-30, 1e-30, 0.1),
+    ],  # the product underflows to 0: no usable accumulator scale
+)
+def test_int8_rejects_unusable_scales(
+    lib: KernelLibrary, input_scale: float, weight_scale: float, output_scale: float
+) -> None:
+    params = ConvSpec(1, 8, 8, 8, 8, (3, 3)).to_params(input_scale, weight_scale, output_scale)
+    p = FAKE_DEVICE_POINTER
+    assert lib.forward("int8", p, p, None, p, params) == CUDA_ERROR_INVALID_VALUE
+
+
+def test_int8_rejects_reductions_that_could_overflow_int32(lib: KernelLibrary) -> None:
+    # 2731 * 7 * 7 = 133819 products of up to 2^14 each can exceed int32.
+    params = ConvSpec(1, 2731, 7, 7, 1, (7, 7)).to_params(0.1, 0.1, 0.1)
+    p = FAKE_DEVICE_POINTER
+    assert lib.validate(params) == 0
+    assert lib.forward("int8", p, p, None, p, params) == CUDA_ERROR_INVALID_VALUE
+
+
+@pytest.mark.parametrize(
+    ("spec", "path"),
+    [
+        (ConvSpec(2, 32, 16, 16, 32, (3, 3), pads=(1, 1, 1, 1), group=32), "depthwise_tiled"),
+        (ConvSpec(2, 16, 16, 16, 32, (3, 3), group=16), "depthwise_tiled"),  # multiplier 2
+        (ConvSpec(1, 8, 12, 12, 8, (1, 7), group=8, bias_mode=BIAS_PER_BATCH), "depthwise_tiled"),
+        # a 41x41 kernel with dilation 3 spans 121 rows: no patch fits in 48 KiB of shared memory
+        (ConvSpec(1, 8, 64, 64, 8, (41, 41), pads=(60,) * 4, dilations=(3, 3), group=8), "direct"),
+        (ConvSpec(2, 64, 16, 16, 64, (3, 3), group=8), "direct"),  # 8 channels per group
+        (ConvSpec(2, 64, 14, 14, 64, (3, 3), weight_per_batch=True), "implicit_gemm"),
+        (ConvSpec(1, 8, 32, 32, 32, (1, 1), bias_mode=BIAS_NONE), "direct"),  # reduction of 8
+    ],
+    ids=lambda v: v if isinstance(v, str) else f"C{v.in_channels}K{v.out_channels}g{v.group}",
+)
+def test_kernel_path_selection(lib: KernelLibrary, spec: ConvSpec, path: str) -> None:
+    assert lib.kernel_path(spec.to_params()) == path
+
+
+def test_build_reports_compiler_errors(tmp_path: Path) -> None:
+    with pytest.raises(QuantbenchError, match="nvcc failed"):
+        kernel_lib.build_kernels(tmp_path, gencode=("-gencode", "arch=compute_1,code=sm_1"))
