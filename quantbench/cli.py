@@ -161,6 +161,155 @@ def inspect(
 
 
 @app.command()
+def quantize(
+    model: ModelArg,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Q/DQ ONNX model to write.")
+    ] = None,
+    table: Annotated[
+        Path | None, typer.Option(help="Calibration table: TensorRT cache, JSON or flatbuffers.")
+    ] = None,
+    data: DataOpt = None,
+    method: Annotated[
+        str, typer.Option("--method", "-m", help="Calibrator when calibrating from --data.")
+    ] = "entropy",
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option(help="Node name or regex kept in high precision (repeatable)."),
+    ] = None,
+    op_types: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated op types to quantize (default Conv,ConvTranspose,Gemm,MatMul)."
+        ),
+    ] = None,
+    per_tensor: Annotated[
+        bool, typer.Option("--per-tensor", help="Per-tensor weight scales instead of per-channel.")
+    ] = False,
+    no_residual: Annotated[
+        bool, typer.Option("--no-residual", help="Do not quantize residual Add inputs.")
+    ] = False,
+    allow_partial: Annotated[
+        bool, typer.Option("--allow-partial", help="Quantize only what the table covers.")
+    ] = False,
+    requantize: Annotated[
+        bool, typer.Option("--requantize", help="Strip existing Q/DQ nodes first.")
+    ] = False,
+    dwconv2d: Annotated[
+        bool,
+        typer.Option(
+            "--dwconv2d", help="Emit runtime-weight convs as the DWConv2D plugin op (INT8 form)."
+        ),
+    ] = False,
+    int_ops: Annotated[
+        bool,
+        typer.Option("--int-ops", help="Report which ops onnxruntime runs in integer arithmetic."),
+    ] = False,
+    extract_table: Annotated[
+        Path | None,
+        typer.Option(
+            help="Reverse: write MODEL's Q/DQ scales to this table (.cache/.json/.flatbuffers)."
+        ),
+    ] = None,
+    trt_version: Annotated[
+        str | None, typer.Option(help="TensorRT version for an extracted cache header.")
+    ] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Batch size when calibrating.")] = None,
+    max_samples: Annotated[
+        int | None, typer.Option(help="Calibrate on at most this many samples.")
+    ] = None,
+    preset: Annotated[str | None, typer.Option(help="Image preprocessing preset.")] = None,
+    provider: Annotated[
+        str | None, typer.Option(help="onnxruntime provider for calibration.")
+    ] = None,
+) -> None:
+    """Write a Q/DQ ONNX model placed the way TensorRT fuses it (or read one's scales back)."""
+    from quantbench import quantize as qz
+
+    if extract_table is not None:
+        table_out, path = qz.extract_table(model, extract_table, trt_version=trt_version)
+        console.print(f"wrote {path} ({len(table_out)} tensors)")
+        return
+    if output is None:
+        raise QuantbenchError("give -o OUT.onnx (or --extract-table to read scales back)")
+    outcome = qz.quantize(
+        model,
+        output,
+        table=table,
+        data=data,
+        method=method,
+        batch_size=batch_size,
+        max_samples=max_samples,
+        preset=preset,
+        provider=provider,
+        exclude=exclude,
+        op_types=[t.strip() for t in op_types.split(",")] if op_types else None,
+        per_channel=not per_tensor,
+        quantize_residual=not no_residual,
+        allow_partial=allow_partial,
+        requantize=requantize,
+        dwconv2d=dwconv2d,
+        report_integer_ops=int_ops,
+    )
+    _print_quantize(outcome)
+
+
+def _print_quantize(outcome: object) -> None:
+    from rich.table import Table
+
+    result = outcome.result  # type: ignore[attr-defined]
+    for w in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}", soft_wrap=True)
+    console.print(result.summary())
+    if result.skipped:
+        t = Table(title="Left in high precision", title_justify="left")
+        for col in ("node", "op", "reason"):
+            t.add_column(col)
+        for s in result.skipped:
+            t.add_row(escape(s.node), s.op_type, escape(s.reason))
+        console.print(t)
+    rows = outcome.integer_ops  # type: ignore[attr-defined]
+    if rows:
+        from quantbench.ort_int8 import integer_op_counts
+
+        counts = integer_op_counts(rows)
+        console.print(
+            "onnxruntime CPU execution: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+        )
+        t = Table(title="Ops by execution in onnxruntime", title_justify="left")
+        for col in ("node", "op", "kernel", "execution"):
+            t.add_column(col)
+        for r in rows:
+            t.add_row(
+                escape(str(r["node"])),
+                str(r["op_type"]),
+                str(r["kernel"] or "-"),
+                str(r["execution"]),
+            )
+        console.print(t)
+    for p in outcome.written:  # type: ignore[attr-defined]
+        console.print(f"wrote {p}")
+
+
+@app.command()
+def rewrite(
+    model: ModelArg,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Rewritten ONNX model.")],
+    to: Annotated[
+        str,
+        typer.Option(
+            help="dwconv2d (runtime-weight Conv -> plugin op) or conv (plugin op -> Conv)."
+        ),
+    ],
+) -> None:
+    """Rewrite between ONNX Conv with runtime weights and the DWConv2D plugin op."""
+    from quantbench.quantize import rewrite as do_rewrite
+
+    changed, path = do_rewrite(model, output, to)
+    console.print(f"rewrote {changed} node(s); wrote {path}")
+
+
+@app.command()
 def compare(
     a: Annotated[
         str,
@@ -267,8 +416,7 @@ def report(
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")],
 ) -> None:
     """Render a results JSON as one self-contained HTML page."""
-    from quantbench.reports import write_report
-    from quantbench.results import load_results
+    from quantbench.reports import load_results, write_report
 
     write_report(load_results(results), output)
     console.print(f"wrote {output}")

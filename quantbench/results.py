@@ -209,24 +209,6 @@ def apply_gates(doc: dict[str, Any], gates: list[tuple[str, float]]) -> None:
 # --------------------------------------------------------------------------- files
 
 
-def load_results(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise QuantbenchError(f"{p}: results file not found")
-    try:
-        doc = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise QuantbenchError(f"{p}: not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise QuantbenchError(f"{p}: not a quantbench results file (schema {SCHEMA!r} expected)")
-    if int(doc.get("schema_version", 0)) > SCHEMA_VERSION:
-        raise QuantbenchError(
-            f"{p}: results schema version {doc.get('schema_version')} is newer than this "
-            f"quantbench understands ({SCHEMA_VERSION}); upgrade quantbench"
-        )
-    return doc
-
-
 def write_json(doc: dict[str, Any], path: str | Path) -> Path:
     return write_text_atomic(
         path, json.dumps(doc, indent=2, default=_json_default, allow_nan=False) + "\n"

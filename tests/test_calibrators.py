@@ -179,8 +179,25 @@ def test_entropy_trt_matches_slide_pseudocode(
 ) -> None:
     stats = stats_by_name[name]
     expected = slide_entropy_amax(stats.abs_histogram(2048), stats.max_abs)
-    assert compute_amax("entropy", stats) == expected
-    assert compute_amax("entropy:trt", stats) == expected
+    assert compute_amax("entropy:slides", stats) == expected
+    # the default leaves the zero spike (the finest bin at 0) out of P before the same search
+    bins = stats.abs_histogram(2048)
+    bins[0] = max(bins[0] - entropy_module.zero_spike(stats), 0.0)
+    expected_trt = slide_entropy_amax(bins, stats.max_abs) if bins.any() else stats.max_abs
+    assert compute_amax("entropy", stats) == expected_trt
+    assert compute_amax("entropy:trt", stats) == expected_trt
+    if entropy_module.zero_spike(stats) == 0:
+        assert expected_trt == expected
+
+
+def test_entropy_trt_does_not_collapse_on_relu_zeros() -> None:
+    """The literal slide search picks a tiny threshold for a ReLU output (zero spike); the
+    default keeps most of the range, as TensorRT's caches for ReLU networks do."""
+    rng = np.random.default_rng(3)
+    relu = stats_of(np.maximum(rng.standard_normal(400_000), 0).astype(np.float32))
+    literal, default = compute_amax("entropy:slides", relu), compute_amax("entropy", relu)
+    assert literal < 0.5 * relu.max_abs  # 1.93 of 4.40
+    assert default > 0.9 * relu.max_abs  # 4.12 of 4.40
 
 
 def test_entropy_trt_fast_kl_matches_direct_kl(stats_by_name: dict[str, TensorStats]) -> None:
@@ -438,7 +455,7 @@ def test_entropy_variants_disagree_as_documented() -> None:
         for b in flavours[i + 1 :]:
             assert abs(a - b) > 0.02 * a
     relu = stats_of(DATA["relu"])
-    assert compute_amax("entropy:pytorch", relu) > 2 * compute_amax("entropy", relu)
+    assert compute_amax("entropy:pytorch", relu) > 2 * compute_amax("entropy:slides", relu)
 
 
 def test_empty_and_all_zero_tensors_give_zero() -> None:

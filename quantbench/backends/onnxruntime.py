@@ -64,6 +64,20 @@ def expose(
     return out
 
 
+def _runnable(model: str | Path | onnx.ModelProto) -> bytes | str:
+    """What onnxruntime can load: the DWConv2D plugin op is lowered to standard ONNX Conv."""
+    proto = model if isinstance(model, onnx.ModelProto) else None
+    if proto is None:
+        proto = onnx.load(str(model), load_external_data=False)
+        if not any(n.op_type == "DWConv2D" for n in proto.graph.node):
+            return str(model)
+    if any(n.op_type == "DWConv2D" for n in proto.graph.node):
+        from quantbench.plugins.dwconv2d import dwconv2d_to_conv
+
+        proto = dwconv2d_to_conv(proto)
+    return proto.SerializeToString()
+
+
 @dataclass
 class RunnerInfo:
     """What ran where, recorded in results."""
@@ -99,7 +113,7 @@ class OnnxRuntimeRunner:
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[optimization]
-        payload = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+        payload = _runnable(model)
         try:
             self.session = ort.InferenceSession(
                 payload, sess_options=opts, providers=[self.provider]
