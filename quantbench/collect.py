@@ -60,12 +60,15 @@ def collect_stats(
 ) -> StatsFile:
     """Run the data through the model once and return statistics of ``tensors``."""
     input_names = {s.name for s in graph.inputs}
-    from_feed = [t for t in tensors if t in input_names]
-    from_outputs = [t for t in tensors if t not in input_names]
+    plan = derivation_plan(graph, tensors)
+    measured = [t for t in tensors if t not in plan]
+    from_feed = [t for t in measured if t in input_names]
+    from_outputs = [t for t in measured if t not in input_names]
     runner = OnnxRuntimeRunner(
         expose(graph.model, from_outputs, graph.elem_types), provider, threads
     )
     stats = {name: TensorStats(name) for name in tensors}
+    relus = [(t, src) for t, (kind, src) in plan.items() if kind == "relu"]
     fingerprint = None if source.fingerprint else StreamFingerprint()
     num_samples = 0
     with (
@@ -80,12 +83,15 @@ def collect_stats(
             if pending is not None:
                 pending.result()
             values = {**{t: feed[t] for t in from_feed}, **outputs}
-            pending = submit(_update_all, stats, values)
+            pending = submit(_update_all, stats, values, relus)
             n = feed_num_samples(feed, graph.inputs)
             num_samples += n
             advance(n)
         if pending is not None:
             pending.result()
+    for name, (kind, src) in plan.items():
+        if kind == "same":
+            stats[name] = stats[src].renamed(name)
     return StatsFile(
         model_hash=graph.hash,
         data_fingerprint=source.fingerprint or (fingerprint.hexdigest() if fingerprint else ""),
@@ -96,9 +102,39 @@ def collect_stats(
     )
 
 
-def _update_all(stats: dict[str, TensorStats], values: dict[str, np.ndarray]) -> None:
-    for name, value in values.items():
-        stats[name].update(value)
+#: ops whose output holds exactly the input's values (rearranged): same statistics.
+VALUE_PRESERVING = ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")
+
+
+def derivation_plan(graph: Graph, tensors: list[str]) -> dict[str, tuple[str, str]]:
+    """Tensors whose statistics follow from another calibrated tensor without reading them.
+
+    ``("same", src)``: a value-preserving op of ``src``; ``("relu", src)``: ``Relu(src)``,
+    binned from ``src``'s bins. Neither needs onnxruntime to output the tensor, which saves
+    both the copy and the histogram pass (a ResNet has a Relu after almost every conv).
+    """
+    wanted = set(tensors)
+    plan: dict[str, tuple[str, str]] = {}
+    for node in graph.model.graph.node:
+        if len(node.output) != 1 or not node.input or node.output[0] not in wanted:
+            continue
+        src = node.input[0]
+        if src not in wanted:
+            continue
+        kind, root = plan.get(src, ("measured", src))
+        if node.op_type in VALUE_PRESERVING and kind in ("measured", "same"):
+            plan[node.output[0]] = ("same", root)
+        elif node.op_type == "Relu" and kind == "measured":
+            plan[node.output[0]] = ("relu", src)
+    return plan
+
+
+def _update_all(
+    stats: dict[str, TensorStats], values: dict[str, np.ndarray], relus: list[tuple[str, str]]
+) -> None:
+    added = {name: stats[name].update(value) for name, value in values.items()}
+    for name, src in relus:
+        stats[name].update_relu(added[src], values[src])
 
 
 @contextmanager

@@ -83,6 +83,17 @@ def _signed_counts(x: np.ndarray, exponent: int) -> np.ndarray:
     return np.bincount(idx, minlength=2 * HALF_BINS)
 
 
+@dataclass(frozen=True)
+class BatchCounts:
+    """What one batch added to a TensorStats: its bins (at ``exponent``) and range."""
+
+    counts: np.ndarray
+    exponent: int
+    lo: float
+    hi: float
+    finite_only: bool
+
+
 @dataclass
 class TensorStats:
     """Range and histogram of one tensor over every value seen so far (mergeable)."""
@@ -97,26 +108,67 @@ class TensorStats:
     counts: np.ndarray = field(default_factory=lambda: np.zeros(2 * HALF_BINS, dtype=np.int64))
 
     # ---------------------------------------------------------------- collection
-    def update(self, values: np.ndarray) -> None:
-        """Add a batch of values (any shape, any float dtype)."""
+    def update(self, values: np.ndarray) -> BatchCounts | None:
+        """Add a batch of values (any shape, any float dtype); returns what the batch added."""
         x = np.asarray(values)
         if x.size == 0:
-            return
+            return None
         x = x.reshape(-1)
         lo, hi = float(x.min()), float(x.max())
-        if not (math.isfinite(lo) and math.isfinite(hi)):
+        finite_only = math.isfinite(lo) and math.isfinite(hi)
+        if not finite_only:
             finite = np.isfinite(x)
             self.nan_count += int(np.isnan(x).sum())
             self.inf_count += int(x.size - finite.sum()) - int(np.isnan(x).sum())
             x = x[finite]
             if x.size == 0:
-                return
+                return None
             lo, hi = float(x.min()), float(x.max())
         self._grow(exponent_for(max(abs(lo), abs(hi))))
-        self.counts += _signed_counts(x, self.exponent)
-        self.count += int(x.size)
+        counts = _signed_counts(x, self.exponent)
+        self.counts += counts
+        self._add_range(int(x.size), lo, hi)
+        return BatchCounts(counts, self.exponent, lo, hi, finite_only)
+
+    def update_relu(self, source: BatchCounts | None, values: np.ndarray) -> None:
+        """Add ``max(values, 0)`` reusing the source batch's bins when the grids coincide.
+
+        Exact: moving the negative bins into bin 0 is what binning ``max(x, 0)`` gives; when
+        this tensor's grid is finer than the source's it bins ``max(x, 0)`` itself.
+        """
+        if source is None:
+            return
+        if not source.finite_only:
+            self.update(np.maximum(values, 0))
+            return
+        lo, hi = max(source.lo, 0.0), max(source.hi, 0.0)
+        self._grow(exponent_for(hi))
+        if self.exponent == source.exponent:
+            counts = source.counts.copy()
+            counts[HALF_BINS] += counts[:HALF_BINS].sum()
+            counts[:HALF_BINS] = 0
+        else:
+            counts = _signed_counts(np.maximum(np.asarray(values).reshape(-1), 0), self.exponent)
+        self.counts += counts
+        self._add_range(int(source.counts.sum()), lo, hi)
+
+    def _add_range(self, n: int, lo: float, hi: float) -> None:
+        self.count += n
         self.min = min(self.min, lo)
         self.max = max(self.max, hi)
+
+    def renamed(self, name: str) -> TensorStats:
+        """The same statistics under another name (for value-preserving ops like Reshape)."""
+        return TensorStats(
+            name,
+            self.count,
+            self.min,
+            self.max,
+            self.nan_count,
+            self.inf_count,
+            self.exponent,
+            self.counts.copy(),
+        )
 
     def _grow(self, exponent: int) -> None:
         if exponent <= self.exponent:

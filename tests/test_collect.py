@@ -1,0 +1,53 @@
+"""Streaming collection: statistics derived for Relu / value-preserving ops equal direct ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import require_example
+
+from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
+from quantbench.collect import collect_stats, derivation_plan
+from quantbench.data import open_data
+from quantbench.graph import calibration_tensors, open_graph
+from quantbench.stats import TensorStats
+
+
+def _direct(graph, data, tensors):
+    """Reference: every tensor exposed by onnxruntime and binned directly."""
+    inputs = {s.name for s in graph.inputs}
+    outputs = [t for t in tensors if t not in inputs]
+    runner = OnnxRuntimeRunner(expose(graph.model, outputs, graph.elem_types))
+    ref = {n: TensorStats(n) for n in tensors}
+    for feed in open_data(data, graph.inputs, batch_size=3).batches():
+        values = {**feed, **runner.infer(feed, outputs)}
+        for n in tensors:
+            ref[n].update(values[n])
+    return ref
+
+
+@pytest.mark.parametrize("which", ["synthetic", "example"])
+def test_derived_statistics_are_bit_identical(which, cnn_path, cnn_data):
+    if which == "example":
+        ex = require_example()
+        path, data = ex / "tinycnn.onnx", ex / "calib.npz"
+    else:
+        path, data = cnn_path, cnn_data
+    g = open_graph(path)
+    tensors = calibration_tensors(g, "all")
+    plan = derivation_plan(g, tensors)
+    assert any(kind == "relu" for kind, _ in plan.values())
+    got = collect_stats(g, open_data(data, g.inputs, batch_size=3), tensors, show_progress=False)
+    ref = _direct(g, data, tensors)
+    for n in tensors:
+        a, b = got[n], ref[n]
+        assert (a.exponent, a.count, a.min, a.max) == (b.exponent, b.count, b.min, b.max), n
+        assert np.array_equal(a.counts, b.counts), n
+
+
+def test_plan_derives_relu_and_reshape_only_from_measured(cnn_path):
+    g = open_graph(cnn_path)
+    plan = derivation_plan(g, calibration_tensors(g, "all"))
+    assert plan["r1"] == ("relu", "c1")
+    assert plan["flat"] == ("same", "gap")
+    assert "c2" not in plan and "sum" not in plan
