@@ -13,13 +13,13 @@ from quantbench.graph import calibration_tensors, open_graph
 from quantbench.stats import TensorStats
 
 
-def _direct(graph, data, tensors):
+def _direct(graph, data, tensors, batch_size):
     """Reference: every tensor exposed by onnxruntime and binned directly."""
     inputs = {s.name for s in graph.inputs}
     outputs = [t for t in tensors if t not in inputs]
     runner = OnnxRuntimeRunner(expose(graph.model, outputs, graph.elem_types))
     ref = {n: TensorStats(n) for n in tensors}
-    for feed in open_data(data, graph.inputs, batch_size=3).batches():
+    for feed in open_data(data, graph.inputs, batch_size=batch_size).batches():
         values = {**feed, **runner.infer(feed, outputs)}
         for n in tensors:
             ref[n].update(values[n])
@@ -30,15 +30,15 @@ def _direct(graph, data, tensors):
 def test_derived_statistics_are_bit_identical(which, cnn_path, cnn_data):
     if which == "example":
         ex = require_example()
-        path, data = ex / "tinycnn.onnx", ex / "calib.npz"
+        path, data, bs = ex / "tinycnn.onnx", ex / "calib.npz", None  # static batch 1
     else:
-        path, data = cnn_path, cnn_data
+        path, data, bs = cnn_path, cnn_data, 3
     g = open_graph(path)
     tensors = calibration_tensors(g, "all")
     plan = derivation_plan(g, tensors)
     assert any(kind == "relu" for kind, _ in plan.values())
-    got = collect_stats(g, open_data(data, g.inputs, batch_size=3), tensors, show_progress=False)
-    ref = _direct(g, data, tensors)
+    got = collect_stats(g, open_data(data, g.inputs, batch_size=bs), tensors, show_progress=False)
+    ref = _direct(g, data, tensors, bs)
     for n in tensors:
         a, b = got[n], ref[n]
         assert (a.exponent, a.count, a.min, a.max) == (b.exponent, b.count, b.min, b.max), n
