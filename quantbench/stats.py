@@ -74,8 +74,7 @@ def _signed_counts(x: np.ndarray, exponent: int) -> np.ndarray:
     1.5*2**52 trick (a float add and an integer subtract) because numpy's cast is 3x slower.
     """
     scaled = np.multiply(x, 2.0**-exponent, dtype=np.float64)
-    np.floor(scaled, out=scaled)
-    np.clip(scaled, -HALF_BINS, HALF_BINS - 1, out=scaled)
+    np.floor(scaled, out=scaled)  # in [-HALF_BINS, HALF_BINS): exponent_for keeps max|x| inside
     magic = np.float64(1.5 * 2.0**52)
     scaled += magic + HALF_BINS
     idx = scaled.view(np.int64)
