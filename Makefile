@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 OUT ?= out/demo
 EX := examples/tinycnn
 
-.PHONY: venv demo test test-fast test-gpu lint bench clean kernels
+.PHONY: venv demo test test-fast test-gpu lint bench bench-setup clean kernels
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,8 +46,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
-	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/run_all.py
+
+## One-time setup of the real-CNN benchmark: photos from Debian, EfficientNet-Lite0 exported once.
+bench-setup: $(STAMP)
+	apt-get install -y opencv-doc mate-backgrounds
+	$(PY) benchmarks/bench_real_cnn.py --setup
 
 kernels:
 	$(MAKE) -C plugins/dwconv2d
