@@ -34,7 +34,8 @@ def _opset(m: onnx.ModelProto) -> int:
 
 
 class _Builder:
-    def __init__(self, reference: onnx.ModelProto, candidate: onnx.ModelProto):
+    def __init__(self, reference: onnx.ModelProto, candidate: onnx.ModelProto, prefix: str):
+        self.prefix = prefix
         self.ref = reference
         self.cand = candidate
         self.cand_producer = {o: n for n in candidate.graph.node for o in n.output}
@@ -57,7 +58,7 @@ class _Builder:
         if name == "":
             return ""
         if name in self.cand_inits:
-            new = _PREFIX + name
+            new = self.prefix + name
             if new not in self.inits:
                 t = onnx.TensorProto()
                 t.CopyFrom(self.cand_inits[name])
@@ -65,12 +66,12 @@ class _Builder:
                 self.inits[new] = t
             return new
         if name in self.const_nodes:
-            new = _PREFIX + name
+            new = self.prefix + name
             if new not in self.inits:
                 node = onnx.NodeProto()
                 node.CopyFrom(self.const_nodes[name])
                 node.output[0] = new
-                node.name = _PREFIX + (node.name or new)
+                node.name = self.prefix + (node.name or new)
                 self.nodes.append(node)
                 self.inits[new] = onnx.TensorProto()  # marker: already emitted
             return new
@@ -92,11 +93,11 @@ class _Builder:
             src = self.source(q.input[0])
             if src is None:
                 return None
-            q_out = _PREFIX + q.output[0]
+            q_out = self.prefix + q.output[0]
             q_inputs = [src] + [self.constant(i) for i in q.input[1:]]
             if None in q_inputs:
                 return None
-            self.nodes.append(_clone(q, q_inputs, [q_out]))
+            self.nodes.append(_clone(q, q_inputs, [q_out], self.prefix))
             dq_in = q_out
         else:
             dq_in = self.constant(dq.input[0])
@@ -105,8 +106,8 @@ class _Builder:
         dq_inputs = [dq_in] + [self.constant(i) for i in dq.input[1:]]
         if None in dq_inputs:
             return None
-        out = _PREFIX + dq.output[0]
-        self.nodes.append(_clone(dq, dq_inputs, [out]))
+        out = self.prefix + dq.output[0]
+        self.nodes.append(_clone(dq, dq_inputs, [out], self.prefix))
         self.rebuilt[tensor] = out
         return out
 
@@ -130,21 +131,23 @@ class _Builder:
                 return None
             inputs.append(new)
         outputs = [o + SUFFIX if o else "" for o in node.output]
-        self.nodes.append(_clone(node, inputs, outputs))
+        self.nodes.append(_clone(node, inputs, outputs, self.prefix))
         return out
 
     def _emitted(self) -> set[str]:
         return {o for n in self.nodes for o in n.output}
 
 
-def _clone(node: onnx.NodeProto, inputs: list[str], outputs: list[str]) -> onnx.NodeProto:
+def _clone(
+    node: onnx.NodeProto, inputs: list[str], outputs: list[str], prefix: str
+) -> onnx.NodeProto:
     new = onnx.NodeProto()
     new.CopyFrom(node)
     del new.input[:]
     new.input.extend(inputs)
     del new.output[:]
     new.output.extend(outputs)
-    new.name = _PREFIX + (node.name or outputs[0])
+    new.name = prefix + (node.name or outputs[0])
     return new
 
 
@@ -160,12 +163,14 @@ def quantized_ops(candidate: onnx.ModelProto) -> list[onnx.NodeProto]:
     ]
 
 
-def build_isolated(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> IsolatedModel:
+def build_isolated(
+    reference: onnx.ModelProto, candidate: onnx.ModelProto, prefix: str = _PREFIX
+) -> IsolatedModel:
     """Reference graph plus an isolated copy of every quantized op of ``candidate``."""
     ref = reference
     if _opset(candidate) > _opset(reference):
         ref = version_converter.convert_version(reference, _opset(candidate))
-    b = _Builder(ref, candidate)
+    b = _Builder(ref, candidate, prefix)
     twins, ops = {}, {}
     for node in quantized_ops(candidate):
         out = b.isolate(node)

@@ -108,11 +108,11 @@ def prepare_sides(
         if c.is_reference:
             continue
         side.tensors = _layer_tensors(graph, c.model)
-        if not side.tensors:
+        if not set(side.tensors) - {o.name for o in graph.model.graph.output}:
             warn(f"{c.label}: shares no tensor names with the FP32 model; comparing outputs only")
         ref_tensors.update(side.tensors)
         if c.quantized:
-            iso: IsolatedModel = build_isolated(ref_model, c.model)
+            iso: IsolatedModel = build_isolated(ref_model, c.model, f"qb_iso_{side.key}/")
             ref_model = iso.model
             side.isolated = {t: f"{side.key}:{twin}" for t, twin in iso.twins.items()}
             _rename_twins(ref_model, iso.twins, side.key)
@@ -329,7 +329,6 @@ def _document(
                 task.setdefault("accuracy", {})[side.key] = ref_acc["A"]
         if "A" in task.get("accuracy", {}) and "B" in task["accuracy"]:
             task["accuracy"]["delta"] = task["accuracy"]["B"] - task["accuracy"]["A"]
-        task["accuracy_output"] = ref_out[0]
     layers.sort(key=lambda r: (r["candidate"], r["index"], r["view"]))
     return {"layers": layers, "outputs": outputs, "task": task, "ranking": _ranking(layers)}
 

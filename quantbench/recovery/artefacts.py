@@ -1,0 +1,154 @@
+"""What ``recover`` writes: the Q/DQ model, a TensorRT cache and the trtexec line to use them.
+
+* ``<name>.recovered.onnx``: the Q/DQ model with the kept ops unquantized (explicit
+  quantization, any TensorRT that reads Q/DQ).
+* ``<name>.recovered.cache``: for TensorRT <= 10 implicit quantization, the calibration cache
+  without the input tensors of the kept ops (a tensor another INT8 op still reads keeps its
+  scale: removing it would push that op out of INT8 too).
+* ``<name>.trtexec.txt``: the matching ``trtexec`` lines with
+  ``--precisionConstraints=obey --layerPrecisions=<op>:fp32,...``.
+* ``<name>.recovery.json``: a results document whose ``recovery`` section the HTML report
+  renders.
+
+Layer names: ``--layerPrecisions`` takes TensorRT layer names. TensorRT names a layer it builds
+from one ONNX node after that node, so the ONNX node names are used; a layer TensorRT fuses
+(Conv+Relu, Conv+Add) carries a combined name and the constraint may not bind. This is an
+approximation: check the built engine with ``quantbench inspect`` / the engine inspector.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from quantbench.calibrate import DEFAULT_TRT_VERSION
+from quantbench.errors import QuantbenchError
+from quantbench.qdq import write_quantized
+from quantbench.recovery.search import RecoveryResult
+from quantbench.results import base_document, write_json
+from quantbench.table import CalibrationTable
+from quantbench.table.codecs import write_table
+
+
+def _node_inputs(result: RecoveryResult) -> dict[str, list[str]]:
+    """Node name (as the plan names it) -> its non-constant inputs."""
+    from quantbench.graph import node_label
+
+    graph = result.context.graph
+    out: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for index, node in enumerate(graph.model.graph.node):
+        name, k = node_label(node, index), 1
+        base = name
+        while name in seen:
+            name, k = f"{base}_{k}", k + 1
+        seen.add(name)
+        out[name] = [i for i in node.input if i and i not in graph.constants]
+    return out
+
+
+def trimmed_table(result: RecoveryResult) -> tuple[CalibrationTable, list[str], list[str]]:
+    """The table minus the kept ops' inputs; returns (table, removed, kept because shared)."""
+    still_int8 = {qi.tensor for q in result.final.quantized for qi in q.inputs}
+    inputs = _node_inputs(result)
+    removed: list[str] = []
+    shared: list[str] = []
+    for node in result.kept:
+        for tensor in inputs.get(node, []):
+            target = shared if tensor in still_int8 else removed
+            if tensor in result.context.table and tensor not in target:
+                target.append(tensor)
+    source = result.context.table
+    table = CalibrationTable(
+        entries={k: v for k, v in source.entries.items() if k not in removed},
+        method=source.method,
+        algorithm=source.algorithm,
+        provenance=source.provenance,
+    )
+    return table, removed, shared
+
+
+def layer_precisions(result: RecoveryResult) -> str:
+    """``--layerPrecisions=a:fp32,b:fp32`` (empty string when nothing is kept)."""
+    if not result.kept:
+        return ""
+    return "--layerPrecisions=" + ",".join(f"{n}:{result.precision}" for n in result.kept)
+
+
+def trtexec_lines(result: RecoveryResult, onnx_path: Path, qdq_path: Path, cache: Path) -> str:
+    """Both ways to build the recovered engine, as shell lines with a comment each."""
+    flags = ["--int8"] + (["--fp16"] if result.precision == "fp16" else [])
+    constraint = layer_precisions(result)
+    if constraint:
+        flags += ["--precisionConstraints=obey", constraint]
+    quoted = " ".join(shlex.quote(f) for f in flags)
+    return (
+        "# TensorRT <= 10, implicit quantization from the calibration cache\n"
+        "# (layer names = ONNX node names; exact only for layers TensorRT does not fuse)\n"
+        f"trtexec --onnx={shlex.quote(str(onnx_path))} {quoted} "
+        f"--calib={shlex.quote(str(cache))}\n"
+        "# explicit quantization: the kept ops already have no Q/DQ in this model\n"
+        f"trtexec --onnx={shlex.quote(str(qdq_path))} {quoted}\n"
+    )
+
+
+def recovery_document(result: RecoveryResult, command: str = "") -> dict[str, Any]:
+    """A ``compare``-kind results document carrying the ``recovery`` section."""
+    ctx = result.context
+    doc = base_document("compare", ctx.graph, command or "quantbench recover")
+    doc["recovery"] = result.section()
+    doc["excluded"] = [s.to_dict() for s in result.final.skipped]
+    doc["data"] = {
+        "eval_samples": ctx.evaluator.num_samples,
+        "calib_samples": ctx.stats.num_samples,
+    }
+    accuracy = ctx.evaluator.fp32_accuracy
+    if accuracy is not None:
+        final = result.steps[-1]["metrics"].get("accuracy")
+        doc["task"] = {"accuracy": {"A": accuracy, "B": final, "delta": final - accuracy}}
+    return doc
+
+
+def write_artefacts(
+    result: RecoveryResult,
+    out_dir: str | Path,
+    *,
+    model_path: str | Path | None = None,
+    trt_version: str = DEFAULT_TRT_VERSION,
+    command: str = "",
+) -> dict[str, Path]:
+    """Write the four files into ``out_dir`` (created if missing); returns kind -> path."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise QuantbenchError(f"{out}: --output names a folder for the artefacts, but is a file")
+    if not out.parent.is_dir():
+        raise QuantbenchError(f"{out}: the folder {out.parent} does not exist")
+    if int(trt_version.split(".")[0]) > 10:
+        raise QuantbenchError(
+            f"--trt-version {trt_version}: calibration caches are for TensorRT <= 10; use the "
+            "Q/DQ model with TensorRT 11+"
+        )
+    out.mkdir(exist_ok=True)
+    name = result.context.graph.name
+    paths = {
+        "model": out / f"{name}.recovered.onnx",
+        "cache": out / f"{name}.recovered.cache",
+        "trtexec": out / f"{name}.trtexec.txt",
+        "results": out / f"{name}.recovery.json",
+    }
+    table, removed, shared = trimmed_table(result)
+    write_quantized(result.final, paths["model"])
+    write_table(table, paths["cache"], "trt", trt_version=trt_version)
+    source = Path(model_path or result.context.graph.path or f"{name}.onnx")
+    from quantbench.fileio import write_text_atomic
+
+    write_text_atomic(
+        paths["trtexec"], trtexec_lines(result, source, paths["model"], paths["cache"])
+    )
+    doc = recovery_document(result, command)
+    doc["recovery"]["cache_removed"] = removed
+    doc["recovery"]["cache_kept_shared"] = shared
+    doc["recovery"]["artefacts"] = {k: str(v) for k, v in paths.items()}
+    write_json(doc, paths["results"])
+    return paths

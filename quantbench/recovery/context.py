@@ -1,0 +1,113 @@
+"""What sensitivity analysis and recovery share: graph, statistics, table, plan, evaluator.
+
+Statistics are obtained once (``obtain_stats``, cached on disk like every other command) with
+``tensors="all"`` so the same statistics feed both the Q/DQ models and a TensorRT cache that
+covers every tensor TensorRT may run in INT8.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from quantbench.calibrate import build_table, obtain_stats
+from quantbench.compare import _load_labels
+from quantbench.data import open_data
+from quantbench.errors import QuantbenchError
+from quantbench.graph import Graph, open_graph
+from quantbench.qdq import QuantizeResult, quantize_model
+from quantbench.recovery.auto import AUTO, AutoTable, auto_table
+from quantbench.recovery.evaluation import Evaluator
+from quantbench.stats import StatsFile
+from quantbench.table import CalibrationTable
+
+#: calibration samples used as the held-back slice of ``--method auto`` when none is given.
+DEFAULT_HOLDOUT_SAMPLES = 64
+
+
+@dataclass
+class RecoveryContext:
+    """One model calibrated once, its full INT8 plan, and the FP32 evaluation outputs."""
+
+    graph: Graph
+    stats: StatsFile
+    table: CalibrationTable
+    plan: QuantizeResult
+    evaluator: Evaluator
+    method: str
+    exclude: tuple[str, ...] = ()
+    auto: AutoTable | None = None
+
+    @property
+    def quantized_nodes(self) -> list[str]:
+        return [q.node for q in self.plan.quantized]
+
+    def quantize_except(self, keep_high_precision: Iterable[str]) -> QuantizeResult:
+        """The full INT8 model with ``keep_high_precision`` (exact node names) left unquantized."""
+        patterns = [*self.exclude, *(re.escape(n) for n in keep_high_precision)]
+        return quantize_model(self.graph, self.table, exclude=patterns, allow_partial=True)
+
+    def quantize_only(self, node: str) -> QuantizeResult:
+        """Only ``node`` quantized: every other op of the plan excluded by its exact name."""
+        return self.quantize_except(n for n in self.quantized_nodes if n != node)
+
+
+def load_labels(labels: str | Path | np.ndarray | None) -> np.ndarray | None:
+    if labels is None or isinstance(labels, np.ndarray):
+        return labels
+    return _load_labels(labels)
+
+
+def prepare(
+    model: str | Path | Graph,
+    calib_data: object,
+    eval_data: object,
+    *,
+    method: str = "entropy",
+    labels: str | Path | np.ndarray | None = None,
+    exclude: Iterable[str] = (),
+    holdout_data: object | None = None,
+    batch_size: int | None = None,
+    max_samples: int | None = None,
+    calib_max_samples: int | None = None,
+    provider: str | None = None,
+    threads: int | None = None,
+    show_progress: bool = False,
+) -> RecoveryContext:
+    """Calibrate, plan the full INT8 model and run FP32 over the evaluation data once."""
+    graph = model if isinstance(model, Graph) else open_graph(model)
+    label_array = load_labels(labels)
+    stats, _, _ = obtain_stats(
+        graph,
+        calib_data,
+        tensors="all",
+        batch_size=batch_size,
+        max_samples=calib_max_samples,
+        provider=provider,
+        show_progress=show_progress,
+    )
+    auto = None
+    if method == AUTO:
+        held = holdout_data if holdout_data is not None else calib_data
+        held_max = None if holdout_data is not None else DEFAULT_HOLDOUT_SAMPLES
+        held_source = open_data(held, graph.inputs, batch_size=batch_size, max_samples=held_max)
+        auto = auto_table(graph, stats, held_source, provider=provider, threads=threads)
+        table = auto.table
+    else:
+        table = build_table(stats, method, graph)
+    excluded = tuple(exclude)
+    plan = quantize_model(graph, table, exclude=excluded, allow_partial=True)
+    if not plan.quantized:
+        raise QuantbenchError(
+            f"{graph.path or graph.name}: no op is quantized (nothing to analyse); check "
+            "--exclude and that the model has Conv/Gemm/MatMul ops"
+        )
+    source = open_data(eval_data, graph.inputs, batch_size=batch_size, max_samples=max_samples)
+    if label_array is not None and max_samples is not None:
+        label_array = label_array[:max_samples]
+    evaluator = Evaluator(graph, source, label_array, provider, threads)
+    return RecoveryContext(graph, stats, table, plan, evaluator, method, excluded, auto)

@@ -1,0 +1,158 @@
+"""``recover``: the smallest set of ops kept in high precision that reaches a target.
+
+Greedy by sensitivity: ops are ranked once by the drift they cause when quantized alone (the
+``only_quantized`` view of :mod:`.sensitivity`), then kept in high precision one at a time,
+worst first, each step verified on the full model (every other op INT8). It stops when the
+target is met or ``budget`` ops are kept. Cost: num_ops evaluations for the ranking plus at most
+``budget + 1`` verifications; no ranking is done when plain INT8 already meets the target.
+
+Greedy is not optimal (two ops may only matter together), but each step is measured, so the
+recorded metric is the true metric of the model that is written.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quantbench.errors import QuantbenchError
+from quantbench.graph import Graph
+from quantbench.progress import info
+from quantbench.qdq import QuantizeResult
+from quantbench.recovery.context import RecoveryContext, prepare
+from quantbench.recovery.evaluation import Target, json_metrics, parse_target
+from quantbench.recovery.sensitivity import rank_ops
+
+PRECISIONS = ("fp32", "fp16")
+
+
+@dataclass
+class RecoveryResult:
+    """Every verified step, the ops finally kept, and the model/table they belong to."""
+
+    target: Target
+    precision: str
+    steps: list[dict[str, Any]]
+    kept: list[str]
+    met: bool
+    final: QuantizeResult
+    context: RecoveryContext
+    ranking: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def metric(self) -> float | None:
+        return self.steps[-1]["metric"]
+
+    def section(self) -> dict[str, Any]:
+        """The ``recovery`` section of a results document (rendered by the HTML report)."""
+        section: dict[str, Any] = {
+            "target": self.target.text,
+            "metric": self.target.metric,
+            "precision": self.precision,
+            "method": self.context.method,
+            "met": self.met,
+            "kept_high_precision": list(self.kept),
+            "quantized_ops": len(self.context.plan.quantized),
+            "evaluations": self.context.evaluator.evaluations,
+            "seconds": self.seconds,
+            "steps": self.steps,
+            "sensitivity": self.ranking,
+        }
+        if self.context.auto is not None:
+            section["auto"] = self.context.auto.to_dict()
+        return section
+
+
+def _check_budget(budget: int | None, num_ops: int) -> int:
+    if budget is None:
+        return num_ops
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+        raise QuantbenchError(f"--budget {budget!r}: give a whole number of ops (0 or more)")
+    return min(budget, num_ops)
+
+
+def _step(
+    ctx: RecoveryContext, number: int, kept: list[str], target: Target
+) -> tuple[dict[str, Any], QuantizeResult, bool]:
+    start = time.perf_counter()
+    variant = ctx.quantize_except(kept)
+    metrics = ctx.evaluator.evaluate(variant.model)
+    met = target.met(metrics)
+    record = {
+        "step": number,
+        "kept_high_precision": list(kept),
+        "metric": json_metrics(metrics)[target.metric],
+        "metrics": json_metrics(metrics),
+        "quantized_ops": len(variant.quantized),
+        "met": met,
+        "seconds": time.perf_counter() - start,
+    }
+    return record, variant, met
+
+
+def recover(
+    model: str | Path | Graph,
+    calib_data: object,
+    eval_data: object,
+    target: str = "top1_agreement=0.99",
+    labels: str | Path | np.ndarray | None = None,
+    method: str = "entropy",
+    budget: int | None = None,
+    precision: str = "fp32",
+    *,
+    exclude: list[str] | None = None,
+    holdout_data: object | None = None,
+    batch_size: int | None = None,
+    max_samples: int | None = None,
+    calib_max_samples: int | None = None,
+    provider: str | None = None,
+    threads: int | None = None,
+    show_progress: bool = False,
+) -> RecoveryResult:
+    """Keep the fewest ops in ``precision`` (greedy, worst first) until ``target`` is met.
+
+    ``precision`` only changes the TensorRT artefacts (``--layerPrecisions=<op>:fp16``); the
+    onnxruntime verification runs kept ops in FP32, so an FP16 result is slightly optimistic.
+    """
+    started = time.perf_counter()
+    tgt = parse_target(target, labels is not None)
+    if precision not in PRECISIONS:
+        raise QuantbenchError(f"--precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    _check_budget(budget, 0)  # a bad budget fails before any inference
+    ctx = prepare(
+        model,
+        calib_data,
+        eval_data,
+        method=method,
+        labels=labels,
+        exclude=exclude or (),
+        holdout_data=holdout_data,
+        batch_size=batch_size,
+        max_samples=max_samples,
+        calib_max_samples=calib_max_samples,
+        provider=provider,
+        threads=threads,
+        show_progress=show_progress,
+    )
+    limit = _check_budget(budget, len(ctx.plan.quantized))
+    kept: list[str] = []
+    record, final, met = _step(ctx, 0, kept, tgt)
+    steps = [record]
+    ranking: list[dict[str, Any]] = []
+    if not met and limit > 0:
+        ranking = rank_ops(ctx, tgt.metric, views=("only_quantized",), show_progress=show_progress)
+        for row in ranking[:limit]:
+            kept.append(row["node"])
+            record, final, met = _step(ctx, len(steps), kept, tgt)
+            steps.append(record)
+            if show_progress:
+                info(f"step {record['step']}: kept {row['node']}, {tgt.metric}={record['metric']}")
+            if met:
+                break
+    seconds = time.perf_counter() - started
+    return RecoveryResult(tgt, precision, steps, kept, met, final, ctx, ranking, seconds)

@@ -1,0 +1,241 @@
+"""`quantbench compare` and `quantize` end to end: drift views, gates, outputs, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import synthetic
+from conftest import require_example
+
+from quantbench.compare import compare
+from quantbench.compare.isolated import build_isolated
+from quantbench.compare.metrics import DriftAccumulator
+from quantbench.errors import QuantbenchError
+
+
+@pytest.fixture()
+def eval_data(tmp_path):
+    path = tmp_path / "eval.npz"
+    np.savez(path, input=synthetic.images(24, seed=11))
+    labels = tmp_path / "labels.npy"
+    np.save(labels, np.random.default_rng(0).integers(0, 4, 24))
+    return path, labels
+
+
+def test_metrics_definitions():
+    acc = DriftAccumulator(amax=1.5)
+    a = np.array([1.0, -2.0, 0.5, 3.0])
+    b = np.array([1.1, -2.0, 0.4, 2.0])
+    acc.update(a, b)
+    m = acc.metrics()
+    d = a - b
+    assert m["sqnr_db"] == pytest.approx(10 * np.log10((a @ a) / (d @ d)))
+    assert m["cosine"] == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+    assert m["rel_l2"] == pytest.approx(np.linalg.norm(d) / np.linalg.norm(a))
+    assert m["max_abs"] == pytest.approx(1.0) and m["mean_abs"] == pytest.approx(np.abs(d).mean())
+    assert m["clip_fraction"] == pytest.approx(0.5)
+
+
+def test_compare_fp32_int8_both_views_and_files(cnn_path, cnn_data, eval_data, tmp_path):
+    data, labels = eval_data
+    doc = compare(
+        "fp32",
+        "int8",
+        model=cnn_path,
+        data=data,
+        calib_data=cnn_data,
+        labels=labels,
+        latency_runs=10,
+        json_path=tmp_path / "r.json",
+        csv_path=tmp_path / "r.csv",
+        report_path=tmp_path / "r.html",
+        show_progress=False,
+    )
+    views = {(r["tensor"], r["view"]) for r in doc["layers"]}
+    for conv in ("c1", "c2", "logits"):
+        assert (conv, "accumulated") in views and (conv, "isolated") in views
+    assert ("r1", "accumulated") in views and ("r1", "isolated") not in views  # Relu: not quantized
+    first = next(r for r in doc["layers"] if r["tensor"] == "c1" and r["view"] == "isolated")
+    acc = next(r for r in doc["layers"] if r["tensor"] == "c1" and r["view"] == "accumulated")
+    assert first["sqnr_db"] == pytest.approx(acc["sqnr_db"], rel=1e-3)  # first layer: same input
+    assert 0 <= doc["outputs"][0]["agreement"] <= 1
+    assert set(doc["task"]["accuracy"]) == {"A", "B", "delta"}
+    assert doc["latency"]["A"]["median_ms"] > 0 and doc["latency"]["B"]["runs"] >= 10
+    assert doc["ranking"][0]["rank"] == 1
+    assert json.loads((tmp_path / "r.json").read_text())["schema"] == "quantbench-results"
+    assert (tmp_path / "r.csv").read_text().startswith("candidate,index,tensor")
+    assert "<svg" in (tmp_path / "r.html").read_text()
+    assert doc["calibration"]["tensors"] and doc["b"]["method"] == "entropy"
+
+
+def test_isolated_view_is_exactly_one_quantized_layer(cnn_path, cnn_data):
+    """The isolated twin of conv2 equals conv2 run on Q/DQ'd FP32 inputs, nothing else."""
+    from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
+    from quantbench.calibrate import build_table, obtain_stats
+    from quantbench.graph import open_graph
+    from quantbench.qdq import quantize_model
+
+    g = open_graph(cnn_path)
+    stats, _, _ = obtain_stats(g, cnn_data, tensors="quantizable", show_progress=False)
+    qdq = quantize_model(g, build_table(stats, "minmax"), allow_partial=True).model
+    iso = build_isolated(g.model, qdq)
+    assert set(iso.twins) == {"c1", "c2", "sum", "logits"}
+    runner = OnnxRuntimeRunner(expose(iso.model, ["r1", "c2", iso.twins["c2"]], g.elem_types))
+    x = synthetic.images(2, seed=4)
+    out = runner.infer({"input": x}, ["r1", "c2", iso.twins["c2"]])
+    # reference: fake-quantize r1 with the table scale, then the FP32 conv
+    scale = np.float32(stats["r1"].max_abs) / np.float32(127)
+    rq = np.clip(np.round(out["r1"] / scale), -128, 127) * scale
+    only = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Conv", ["x", "w2"], ["y"], pads=[1, 1, 1, 1])],
+            "c",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8, 16, 16])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+            initializer=[i for i in qdq.graph.initializer if i.name == "w2"]
+            or [i for i in g.model.graph.initializer if i.name == "w2"],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 17)],
+    )
+    y_fp32w = OnnxRuntimeRunner(only).infer({"x": rq.astype(np.float32)})["y"]
+    # isolated twin differs from FP32-weight conv only by the weight quantization
+    assert np.abs(out[iso.twins["c2"]] - y_fp32w).max() < 0.05 * np.abs(y_fp32w).max()
+    assert not np.array_equal(out[iso.twins["c2"]], out["c2"])
+
+
+def test_self_comparison_is_perfect(cnn_path, eval_data):
+    data, _ = eval_data
+    doc = compare(
+        "fp32", str(cnn_path), model=cnn_path, data=data, latency=False, show_progress=False
+    )
+    assert doc["outputs"][0]["agreement"] == 1.0
+    assert all(r["sqnr_db"] == "inf" for r in doc["layers"])
+
+
+def test_int8_vs_int8_methods(cnn_path, cnn_data, eval_data):
+    data, _ = eval_data
+    doc = compare(
+        "int8:minmax",
+        "int8:percentile:99.9",
+        model=cnn_path,
+        data=data,
+        calib_data=cnn_data,
+        latency=False,
+        show_progress=False,
+    )
+    assert {r["candidate"] for r in doc["layers"]} == {"A", "B"}
+    assert doc["a"]["method"] == "minmax" and doc["b"]["method"] == "percentile:99.9"
+
+
+def test_gate_fails_with_exit_code_1(run_cli, cnn_path, cnn_data, eval_data, tmp_path):
+    data, _ = eval_data
+    code, _, err = run_cli(
+        "compare",
+        "fp32",
+        "int8",
+        "--model",
+        cnn_path,
+        "--data",
+        data,
+        "--calib-data",
+        cnn_data,
+        "--no-latency",
+        "--json",
+        tmp_path / "r.json",
+        "--fail-below",
+        "top1_agreement=1.01",
+    )
+    assert code == 1 and "gate missed" in err
+    assert json.loads((tmp_path / "r.json").read_text())["passed"] is False
+    code, _, _ = run_cli(
+        "compare",
+        "fp32",
+        "int8",
+        "--model",
+        cnn_path,
+        "--data",
+        data,
+        "--calib-data",
+        cnn_data,
+        "--no-latency",
+        "--fail-below",
+        "top1_agreement=0",
+    )
+    assert code == 0
+
+
+def test_no_shared_tensor_names_compares_outputs_only(cnn_path, eval_data, tmp_path):
+    data, _ = eval_data
+    m = synthetic.small_cnn()
+    for n in m.graph.node:  # rename every internal tensor
+        n.output[:] = [o if o == "logits" else f"other_{o}" for o in n.output]
+        n.input[:] = [
+            i if i in ("input", "w1", "b1", "w2", "fc_w", "fc_b") else f"other_{i}" for i in n.input
+        ]
+    other = synthetic.save(m, tmp_path / "renamed.onnx")
+    doc = compare("fp32", str(other), model=cnn_path, data=data, latency=False, show_progress=False)
+    assert {r["tensor"] for r in doc["layers"]} <= {"logits"}  # only the outputs are shared
+    assert doc["outputs"][0]["agreement"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"labels": "short"}, "labels"),
+        ({"b": "int8"}, "needs calibration"),
+        ({"b": "bogus"}, "unknown precision"),
+        ({"fail_below": ["nope=1"]}, "--fail-below"),
+    ],
+)
+def test_bad_input(cnn_path, eval_data, tmp_path, kwargs, match):
+    data, _ = eval_data
+    if kwargs.get("labels") == "short":
+        np.save(tmp_path / "short.npy", np.zeros(3, np.int64))
+        kwargs["labels"] = tmp_path / "short.npy"
+    b = kwargs.pop("b", "fp32")
+    with pytest.raises(QuantbenchError, match=match):
+        compare("fp32", b, model=cnn_path, data=data, latency=False, show_progress=False, **kwargs)
+
+
+def test_quantize_cli_round_trip(run_cli, cnn_path, cnn_data, tmp_path):
+    cache = tmp_path / "t.cache"
+    assert run_cli("calibrate", cnn_path, "--data", cnn_data, "-o", cache)[0] == 0
+    code, _, err = run_cli(
+        "quantize", cnn_path, "--table", cache, "-o", tmp_path / "q.onnx", "--int-ops"
+    )
+    assert code == 0, err
+    assert "ops quantized" in err and "onnxruntime CPU execution" in err
+    q = onnx.load(tmp_path / "q.onnx")
+    assert sum(n.op_type == "QuantizeLinear" for n in q.graph.node) > 0
+    code, _, err = run_cli(
+        "quantize", tmp_path / "q.onnx", "--extract-table", tmp_path / "back.json"
+    )
+    assert code == 0, err
+    back = json.loads((tmp_path / "back.json").read_text())["tensors"]
+    assert set(back) == {"input", "r1", "flat"}
+    # a model that already has Q/DQ is refused without --requantize, and nothing is written
+    code, _, err = run_cli(
+        "quantize", tmp_path / "q.onnx", "--table", cache, "-o", tmp_path / "qq.onnx"
+    )
+    assert code == 2 and not (tmp_path / "qq.onnx").exists()
+
+
+def test_example_end_to_end_dynamic_conv(tmp_path):
+    ex = require_example()
+    doc = compare(
+        "fp32",
+        "int8",
+        model=ex / "tinycnn.onnx",
+        data=ex / "eval.npz",
+        calib_data=ex / "calib.npz",
+        labels=ex / "eval_labels.npy",
+        max_samples=None,
+        latency=False,
+        show_progress=False,
+    )
+    dyn = doc["dynamic_weight_convs"]
+    assert len(dyn) == 1 and dyn[0]["quantized"] and dyn[0]["weight_amax"] > 0
+    assert doc["task"]["accuracy"]["B"] > doc["task"]["accuracy"]["A"] - 0.03
