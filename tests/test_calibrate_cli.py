@@ -221,3 +221,22 @@ def test_nan_activations_are_reported_and_left_out(run_cli, tmp_path):
     assert "NaN/Inf" in err and "logx" in err
     table = read_table(out)
     assert "logx" not in table and "y" not in table and "r" in table
+
+
+def test_calibration_only_report(run_cli, cnn_path, cnn_data, tmp_path):
+    html = tmp_path / "calib.html"
+    code, _, err = run_cli(
+        "calibrate",
+        cnn_path,
+        "--data",
+        cnn_data,
+        "-m",
+        "all",
+        "-o",
+        tmp_path / "t",
+        "--report",
+        html,
+    )
+    assert code == 0, err
+    text = html.read_text()
+    assert "<svg" in text and "entropy:pytorch" in text and "http://" not in text
