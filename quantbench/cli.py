@@ -484,6 +484,189 @@ def _table_as_trt_cache(path: Path, trt_version: str) -> bytes:
     return encode_table(read_table(path), "trt", trt_version)
 
 
+@app.command()
+def sensitivity(
+    model: ModelArg,
+    data: Annotated[
+        str, typer.Option("--data", help="Evaluation data (same forms as calibrate --data).")
+    ],
+    calib_data: Annotated[str, typer.Option(help="Calibration data.")],
+    method: Annotated[
+        str, typer.Option("--method", "-m", help="Calibrator, or 'auto' (best per tensor).")
+    ] = "entropy",
+    metric: Annotated[
+        str,
+        typer.Option(help="Rank by sqnr_db | cosine | top1_agreement (| accuracy with --labels)."),
+    ] = "sqnr_db",
+    labels: Annotated[
+        Path | None, typer.Option(help=".npy of integer labels: adds accuracy.")
+    ] = None,
+    holdout_data: Annotated[
+        str | None,
+        typer.Option(help="Held-back data for --method auto (default: 64 calibration samples)."),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option(help="Node names/regexes kept in FP32 (repeatable).")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Batch size (default: the model's, else 1).")
+    ] = None,
+    max_samples: Annotated[
+        int | None, typer.Option(help="Evaluate at most this many samples.")
+    ] = None,
+    calib_max_samples: Annotated[
+        int | None, typer.Option(help="Calibrate on at most this many samples.")
+    ] = None,
+    preset: Annotated[str | None, typer.Option(help="Image preprocessing preset.")] = None,
+    provider: Annotated[
+        str | None, typer.Option(help="onnxruntime provider (cpu, cuda, ...).")
+    ] = None,
+    threads: Annotated[int | None, typer.Option(help="onnxruntime intra-op threads.")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the ranked rows as JSON here.")
+    ] = None,
+) -> None:
+    """Rank quantized ops by the output drift each causes alone in INT8 (2 x ops evaluations)."""
+    from quantbench.fileio import check_output_path, write_text_atomic
+    from quantbench.recovery import sensitivity as run_sensitivity
+
+    if json_out is not None:
+        check_output_path(json_out)
+    rows = run_sensitivity(
+        model,
+        calib_data,
+        data,
+        method=method,
+        metric=metric,
+        max_samples=max_samples,
+        labels=labels,
+        exclude=exclude,
+        holdout_data=holdout_data,
+        batch_size=batch_size,
+        calib_max_samples=calib_max_samples,
+        preset=preset,
+        provider=provider,
+        threads=threads,
+        show_progress=True,
+    )
+    console.print(f"{metric}: only this op INT8 / only this op FP32, worst first")
+    for row in rows:
+        alone, kept = row["only_quantized"][metric], row["only_fp32"][metric]
+        console.print(f"{row['rank']:>4}  {escape(row['node'])}  {_num(alone)} / {_num(kept)}")
+    if json_out is not None:
+        write_text_atomic(json_out, json.dumps(rows, indent=2) + "\n")
+        console.print(f"wrote {json_out}")
+
+
+@app.command()
+def recover(
+    model: ModelArg,
+    data: Annotated[
+        str, typer.Option("--data", help="Evaluation data (same forms as calibrate --data).")
+    ],
+    calib_data: Annotated[str, typer.Option(help="Calibration data.")],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Folder for the model, cache, trtexec line.")
+    ],
+    target: Annotated[
+        str,
+        typer.Option(help="METRIC=VALUE: top1_agreement, cosine, sqnr_db, accuracy_drop (labels)."),
+    ] = "top1_agreement=0.99",
+    labels: Annotated[
+        Path | None, typer.Option(help=".npy of integer labels (needed for accuracy_drop).")
+    ] = None,
+    method: Annotated[
+        str, typer.Option("--method", "-m", help="Calibrator, or 'auto' (best per tensor).")
+    ] = "entropy",
+    budget: Annotated[
+        int | None, typer.Option(help="Keep at most this many ops in high precision.")
+    ] = None,
+    precision: Annotated[str, typer.Option(help="fp32 | fp16 for the kept ops.")] = "fp32",
+    trt_version: Annotated[
+        str, typer.Option(help="TensorRT version the cache header targets (<= 10.x).")
+    ] = "10.16.0",
+    holdout_data: Annotated[
+        str | None,
+        typer.Option(help="Held-back data for --method auto (default: 64 calibration samples)."),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option(help="Node names/regexes always kept in FP32.")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Batch size (default: the model's, else 1).")
+    ] = None,
+    max_samples: Annotated[
+        int | None, typer.Option(help="Evaluate at most this many samples.")
+    ] = None,
+    calib_max_samples: Annotated[
+        int | None, typer.Option(help="Calibrate on at most this many samples.")
+    ] = None,
+    preset: Annotated[str | None, typer.Option(help="Image preprocessing preset.")] = None,
+    provider: Annotated[
+        str | None, typer.Option(help="onnxruntime provider (cpu, cuda, ...).")
+    ] = None,
+    threads: Annotated[int | None, typer.Option(help="onnxruntime intra-op threads.")] = None,
+    report: Annotated[Path | None, typer.Option(help="Write the HTML report here.")] = None,
+) -> None:
+    """Keep the fewest ops in FP32/FP16 (greedy by sensitivity) until the target is met."""
+    from quantbench.errors import ThresholdFailed
+    from quantbench.fileio import check_output_path
+    from quantbench.recovery import check_artefact_target, write_artefacts
+    from quantbench.recovery import recover as run_recover
+
+    check_artefact_target(output, trt_version)
+    if report is not None:
+        check_output_path(report)
+    result = run_recover(
+        model,
+        calib_data,
+        data,
+        target=target,
+        labels=labels,
+        method=method,
+        budget=budget,
+        precision=precision,
+        exclude=exclude,
+        holdout_data=holdout_data,
+        batch_size=batch_size,
+        max_samples=max_samples,
+        calib_max_samples=calib_max_samples,
+        preset=preset,
+        provider=provider,
+        threads=threads,
+        show_progress=True,
+    )
+    paths = write_artefacts(
+        result, output, model_path=model, trt_version=trt_version, command=_command_line()
+    )
+    kept = ", ".join(escape(n) for n in result.kept) or "none"
+    console.print(
+        f"{'met' if result.met else 'missed'} {result.target.text}: "
+        f"{result.target.metric}={_num(result.metric)} with {len(result.kept)} of "
+        f"{len(result.context.plan.quantized)} ops kept in {result.precision} ({kept}); "
+        f"{result.context.evaluator.evaluations} evaluations, {result.seconds:.1f} s"
+    )
+    for path in paths.values():
+        console.print(f"wrote {path}")
+    if report is not None:
+        from quantbench.reports import write_report
+
+        write_report(json.loads(paths["results"].read_text()), report)
+        console.print(f"wrote {report}")
+    if not result.met:
+        raise ThresholdFailed(
+            f"target {result.target.text} not reached with {len(result.kept)} ops kept "
+            f"(last {result.target.metric}={_num(result.metric)}); raise --budget or relax --target"
+        )
+
+
+def _num(value: object) -> str:
+    """4 significant digits; ``inf`` and missing values as words."""
+    if isinstance(value, (int, float)):
+        return f"{value:.4g}"
+    return "n/a" if value is None else str(value)
+
+
 def _command_line() -> str:
     import shlex
 

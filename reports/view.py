@@ -260,7 +260,12 @@ def recovery_section(recovery: dict[str, Any]) -> RecoverySection | None:
         added = [k for k in kept if k not in previous]
         previous = set(kept)
         value = as_finite(step.get("metric"))
-        met = target is not None and value is not None and value >= target
+        met = step.get("met")
+        if not isinstance(met, bool):  # older documents: judge here; *_drop metrics: lower is better
+            lower_better = metric.endswith("_drop")
+            met = target is not None and value is not None and (
+                value <= target if lower_better else value >= target
+            )
         number = step.get("step", position)
         rows.append(
             (

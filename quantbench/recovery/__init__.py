@@ -6,7 +6,11 @@
   :func:`write_artefacts` for the Q/DQ model, the TensorRT cache and the trtexec line.
 """
 
-from quantbench.recovery.artefacts import recovery_document, write_artefacts
+from quantbench.recovery.artefacts import (
+    check_artefact_target,
+    recovery_document,
+    write_artefacts,
+)
 from quantbench.recovery.auto import AUTO, AutoTable, auto_table, default_auto_methods
 from quantbench.recovery.evaluation import METRICS, Target, parse_target
 from quantbench.recovery.search import RecoveryResult, recover
@@ -19,6 +23,7 @@ __all__ = [
     "RecoveryResult",
     "Target",
     "auto_table",
+    "check_artefact_target",
     "default_auto_methods",
     "parse_target",
     "recover",

@@ -24,6 +24,8 @@ from typing import Any
 
 from quantbench.calibrate import DEFAULT_TRT_VERSION
 from quantbench.errors import QuantbenchError
+from quantbench.fileio import write_text_atomic
+from quantbench.graph import node_label
 from quantbench.qdq import write_quantized
 from quantbench.recovery.search import RecoveryResult
 from quantbench.results import base_document, write_json
@@ -32,9 +34,7 @@ from quantbench.table.codecs import write_table
 
 
 def _node_inputs(result: RecoveryResult) -> dict[str, list[str]]:
-    """Node name (as the plan names it) -> its non-constant inputs."""
-    from quantbench.graph import node_label
-
+    """Node name (as the plan names it, see ``qdq.quantize.name_nodes``) -> non-constant inputs."""
     graph = result.context.graph
     out: dict[str, list[str]] = {}
     seen: set[str] = set()
@@ -110,6 +110,24 @@ def recovery_document(result: RecoveryResult, command: str = "") -> dict[str, An
     return doc
 
 
+def check_artefact_target(out_dir: str | Path, trt_version: str) -> Path:
+    """Refuse a bad output folder or TensorRT version before any inference runs."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise QuantbenchError(f"{out}: --output names a folder for the artefacts, but is a file")
+    if not out.parent.is_dir():
+        raise QuantbenchError(f"{out}: the folder {out.parent} does not exist")
+    major = trt_version.split(".")[0]
+    if not major.isdigit():
+        raise QuantbenchError(f"--trt-version {trt_version!r}: write X.Y.Z, e.g. 10.16.0")
+    if int(major) > 10:
+        raise QuantbenchError(
+            f"--trt-version {trt_version}: calibration caches are for TensorRT <= 10; use the "
+            "Q/DQ model with TensorRT 11+"
+        )
+    return out
+
+
 def write_artefacts(
     result: RecoveryResult,
     out_dir: str | Path,
@@ -119,16 +137,7 @@ def write_artefacts(
     command: str = "",
 ) -> dict[str, Path]:
     """Write the four files into ``out_dir`` (created if missing); returns kind -> path."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise QuantbenchError(f"{out}: --output names a folder for the artefacts, but is a file")
-    if not out.parent.is_dir():
-        raise QuantbenchError(f"{out}: the folder {out.parent} does not exist")
-    if int(trt_version.split(".")[0]) > 10:
-        raise QuantbenchError(
-            f"--trt-version {trt_version}: calibration caches are for TensorRT <= 10; use the "
-            "Q/DQ model with TensorRT 11+"
-        )
+    out = check_artefact_target(out_dir, trt_version)
     out.mkdir(exist_ok=True)
     name = result.context.graph.name
     paths = {
@@ -141,8 +150,6 @@ def write_artefacts(
     write_quantized(result.final, paths["model"])
     write_table(table, paths["cache"], "trt", trt_version=trt_version)
     source = Path(model_path or result.context.graph.path or f"{name}.onnx")
-    from quantbench.fileio import write_text_atomic
-
     write_text_atomic(
         paths["trtexec"], trtexec_lines(result, source, paths["model"], paths["cache"])
     )

@@ -74,6 +74,7 @@ def prepare(
     batch_size: int | None = None,
     max_samples: int | None = None,
     calib_max_samples: int | None = None,
+    preset: str | Path | None = None,
     provider: str | None = None,
     threads: int | None = None,
     show_progress: bool = False,
@@ -87,6 +88,7 @@ def prepare(
         tensors="all",
         batch_size=batch_size,
         max_samples=calib_max_samples,
+        preset=preset,
         provider=provider,
         show_progress=show_progress,
     )
@@ -94,7 +96,9 @@ def prepare(
     if method == AUTO:
         held = holdout_data if holdout_data is not None else calib_data
         held_max = None if holdout_data is not None else DEFAULT_HOLDOUT_SAMPLES
-        held_source = open_data(held, graph.inputs, batch_size=batch_size, max_samples=held_max)
+        held_source = open_data(
+            held, graph.inputs, batch_size=batch_size, max_samples=held_max, preset=preset
+        )
         auto = auto_table(graph, stats, held_source, provider=provider, threads=threads)
         table = auto.table
     else:
@@ -106,7 +110,9 @@ def prepare(
             f"{graph.path or graph.name}: no op is quantized (nothing to analyse); check "
             "--exclude and that the model has Conv/Gemm/MatMul ops"
         )
-    source = open_data(eval_data, graph.inputs, batch_size=batch_size, max_samples=max_samples)
+    source = open_data(
+        eval_data, graph.inputs, batch_size=batch_size, max_samples=max_samples, preset=preset
+    )
     if label_array is not None and max_samples is not None:
         label_array = label_array[:max_samples]
     evaluator = Evaluator(graph, source, label_array, provider, threads)

@@ -95,6 +95,14 @@ def _step(
     return record, variant, met
 
 
+def _announce(record: dict[str, Any], target: Target) -> None:
+    kept = record["kept_high_precision"]
+    added = f"+{kept[-1]}" if kept else "plain INT8"
+    value = record["metric"]
+    shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+    info(f"step {record['step']}: {added}, {target.metric}={shown} ({record['seconds']:.1f} s)")
+
+
 def recover(
     model: str | Path | Graph,
     calib_data: object,
@@ -110,6 +118,7 @@ def recover(
     batch_size: int | None = None,
     max_samples: int | None = None,
     calib_max_samples: int | None = None,
+    preset: str | Path | None = None,
     provider: str | None = None,
     threads: int | None = None,
     show_progress: bool = False,
@@ -135,6 +144,7 @@ def recover(
         batch_size=batch_size,
         max_samples=max_samples,
         calib_max_samples=calib_max_samples,
+        preset=preset,
         provider=provider,
         threads=threads,
         show_progress=show_progress,
@@ -143,6 +153,8 @@ def recover(
     kept: list[str] = []
     record, final, met = _step(ctx, 0, kept, tgt)
     steps = [record]
+    if show_progress:
+        _announce(record, tgt)
     ranking: list[dict[str, Any]] = []
     if not met and limit > 0:
         ranking = rank_ops(ctx, tgt.metric, views=("only_quantized",), show_progress=show_progress)
@@ -151,7 +163,7 @@ def recover(
             record, final, met = _step(ctx, len(steps), kept, tgt)
             steps.append(record)
             if show_progress:
-                info(f"step {record['step']}: kept {row['node']}, {tgt.metric}={record['metric']}")
+                _announce(record, tgt)
             if met:
                 break
     seconds = time.perf_counter() - started

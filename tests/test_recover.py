@@ -1,0 +1,273 @@
+"""Layer sensitivity, ``--method auto`` and greedy high-precision fallback (issue 7).
+
+The synthetic model has one deliberately bad layer: channel 7 of ``spiky`` (conv2's input) is
+400x larger than the others and conv2's weights undo that, so FP32 is unchanged but one
+per-tensor INT8 scale for ``spiky`` rounds the seven small channels to zero.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import synthetic
+from conftest import require_example
+from onnx import TensorProto, helper, numpy_helper
+
+from quantbench.backends.onnxruntime import OnnxRuntimeRunner
+from quantbench.calibrate import build_table, obtain_stats
+from quantbench.data import open_data
+from quantbench.errors import QuantbenchError
+from quantbench.graph import open_graph
+from quantbench.recovery import auto_table, recover, sensitivity, write_artefacts
+from quantbench.recovery.auto import output_sqnr
+from quantbench.recovery.context import prepare
+from quantbench.recovery.sensitivity import rank_ops
+from quantbench.table.codecs import read_table
+
+OUTLIER_GAIN = 400.0
+BAD_LAYER = "conv2"
+BAD_TENSOR = "spiky"
+
+
+def heavy_tailed_cnn(seed: int = 0) -> onnx.ModelProto:
+    """conv1 -> relu -> Mul(one channel x400) -> conv2 -> relu -> conv3 -> GAP -> fc."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((8, 3, 3, 3)) * 0.4).astype(np.float32)
+    gain = np.ones((1, 8, 1, 1), np.float32)
+    gain[0, 7] = OUTLIER_GAIN
+    w2 = (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32)
+    w2[:, 7] /= OUTLIER_GAIN
+    arrays = {
+        "w1": w1,
+        "gain": gain,
+        "w2": w2,
+        "w3": (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32),
+        "fc_w": (rng.standard_normal((10, 8)) * 0.8).astype(np.float32),
+        "fc_b": np.zeros(10, np.float32),
+    }
+    pads = [1, 1, 1, 1]
+    nodes = [
+        helper.make_node("Conv", ["input", "w1"], ["c1"], name="conv1", pads=pads),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Mul", ["r1", "gain"], [BAD_TENSOR], name="gain"),
+        helper.make_node("Conv", [BAD_TENSOR, "w2"], ["c2"], name=BAD_LAYER, pads=pads),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("Conv", ["r2", "w3"], ["c3"], name="conv3", pads=pads),
+        helper.make_node("GlobalAveragePool", ["c3"], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "heavy",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 16, 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+        initializer=[numpy_helper.from_array(a, n) for n, a in arrays.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    _centre_logits(model, synthetic.images(32, seed=1))
+    onnx.checker.check_model(model)
+    return model
+
+
+def _centre_logits(model: onnx.ModelProto, images: np.ndarray) -> None:
+    """A bias that centres the logits, so the FP32 argmax spreads over several classes."""
+    (logits,) = OnnxRuntimeRunner(model).infer({"input": images}).values()
+    bias = next(i for i in model.graph.initializer if i.name == "fc_b")
+    bias.CopyFrom(numpy_helper.from_array((-logits.mean(0)).astype(np.float32), "fc_b"))
+
+
+@pytest.fixture(scope="module")
+def heavy(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("heavy")
+    model = heavy_tailed_cnn()
+    path = synthetic.save(model, root / "heavy.onnx")
+    calib, evaluation = root / "calib.npz", root / "eval.npz"
+    np.savez(calib, input=synthetic.images(32, seed=1))
+    images = synthetic.images(64, seed=2)
+    np.savez(evaluation, input=images)
+    (logits,) = OnnxRuntimeRunner(model).infer({"input": images}).values()
+    labels = root / "labels.npy"
+    np.save(labels, logits.argmax(1).astype(np.int64))
+    return {"model": path, "calib": calib, "eval": evaluation, "labels": labels}
+
+
+def _recover(heavy: dict[str, Path], **kwargs):
+    options = {"target": "sqnr_db=20", "batch_size": 16, **kwargs}
+    return recover(heavy["model"], heavy["calib"], heavy["eval"], **options)
+
+
+def _sqnr(value: float | str) -> float:
+    return float(value)  # "inf" -> inf
+
+
+def test_sensitivity_ranks_the_heavy_tailed_layer_first(heavy):
+    rows = sensitivity(heavy["model"], heavy["calib"], heavy["eval"], batch_size=16)
+    assert [r["rank"] for r in rows] == [1, 2, 3, 4]
+    assert {r["node"] for r in rows} == {"conv1", BAD_LAYER, "conv3", "fc"}
+    worst, rest = rows[0], rows[1:]
+    assert worst["node"] == BAD_LAYER
+    assert _sqnr(worst["only_quantized"]["sqnr_db"]) < 0  # alone it destroys the outputs
+    assert all(_sqnr(r["only_quantized"]["sqnr_db"]) > 20 for r in rest)
+    # leaving only the bad layer in FP32 recovers far more than leaving any other one
+    best_fp32 = max(rows, key=lambda r: _sqnr(r["only_fp32"]["sqnr_db"]))
+    assert best_fp32["node"] == BAD_LAYER
+    assert all(r["only_quantized_nodes"] == 1 and r["only_fp32_nodes"] == 3 for r in rows)
+
+
+def test_sensitivity_costs_two_evaluations_per_op(heavy):
+    ctx = prepare(heavy["model"], heavy["calib"], heavy["eval"], batch_size=16)
+    rows = rank_ops(ctx, "top1_agreement")
+    assert ctx.evaluator.evaluations == 2 * len(ctx.plan.quantized) == 2 * len(rows)
+    assert rows[0]["node"] == BAD_LAYER  # agreement collapses there too
+
+
+def test_recover_keeps_the_bad_layer_and_writes_artefacts(heavy, tmp_path):
+    result = _recover(heavy)
+    assert result.met and result.kept == [BAD_LAYER]
+    assert [s["step"] for s in result.steps] == [0, 1]
+    assert result.steps[0]["kept_high_precision"] == []
+    assert result.steps[0]["metric"] < 0 < 20 < result.steps[1]["metric"]
+    assert all(s["seconds"] >= 0 for s in result.steps)
+    # ranking (one evaluation per op) plus one verification per step
+    assert result.context.evaluator.evaluations == len(result.ranking) + len(result.steps)
+
+    paths = write_artefacts(result, tmp_path / "out", model_path=heavy["model"])
+    recovered = onnx.load(str(paths["model"]))
+    OnnxRuntimeRunner(recovered).infer({"input": synthetic.images(2, seed=3)})
+    dq_outputs = {
+        o for n in recovered.graph.node if n.op_type == "DequantizeLinear" for o in n.output
+    }
+    readers = {n.name: set(n.input) for n in recovered.graph.node}
+    assert not readers[BAD_LAYER] & dq_outputs
+    assert all(readers[n] & dq_outputs for n in ("conv1", "conv3", "fc"))
+
+    cache = read_table(paths["cache"])
+    assert BAD_TENSOR not in cache and "r2" in cache and "input" in cache
+    assert paths["cache"].read_bytes().startswith(b"TRT-")
+
+    lines = paths["trtexec"].read_text()
+    assert "--precisionConstraints=obey --layerPrecisions=conv2:fp32" in lines
+    assert f"--calib={paths['cache']}" in lines and f"--onnx={paths['model']}" in lines
+
+    doc = json.loads(paths["results"].read_text())
+    assert doc["recovery"]["target"] == "sqnr_db=20"
+    assert doc["recovery"]["kept_high_precision"] == [BAD_LAYER]
+    assert doc["recovery"]["cache_removed"] == [BAD_TENSOR]
+    from quantbench.reports import render_report
+
+    html = render_report(doc)
+    assert "Accuracy recovery" in html and BAD_LAYER in html
+
+
+def test_recover_to_an_accuracy_target_with_labels(heavy):
+    result = _recover(heavy, target="accuracy_drop=0.15", labels=heavy["labels"])
+    assert result.context.evaluator.fp32_accuracy == 1.0  # labels are the FP32 argmax
+    assert result.steps[0]["metric"] > 0.15
+    assert result.met and result.kept[0] == BAD_LAYER
+    assert result.steps[-1]["metric"] <= 0.15
+
+
+def test_plain_int8_meeting_the_target_needs_no_search(heavy):
+    result = _recover(heavy, target="sqnr_db=-40")
+    assert result.met and result.kept == [] and len(result.steps) == 1
+    assert result.ranking == [] and result.context.evaluator.evaluations == 1
+
+
+def test_budget_stops_the_search(heavy):
+    result = _recover(heavy, target="sqnr_db=90", budget=1)
+    assert not result.met and result.kept == [BAD_LAYER] and len(result.steps) == 2
+
+
+def test_fp16_fallback_names_fp16_layers(heavy, tmp_path):
+    result = _recover(heavy, precision="fp16")
+    paths = write_artefacts(result, tmp_path / "out16")
+    lines = paths["trtexec"].read_text()
+    assert "--int8 --fp16" in lines and "--layerPrecisions=conv2:fp16" in lines
+
+
+def test_auto_table_records_methods_and_is_no_worse_than_entropy(heavy):
+    graph = open_graph(heavy["model"])
+    stats, _, _ = obtain_stats(graph, heavy["calib"], tensors="all", show_progress=False)
+    held = open_data(heavy["calib"], graph.inputs, batch_size=16)
+    auto = auto_table(graph, stats, held)
+    assert auto.table.method == "auto"
+    assert set(auto.choices) == {"input", BAD_TENSOR, "r2", "flat"}
+    for tensor, choice in auto.choices.items():
+        assert auto.table.entries[tensor].method == choice["method"] in auto.methods
+        scores = choice["isolated_sqnr_db"]
+        assert _sqnr(scores[choice["isolated_best"]]) >= max(map(_sqnr, scores.values()))
+    entropy = build_table(stats, "entropy", graph)
+    evaluation = open_data(heavy["eval"], graph.inputs, batch_size=16)
+    auto_eval = output_sqnr(graph, auto.table, evaluation)
+    entropy_eval = output_sqnr(graph, entropy, evaluation)
+    assert auto_eval >= entropy_eval - 0.5  # held-out choice, measured on unseen data
+    assert _sqnr(auto.output_sqnr_db["auto"]) >= _sqnr(auto.output_sqnr_db["entropy"])
+
+
+def test_recover_with_method_auto_still_keeps_the_bad_layer(heavy):
+    result = _recover(heavy, method="auto")
+    assert result.met and result.kept == [BAD_LAYER]
+    assert result.section()["auto"]["tensors"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"target": "top1_agreement"}, "METRIC=VALUE"),
+        ({"target": "top1=0.9"}, "unknown metric"),
+        ({"target": "top1_agreement=1.5"}, "between 0 and 1"),
+        ({"target": "accuracy_drop=0.01"}, "needs --labels"),
+        ({"budget": -1}, "--budget"),
+        ({"precision": "int4"}, "--precision"),
+    ],
+)
+def test_bad_requests_are_user_errors(heavy, kwargs, message):
+    with pytest.raises(QuantbenchError, match=message):
+        _recover(heavy, **kwargs)
+
+
+def test_bad_sensitivity_metric_and_trt_version_are_user_errors(heavy, tmp_path):
+    with pytest.raises(QuantbenchError, match="--metric"):
+        sensitivity(heavy["model"], heavy["calib"], heavy["eval"], metric="accuracy")
+    result = _recover(heavy)
+    with pytest.raises(QuantbenchError, match="TensorRT <= 10"):
+        write_artefacts(result, tmp_path / "o", trt_version="11.0.0")
+    with pytest.raises(QuantbenchError, match="does not exist"):
+        write_artefacts(result, tmp_path / "missing" / "o")
+
+
+def test_tinycnn_example_recovers_agreement():
+    example = require_example()
+    result = recover(
+        example / "tinycnn.onnx",
+        example / "calib.npz",
+        example / "eval.npz",
+        target="top1_agreement=0.99",
+        max_samples=200,
+    )
+    assert result.met
+    assert result.steps[-1]["metric"] >= 0.99
+    assert len(result.kept) < len(result.context.plan.quantized)
+
+
+def test_auto_beats_entropy_where_entropy_clips_a_small_sample_tensor(tmp_path):
+    """Seed 2: 32 calibration images give ``flat`` 256 values; entropy clips it hard."""
+    model_path = synthetic.save(heavy_tailed_cnn(seed=2), tmp_path / "seed2.onnx")
+    calib, evaluation = tmp_path / "calib.npz", tmp_path / "eval.npz"
+    np.savez(calib, input=synthetic.images(32, seed=1))
+    np.savez(evaluation, input=synthetic.images(64, seed=2))
+    graph = open_graph(model_path)
+    stats, _, _ = obtain_stats(graph, calib, tensors="all", show_progress=False)
+    auto = auto_table(graph, stats, open_data(calib, graph.inputs, batch_size=16))
+    assert not auto.fallback
+    assert auto.choices["flat"]["method"] != "entropy"
+    assert auto.table.entries["flat"].method == auto.choices["flat"]["method"]
+    unseen = open_data(evaluation, graph.inputs, batch_size=16)
+    entropy_sqnr = output_sqnr(graph, build_table(stats, "entropy", graph), unseen)
+    assert output_sqnr(graph, auto.table, unseen) > entropy_sqnr + 3.0
