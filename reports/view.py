@@ -261,10 +261,14 @@ def recovery_section(recovery: dict[str, Any]) -> RecoverySection | None:
         previous = set(kept)
         value = as_finite(step.get("metric"))
         met = step.get("met")
-        if not isinstance(met, bool):  # older documents: judge here; *_drop metrics: lower is better
+        if not isinstance(
+            met, bool
+        ):  # older documents: judge here; *_drop metrics: lower is better
             lower_better = metric.endswith("_drop")
-            met = target is not None and value is not None and (
-                value <= target if lower_better else value >= target
+            met = (
+                target is not None
+                and value is not None
+                and (value <= target if lower_better else value >= target)
             )
         number = step.get("step", position)
         rows.append(
