@@ -23,6 +23,9 @@ from quantbench.table import CalibrationTable, Provenance
 from quantbench.table.codecs import FORMAT_SUFFIX, write_table
 
 DEFAULT_TRT_VERSION = "10.16.0"
+#: per-tensor choice among the calibrators (quantbench.recovery.auto)
+AUTO = "auto"
+AUTO_HOLDOUT_SAMPLES = 64
 
 
 @dataclass
@@ -110,6 +113,24 @@ def build_table(stats: StatsFile, method: str, graph: Graph | None = None) -> Ca
     return table
 
 
+def auto_method_table(
+    graph: Graph,
+    stats: StatsFile,
+    holdout: object | None,
+    *,
+    preset: str | Path | None = None,
+    provider: str | None = None,
+) -> CalibrationTable:
+    """``--method auto``: each quantized tensor gets the calibrator with the least isolated error
+    on a held-back slice (by default the first 64 samples of the calibration data)."""
+    from quantbench.recovery.auto import auto_table
+
+    if holdout is None:
+        raise QuantbenchError("--method auto needs data to judge the calibrators on: give --data")
+    source = open_data(holdout, graph.inputs, max_samples=AUTO_HOLDOUT_SAMPLES, preset=preset)
+    return auto_table(graph, stats, source, provider=provider).table
+
+
 def method_file_name(method: str, fmt: str) -> str:
     """``percentile:99.99`` -> ``percentile-99.99.cache`` (safe on every file system)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", method) + FORMAT_SUFFIX[fmt]
@@ -142,7 +163,11 @@ def calibrate(
     """Calibrate ``model`` with every method in ``methods`` from one statistics pass."""
     if fmt not in FORMAT_SUFFIX:
         raise QuantbenchError(f"--format must be one of {', '.join(FORMAT_SUFFIX)}, not {fmt!r}")
-    method_list = registry.expand_methods(methods or ["entropy"])
+    requested = methods or ["entropy"]
+    want_auto = any(m.strip() == AUTO for m in requested)
+    method_list = registry.expand_methods([m for m in requested if m.strip() != AUTO])
+    if want_auto:
+        method_list.append(AUTO)
     graph = model if isinstance(model, Graph) else open_graph(model)
     targets = _output_targets(graph, method_list, output, fmt)
     if save_stats is not None:
@@ -170,7 +195,12 @@ def calibrate(
             + ", ".join(nonfinite[:8])
             + (" ..." if len(nonfinite) > 8 else "")
         )
-    tables = {m: build_table(stats_file, m, graph) for m in method_list}
+    tables = {
+        m: auto_method_table(graph, stats_file, data, preset=preset)
+        if m == AUTO
+        else build_table(stats_file, m, graph)
+        for m in method_list
+    }
     written = []
     for m, target in targets.items():
         written.append(write_table(tables[m], target, fmt, trt_version=trt_version))

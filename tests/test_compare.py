@@ -239,3 +239,30 @@ def test_example_end_to_end_dynamic_conv(tmp_path):
     dyn = doc["dynamic_weight_convs"]
     assert len(dyn) == 1 and dyn[0]["quantized"] and dyn[0]["weight_amax"] > 0
     assert doc["task"]["accuracy"]["B"] > doc["task"]["accuracy"]["A"] - 0.03
+
+
+def test_method_auto_everywhere(run_cli, cnn_path, cnn_data, eval_data, tmp_path):
+    """`--method auto` in calibrate, quantize and compare records the method per tensor."""
+    out = tmp_path / "auto.json"
+    code, _, err = run_cli(
+        "calibrate", cnn_path, "--data", cnn_data, "-m", "auto", "-f", "json", "-o", out
+    )
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert doc["method"] == "auto"
+    assert all(v["method"] and v["method"] != "auto" for v in doc["tensors"].values())
+    code, _, err = run_cli(
+        "quantize", cnn_path, "--data", cnn_data, "-m", "auto", "-o", tmp_path / "q.onnx"
+    )
+    assert code == 0, err
+    data, _ = eval_data
+    res = compare(
+        "fp32",
+        "int8:auto",
+        model=cnn_path,
+        data=data,
+        calib_data=cnn_data,
+        latency=False,
+        show_progress=False,
+    )
+    assert res["b"]["method"] == "auto"

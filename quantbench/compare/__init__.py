@@ -90,7 +90,7 @@ def compare(
             f"{labels}: {len(label_array)} labels for {source.num_samples} evaluation samples"
         )
     needs_int8 = any(s.lower().startswith("int8") for s in (a, b))
-    ctx = CalibrationContext(default_method=method, exclude=list(exclude or []))
+    ctx = CalibrationContext(default_method=method, exclude=list(exclude or []), holdout=calib_data)
     stats_file = None
     if table is not None:
         ctx.table = read_table(table)

@@ -51,6 +51,8 @@ class CalibrationContext:
     table: CalibrationTable | None = None
     default_method: str = "entropy"
     exclude: list[str] = field(default_factory=list)
+    #: data ``int8:auto`` judges the calibrators on (the calibration data by default)
+    holdout: object | None = None
 
 
 def resolve(spec: str, graph: Graph, ctx: CalibrationContext) -> Candidate:
@@ -85,7 +87,7 @@ def _to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _int8(graph: Graph, ctx: CalibrationContext, method: str | None) -> Candidate:
-    from quantbench.calibrate import build_table
+    from quantbench.calibrate import AUTO, auto_method_table, build_table
     from quantbench.qdq import quantize_model
 
     if method is None and ctx.table is not None:
@@ -97,7 +99,11 @@ def _int8(graph: Graph, ctx: CalibrationContext, method: str | None) -> Candidat
                 f"int8{':' + method if method else ''} needs calibration: give --calib-data PATH "
                 "or --table TABLE"
             )
-        table, label_method = build_table(ctx.stats, m, graph), registry.canonical(m)
+        if m == AUTO:
+            table = auto_method_table(graph, ctx.stats, ctx.holdout)
+            label_method = AUTO
+        else:
+            table, label_method = build_table(ctx.stats, m, graph), registry.canonical(m)
     result = quantize_model(graph, table, exclude=ctx.exclude, allow_partial=True)
     return Candidate(
         spec=f"int8:{label_method}",
