@@ -12,7 +12,7 @@ from pathlib import Path
 import onnx
 
 from quantbench import calibrators as registry
-from quantbench.calibrate import build_table, obtain_stats
+from quantbench.calibrate import AUTO, auto_method_table, build_table, obtain_stats
 from quantbench.errors import QuantbenchError
 from quantbench.fileio import check_output_path, write_bytes_atomic
 from quantbench.graph import Graph, open_graph
@@ -94,7 +94,8 @@ def _calibrated(
     provider: str | None,
     show_progress: bool,
 ) -> CalibrationTable:
-    registry.parse_method(method)
+    if method != AUTO:
+        registry.parse_method(method)  # a bad name fails before the data pass
     stats, _, _ = obtain_stats(
         graph,
         data,
@@ -105,6 +106,8 @@ def _calibrated(
         provider=provider,
         show_progress=show_progress,
     )
+    if method == AUTO:
+        return auto_method_table(graph, stats, data, preset=preset, provider=provider)
     return build_table(stats, method, graph)
 
 
