@@ -35,26 +35,31 @@ class DriftAccumulator:
     nonfinite: int = 0
 
     def update(self, a: np.ndarray, b: np.ndarray) -> None:
-        a64 = np.asarray(a, dtype=np.float64).reshape(-1)
-        b64 = np.asarray(b, dtype=np.float64).reshape(-1)
-        if a64.shape != b64.shape:
+        """Add one batch. Dot products run in float32 BLAS (accumulated in float64 across
+        batches): exact enough for dB-level metrics and several times cheaper than float64."""
+        a32 = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
+        b32 = np.ascontiguousarray(b, dtype=np.float32).reshape(-1)
+        if a32.shape != b32.shape:
             raise ValueError(f"shape mismatch {np.shape(a)} vs {np.shape(b)}")
-        finite = np.isfinite(a64) & np.isfinite(b64)
-        if not finite.all():
+        d = a32 - b32
+        sums = (float(a32 @ a32), float(b32 @ b32), float(a32 @ b32), float(d @ d))
+        if not all(math.isfinite(v) for v in sums):
+            finite = np.isfinite(a32) & np.isfinite(b32)
             self.nonfinite += int((~finite).sum())
-            a64, b64 = a64[finite], b64[finite]
-        d = a64 - b64
-        self.n += a64.size
-        self.sum_aa += float(a64 @ a64)
-        self.sum_bb += float(b64 @ b64)
-        self.sum_ab += float(a64 @ b64)
-        self.sum_dd += float(d @ d)
-        absd = np.abs(d)
-        self.sum_abs_d += float(absd.sum())
+            a32, b32 = a32[finite], b32[finite]
+            d = a32 - b32
+            sums = (float(a32 @ a32), float(b32 @ b32), float(a32 @ b32), float(d @ d))
+        self.n += a32.size
+        self.sum_aa += sums[0]
+        self.sum_bb += sums[1]
+        self.sum_ab += sums[2]
+        self.sum_dd += sums[3]
+        absd = np.abs(d, out=d)
         if absd.size:
+            self.sum_abs_d += float(absd.sum(dtype=np.float64))
             self.max_abs_d = max(self.max_abs_d, float(absd.max()))
         if self.amax is not None and self.amax > 0:
-            self.clipped += int(np.count_nonzero(np.abs(a64) > self.amax))
+            self.clipped += count_clipped(a32, self.amax)
 
     def metrics(self) -> dict[str, float | None]:
         if self.n == 0:
@@ -123,6 +128,28 @@ class AgreementAccumulator:
             return None
         acc_a, acc_b = self.correct_a / self.labelled, self.correct_b / self.labelled
         return {"A": acc_a, "B": acc_b, "delta": acc_b - acc_a}
+
+
+def count_clipped(values: np.ndarray, amax: float) -> int:
+    """How many values lie outside [-amax, amax] (would saturate in INT8)."""
+    return int(np.count_nonzero(values > amax)) + int(np.count_nonzero(values < -amax))
+
+
+@dataclass
+class ClipCounter:
+    """Fraction of a quantized op's FP32 input beyond its amax (its clipping)."""
+
+    amax: float
+    n: int = 0
+    clipped: int = 0
+
+    def update(self, values: np.ndarray) -> None:
+        self.n += values.size
+        self.clipped += count_clipped(values, self.amax)
+
+    @property
+    def fraction(self) -> float | None:
+        return self.clipped / self.n if self.n else None
 
 
 def is_class_scores(shape: tuple[int, ...]) -> bool:

@@ -20,7 +20,7 @@ from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
 from quantbench.compare.candidates import CalibrationContext, Candidate, resolve
 from quantbench.compare.isolated import QDQ_OPS, IsolatedModel, build_isolated
 from quantbench.compare.latency import measure_latency
-from quantbench.compare.metrics import AgreementAccumulator, DriftAccumulator
+from quantbench.compare.metrics import AgreementAccumulator, ClipCounter, DriftAccumulator
 from quantbench.data import DataSource, Feed, feed_num_samples
 from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph, node_label
@@ -43,7 +43,7 @@ class Side:
     outputs: dict[str, DriftAccumulator] = field(default_factory=dict)
     agreement: dict[str, AgreementAccumulator] = field(default_factory=dict)
     clip: dict[str, tuple[str, float]] = field(default_factory=dict)
-    clip_acc: dict[str, DriftAccumulator] = field(default_factory=dict)
+    clip_acc: dict[str, ClipCounter] = field(default_factory=dict)
     pairing: dict[str, str] = field(default_factory=dict)
 
 
@@ -139,7 +139,7 @@ def prepare_sides(
         )
         side.accumulated = {t: DriftAccumulator() for t in side.tensors}
         side.isolated_acc = {t: DriftAccumulator() for t in side.isolated}
-        side.clip_acc = {t: DriftAccumulator(amax=amax) for t, (_, amax) in side.clip.items()}
+        side.clip_acc = {t: ClipCounter(amax) for t, (_, amax) in side.clip.items()}
     return ref_runner, ref_fetch, sides
 
 
@@ -257,7 +257,7 @@ def _update_side(
     for t, acc in side.clip_acc.items():
         src = side.clip[t][0]
         if src in ref:
-            acc.update(ref[src], ref[src])
+            acc.update(ref[src])
     for ro, co in side.pairing.items():
         side.outputs[ro].update(ref[ro], got[co])
         side.agreement[ro].update(ref[ro], got[co], labels)
@@ -308,7 +308,7 @@ def _document(
                 }
                 row.update({k: _clean(v) for k, v in acc.metrics().items() if k != "clip_fraction"})
                 clip = side.clip_acc.get(t)
-                row["clip_fraction"] = clip.clipped / clip.n if clip and clip.n else None
+                row["clip_fraction"] = clip.fraction if clip else None
                 row["amax"] = side.clip[t][1] if t in side.clip else None
                 layers.append(row)
         for o in ref_out:
