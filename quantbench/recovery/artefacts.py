@@ -98,6 +98,14 @@ def recovery_document(result: RecoveryResult, command: str = "") -> dict[str, An
     ctx = result.context
     doc = base_document("compare", ctx.graph, command or "quantbench recover")
     doc["recovery"] = result.section()
+    kept = len(result.kept)
+    doc["a"] = {"spec": "fp32", "label": "FP32", "backend": "onnxruntime", "method": None}
+    doc["b"] = {
+        "spec": f"int8:{ctx.method}",
+        "label": f"INT8 ({ctx.method}), {kept} op(s) kept in {result.precision}",
+        "backend": "onnxruntime",
+        "method": ctx.method,
+    }
     doc["excluded"] = [s.to_dict() for s in result.final.skipped]
     doc["data"] = {
         "eval_samples": ctx.evaluator.num_samples,
