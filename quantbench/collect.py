@@ -65,10 +65,10 @@ def collect_stats(
     from_feed = [t for t in measured if t in input_names]
     from_outputs = [t for t in measured if t not in input_names]
     runner = OnnxRuntimeRunner(
-        expose(graph.model, from_outputs, graph.elem_types), provider, threads
+        expose(graph.model, from_outputs, graph.elem_types), provider, threads, spin=False
     )
     stats = {name: TensorStats(name) for name in tensors}
-    relus = [(t, src) for t, (kind, src) in plan.items() if kind == "relu"]
+    binner = _Binner(stats, [(t, src) for t, (kind, src) in plan.items() if kind == "relu"])
     fingerprint = None if source.fingerprint else StreamFingerprint()
     num_samples = 0
     with (
@@ -83,12 +83,13 @@ def collect_stats(
             if pending is not None:
                 pending.result()
             values = {**{t: feed[t] for t in from_feed}, **outputs}
-            pending = submit(_update_all, stats, values, relus)
+            pending = submit(binner.add, values)
             n = feed_num_samples(feed, graph.inputs)
             num_samples += n
             advance(n)
         if pending is not None:
             pending.result()
+        binner.finish()
     for name, (kind, src) in plan.items():
         if kind == "same":
             stats[name] = stats[src].renamed(name)
@@ -129,12 +130,45 @@ def derivation_plan(graph: Graph, tensors: list[str]) -> dict[str, tuple[str, st
     return plan
 
 
-def _update_all(
-    stats: dict[str, TensorStats], values: dict[str, np.ndarray], relus: list[tuple[str, str]]
-) -> None:
-    added = {name: stats[name].update(value) for name, value in values.items()}
-    for name, src in relus:
-        stats[name].update_relu(added[src], values[src])
+class _Binner:
+    """Bins batches into their TensorStats, pooling small batches first.
+
+    A histogram update has a fixed cost (a 32768-bin bincount and add: ~0.5 MB of memory
+    traffic) that exceeds binning a small activation (7x7x512 at batch 1); pooling up to
+    ``POOL`` values per tensor keeps memory bounded and, binning being exact and
+    order-independent, gives bit-identical statistics.
+    """
+
+    POOL = 1 << 18
+
+    def __init__(self, stats: dict[str, TensorStats], relus: list[tuple[str, str]]):
+        self.stats = stats
+        self.relus_of: dict[str, list[str]] = {}
+        for relu, src in relus:
+            self.relus_of.setdefault(src, []).append(relu)
+        self.pool: dict[str, list[np.ndarray]] = {}
+        self.pooled: dict[str, int] = {}
+
+    def add(self, values: dict[str, np.ndarray]) -> None:
+        for name, value in values.items():
+            self.pool.setdefault(name, []).append(np.asarray(value).reshape(-1))
+            self.pooled[name] = self.pooled.get(name, 0) + value.size
+            if self.pooled[name] >= self.POOL:
+                self._flush(name)
+
+    def finish(self) -> None:
+        for name in list(self.pool):
+            self._flush(name)
+
+    def _flush(self, name: str) -> None:
+        parts = self.pool.pop(name, [])
+        self.pooled.pop(name, None)
+        if not parts:
+            return
+        x = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        added = self.stats[name].update(x)
+        for relu in self.relus_of.get(name, ()):
+            self.stats[relu].update_relu(added, x)
 
 
 @contextmanager

@@ -142,13 +142,13 @@ class TensorStats:
             return
         lo, hi = max(source.lo, 0.0), max(source.hi, 0.0)
         self._grow(exponent_for(hi))
-        if self.exponent == source.exponent:
-            counts = source.counts.copy()
-            counts[HALF_BINS] += counts[:HALF_BINS].sum()
-            counts[:HALF_BINS] = 0
+        if self.exponent == source.exponent:  # negatives become 0: positive bin 0
+            self.counts[HALF_BINS:] += source.counts[HALF_BINS:]
+            self.counts[HALF_BINS] += source.counts[:HALF_BINS].sum()
         else:
-            counts = _signed_counts(np.maximum(np.asarray(values).reshape(-1), 0), self.exponent)
-        self.counts += counts
+            self.counts += _signed_counts(
+                np.maximum(np.asarray(values).reshape(-1), 0), self.exponent
+            )
         self._add_range(int(source.counts.sum()), lo, hi)
 
     def _add_range(self, n: int, lo: float, hi: float) -> None:

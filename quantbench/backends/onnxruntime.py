@@ -99,12 +99,15 @@ class OnnxRuntimeRunner:
         provider: str | None = None,
         threads: int | None = None,
         optimization: str = "all",
+        spin: bool = True,
     ):
         import onnxruntime as ort
 
         self.provider = resolve_provider(provider)
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
+        if not spin:  # idle ORT threads must not busy-wait while our own thread bins
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if threads:
             opts.intra_op_num_threads = threads
         opts.graph_optimization_level = {
