@@ -273,16 +273,10 @@ def _batch_feed(
     feed: Feed = {}
     for spec in inputs:
         arr = readers[spec.name].read(a, b)
-        if _has_sample_axis(spec, readers[spec.name].shape):
-            pass  # rank = model rank: axis 0 is the model's batch axis
-        else:
-            arr = arr[0]  # model has no batch axis: one sample per feed
+        if len(readers[spec.name].shape) != len(spec.shape):
+            arr = arr[0]  # the model has no batch axis: one sample per feed
         feed[spec.name] = _cast(arr, spec)
     return feed
-
-
-def _has_sample_axis(spec: TensorSpec, shape: tuple[int, ...]) -> bool:
-    return len(shape) == len(spec.shape)
 
 
 def resolve_batch_size(inputs: list[TensorSpec], requested: int | None, origin: object) -> int:

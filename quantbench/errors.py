@@ -17,3 +17,10 @@ class ThresholdFailed(QuantbenchError):
     """A `--fail-below` gate was missed (exit code 1, so CI can tell it from bad input)."""
 
     exit_code = 1
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (libraries like onnx and onnxruntime write
+    multi-line errors; a user error is reported as one line)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

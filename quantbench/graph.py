@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
-from quantbench.errors import QuantbenchError
+from quantbench.errors import QuantbenchError, first_line
 
 #: ops whose inputs TensorRT quantizes (weighted ops: Q/DQ on data and weight).
 WEIGHTED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -149,7 +149,7 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     try:
         onnx.checker.check_model(_checkable(model))
     except Exception as exc:  # noqa: BLE001
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise QuantbenchError(f"{p}: invalid ONNX model: {first}") from None
     return model
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import onnx
 
-from quantbench.errors import QuantbenchError
+from quantbench.errors import QuantbenchError, first_line
 from quantbench.graph import load_model
 
 INTEGER = "integer"
@@ -121,7 +121,7 @@ def optimized_graph(model: onnx.ModelProto | str | os.PathLike[str]) -> onnx.Mod
         try:
             ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             raise QuantbenchError(
                 f"{label}: onnxruntime cannot load the model ({first}); custom ops such as "
                 "DWConv2D must be lowered first (quantbench.plugins.dwconv2d.dwconv2d_to_conv)"

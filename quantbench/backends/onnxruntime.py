@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from quantbench.errors import QuantbenchError
+from quantbench.errors import QuantbenchError, first_line
 
 _PROVIDER_ALIASES = {
     "cpu": "CPUExecutionProvider",
@@ -122,7 +122,7 @@ class OnnxRuntimeRunner:
                 payload, sess_options=opts, providers=[self.provider]
             )
         except Exception as exc:  # noqa: BLE001 - ORT reports model problems as generic errors
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             raise QuantbenchError(f"onnxruntime cannot load the model: {first}") from None
         self.threads = threads or os.cpu_count() or 1
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -141,7 +141,7 @@ class OnnxRuntimeRunner:
         try:
             values = self.session.run(names, dict(feeds))
         except Exception as exc:  # noqa: BLE001
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             raise QuantbenchError(f"onnxruntime inference failed: {first}") from None
         return dict(zip(names, values))
 

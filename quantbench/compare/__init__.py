@@ -24,24 +24,29 @@ from quantbench.results import (
 )
 from quantbench.table.codecs import read_table
 
-__all__ = ["compare"]
+__all__ = ["compare", "load_labels"]
 
 
-def _load_labels(path: str | Path | None) -> np.ndarray | None:
-    if path is None:
+def load_labels(labels: str | Path | np.ndarray | None) -> np.ndarray | None:
+    """Integer labels from a ``.npy`` (or an array, from Python), checked to be 1-D."""
+    if labels is None:
         return None
-    p = Path(path)
-    try:
-        labels = np.load(p, allow_pickle=False)
-    except FileNotFoundError:
-        raise QuantbenchError(f"{p}: labels file not found") from None
-    except Exception as exc:  # noqa: BLE001
-        raise QuantbenchError(f"{p}: not a readable .npy of labels ({exc})") from None
-    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+    where = "labels" if isinstance(labels, np.ndarray) else str(labels)
+    array = labels if isinstance(labels, np.ndarray) else _read_labels(Path(labels))
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
         raise QuantbenchError(
-            f"{p}: labels must be a 1-D integer array, got {labels.dtype}{list(labels.shape)}"
+            f"{where}: labels must be a 1-D integer array, got {array.dtype}{list(array.shape)}"
         )
-    return labels
+    return array
+
+
+def _read_labels(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise QuantbenchError(f"{path}: labels file not found") from None
+    except Exception as exc:  # noqa: BLE001
+        raise QuantbenchError(f"{path}: not a readable .npy of labels ({exc})") from None
 
 
 def compare(
@@ -77,7 +82,7 @@ def compare(
         if p is not None:
             check_output_path(p)
     graph = open_graph(model)
-    label_array = _load_labels(labels)
+    label_array = load_labels(labels)
     source = open_data(
         data, graph.inputs, batch_size=batch_size, max_samples=max_samples, preset=preset
     )

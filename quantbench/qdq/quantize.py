@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnx
 
-from quantbench.errors import QuantbenchError
+from quantbench.errors import QuantbenchError, first_line
 from quantbench.fileio import write_bytes_atomic
 from quantbench.graph import Graph, node_label, open_graph
 from quantbench.plugins.dwconv2d.onnx_op import checkable_copy
@@ -126,7 +126,7 @@ def _check_input(model: onnx.ModelProto, label: str) -> None:
     try:
         onnx.checker.check_model(checkable_copy(model))
     except Exception as exc:  # noqa: BLE001
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise QuantbenchError(f"{label}: invalid ONNX model: {first}") from None
 
 

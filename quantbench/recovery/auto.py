@@ -21,7 +21,7 @@ from typing import Any
 
 from quantbench import calibrators as registry
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
-from quantbench.calibrate import build_table
+from quantbench.calibrate import AUTO, build_table
 from quantbench.compare.isolated import build_isolated
 from quantbench.compare.metrics import DriftAccumulator
 from quantbench.data import DataSource
@@ -31,7 +31,6 @@ from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
 from quantbench.stats import StatsFile
 from quantbench.table import CalibrationTable
 
-AUTO = "auto"
 #: near-duplicates of ``entropy`` that cost a full entropy search each and rarely differ from it.
 SLOW_METHODS = frozenset({"entropy:slides", "entropy:pytorch"})
 _RUNTIME_ROLES = (ACTIVATION, RESIDUAL, RUNTIME_WEIGHT)

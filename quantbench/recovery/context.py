@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from quantbench.calibrate import build_table, obtain_stats
-from quantbench.compare import _load_labels
+from quantbench.compare import load_labels
 from quantbench.data import open_data
 from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph, open_graph
@@ -54,12 +54,6 @@ class RecoveryContext:
     def quantize_only(self, node: str) -> QuantizeResult:
         """Only ``node`` quantized: every other op of the plan excluded by its exact name."""
         return self.quantize_except(n for n in self.quantized_nodes if n != node)
-
-
-def load_labels(labels: str | Path | np.ndarray | None) -> np.ndarray | None:
-    if labels is None or isinstance(labels, np.ndarray):
-        return labels
-    return _load_labels(labels)
 
 
 def prepare(
