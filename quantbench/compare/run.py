@@ -201,7 +201,7 @@ def run_comparison(
             n = feed_num_samples(feed, graph.inputs)
             lab = label_iter(n) if labels is not None else None
             ref = ref_runner.infer(feed, ref_fetch)
-            ref.update({k: v for k, v in feed.items()})
+            ref.update(feed)
             for o in ref_out:
                 acc_ref[o].update(ref[o], ref[o], lab)
             for side in sides:
