@@ -3,21 +3,27 @@
 Sources (``open_data``): a ``.npz`` keyed by input name, a ``.npy`` (single-input models), a
 folder of such files, a Python data-loader script (``file.py`` or ``file.py:function``; the
 function yields ``{input_name: array}`` feeds, Polygraphy's convention), or a folder of images
-with a preprocessing preset from ``configs/``. From Python, also any object with onnxruntime's
-``CalibrationDataReader`` protocol (``get_next()``) or any iterable of feed dicts.
+with a preprocessing preset (packaged ``quantbench.configs`` or a ``.toml`` path). From Python,
+also any object with onnxruntime's ``CalibrationDataReader`` protocol (``get_next()``) or any
+iterable of feed dicts.
 
-Arrays are read lazily — ``.npy`` memory-mapped, ``.npz`` members streamed row by row from the
-zip — so memory does not grow with the number of samples. Everything is checked against the
-model's inputs before any inference runs.
+One rule maps data onto the model for every source (:func:`plan_layout`): data of the model's
+rank has the model's batch axis first; one axis more means the model has no batch axis and
+each sample is fed alone. Arrays are read lazily — ``.npy`` memory-mapped, ``.npz`` members
+streamed row by row from the zip — so memory does not grow with the number of samples.
+Everything is checked against the model's inputs before any inference runs; samples holding
+NaN/Inf are recorded by index and reported (:class:`NonFiniteSamples`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import math
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,14 +32,23 @@ import tomllib
 
 from quantbench.errors import QuantbenchError
 from quantbench.graph import TensorSpec
+from quantbench.progress import warn
 
 Feed = dict[str, np.ndarray]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 class CalibrationDataReaderLike(Protocol):
     def get_next(self) -> Mapping[str, np.ndarray] | None: ...
+
+
+class Batch(dict[str, np.ndarray]):
+    """One feed (input name -> exactly the array the model is given) and the number of data
+    samples it holds, which is not its first dim when the model has no batch axis."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], num_samples: int):
+        super().__init__(arrays)
+        self.num_samples = num_samples
 
 
 # --------------------------------------------------------------------------- array readers
@@ -140,6 +155,168 @@ def _open_npy(path: Path) -> np.ndarray:
         raise QuantbenchError(f"{path}: not a readable .npy file ({exc})") from None
 
 
+def _close(readers: Iterable[ArrayReader]) -> None:
+    for r in readers:
+        if isinstance(r, _NpzMember):
+            r.close()
+
+
+# --------------------------------------------------------------------------- batch layout
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How sample-first data meets the model's inputs, decided from ranks, never from a dim.
+
+    ``per_sample``: inputs whose data has one axis more than the model (the model has no batch
+    axis: samples are fed one at a time). Otherwise the data's first axis is the model's batch
+    axis, fed ``batch_size`` samples at a time; ``fixed`` is the model's static batch size,
+    which every feed must fill exactly.
+    """
+
+    per_sample: frozenset[str]
+    fixed: int | None
+    batch_size: int
+
+    def check_count(self, n: int, where: str) -> None:
+        """Samples must fill whole batches of a fixed batch size: none is dropped silently."""
+        if self.fixed and n % self.fixed:
+            raise QuantbenchError(
+                f"{where}: {n} samples do not fill whole batches of the model's fixed batch size "
+                f"{self.fixed} ({n % self.fixed} left over); give a multiple of {self.fixed} "
+                "samples or export the model with a dynamic batch axis"
+            )
+
+    def feeds(self, chunk: Mapping[str, np.ndarray], n: int) -> Iterator[Batch]:
+        """``n`` samples of sample-first arrays -> the feeds the model takes."""
+        step = 1 if self.per_sample else (self.fixed or n)
+        for a in range(0, n, step):
+            b = min(a + step, n)
+            yield Batch(
+                {k: v[a] if k in self.per_sample else v[a:b] for k, v in chunk.items()}, b - a
+            )
+
+
+def plan_layout(
+    inputs: list[TensorSpec],
+    shapes: Mapping[str, tuple[int, ...]],
+    requested: int | None,
+    where: str,
+) -> Layout:
+    """The one batch-axis rule, from each input's data shape (sample axis first) and rank.
+
+    Data rank == model rank: the sample axis is the model's batch axis. Data rank == model
+    rank + 1: the model has no batch axis, one sample per feed. Anything else is an error.
+    """
+    per_sample: set[str] = set()
+    fixed: dict[str, int] = {}
+    for spec in inputs:
+        shape, rank = tuple(shapes[spec.name]), len(spec.shape)
+        if len(shape) == rank + 1:
+            per_sample.add(spec.name)
+            pairs = zip(shape[1:], spec.shape)
+        elif len(shape) == rank and rank > 0:
+            pairs = zip(shape[1:], spec.shape[1:])
+            if isinstance(spec.shape[0], int):
+                fixed[spec.name] = spec.shape[0]
+        else:
+            ranks = f"rank {rank} (first axis = the model's batch axis) or " if rank else ""
+            raise QuantbenchError(
+                f"{where}[{spec.name}]: data of shape {list(shape)} does not fit model input "
+                f"{spec.describe()}: give {ranks}rank {rank + 1} (a sample axis first, one "
+                "sample per feed)"
+            )
+        if any(isinstance(w, int) and h != w for h, w in pairs):
+            raise QuantbenchError(
+                f"{where}[{spec.name}]: data of shape {list(shape)} does not match model input "
+                f"{spec.describe()} (sample axis first)"
+            )
+    sizes = sorted(set(fixed.values()))
+    if len(sizes) > 1:
+        listed = ", ".join(f"{k}: {v}" for k, v in fixed.items())
+        raise QuantbenchError(f"{where}: model inputs have different fixed batch sizes ({listed})")
+    if per_sample:
+        alone = min(per_sample)
+        clash = sorted(k for k, v in fixed.items() if v != 1)
+        if clash:
+            raise QuantbenchError(
+                f"{where}: data for {alone} has one axis more than the model input (one sample "
+                f"per feed) but {clash[0]} has a fixed batch of {fixed[clash[0]]}: give every "
+                "input's data the same layout"
+            )
+        if requested not in (None, 1):
+            raise QuantbenchError(
+                f"{where}: --batch-size {requested} cannot be used: the data for {alone} has one "
+                "axis more than the model input (the model has no batch axis), so samples are "
+                "fed one at a time"
+            )
+        return Layout(frozenset(per_sample), None, 1)
+    if sizes:
+        size = sizes[0]
+        if requested is not None and requested != size:
+            raise QuantbenchError(
+                f"{where}: the model has a fixed batch size of {size}; --batch-size {requested} "
+                "cannot be used (re-export the model with a dynamic batch dimension)"
+            )
+        return Layout(frozenset(), size, size)
+    return Layout(frozenset(), None, requested or 1)
+
+
+def _whole_batches(layout: Layout, max_samples: int | None, where: str) -> int | None:
+    """A sample cap in whole batches of a fixed batch size (down, at least one batch), said
+    aloud when it changes: a fixed-size feed cannot hold a partial batch."""
+    if max_samples is None or not layout.fixed or max_samples % layout.fixed == 0:
+        return max_samples
+    capped = max(layout.fixed, max_samples - max_samples % layout.fixed)
+    warn(
+        f"{where}: the model has a fixed batch size of {layout.fixed}: reading {capped} samples "
+        f"for --max-samples {max_samples}"
+    )
+    return capped
+
+
+# --------------------------------------------------------------------------- non-finite samples
+
+
+@dataclass
+class NonFiniteSamples:
+    """Input samples holding NaN or Inf, by ``source[input]`` (sample indices within that
+    file, or within the stream for scripts and readers): reported, never fed silently."""
+
+    SHOWN = 5
+
+    first: dict[str, list[int]] = field(default_factory=dict)
+    count: dict[str, int] = field(default_factory=dict)
+
+    def scan(
+        self, where: str, chunk: Mapping[str, np.ndarray], offset: int, inputs: list[TensorSpec]
+    ) -> None:
+        """Record the samples of a sample-first chunk whose float inputs are not all finite."""
+        for spec in inputs:
+            arr = chunk[spec.name]
+            if not spec.is_float or arr.size == 0:
+                continue
+            finite = np.isfinite(arr.reshape(arr.shape[0], -1)).all(axis=1)
+            if finite.all():
+                continue
+            bad = (offset + np.flatnonzero(~finite)).tolist()
+            key = f"{where}[{spec.name}]"
+            kept = self.first.setdefault(key, [])
+            kept.extend(bad[: max(0, 20 - len(kept))])
+            self.count[key] = self.count.get(key, 0) + len(bad)
+
+    def __bool__(self) -> bool:
+        return bool(self.count)
+
+    def message(self) -> str:
+        parts = []
+        for key, n in self.count.items():
+            shown = ", ".join(map(str, self.first[key][: self.SHOWN]))
+            more = ", ..." if n > self.SHOWN else ""
+            parts.append(f"{key}: {n} sample(s) hold NaN/Inf (index {shown}{more})")
+        return "; ".join(parts) + "; they are fed as they are: fix or drop them"
+
+
 # --------------------------------------------------------------------------- data sources
 
 
@@ -147,18 +324,28 @@ def _open_npy(path: Path) -> np.ndarray:
 class DataSource:
     """A validated stream of feeds for one model.
 
-    ``batches()`` can be iterated several times (file sources re-read from disk). ``fingerprint``
-    identifies the data without running inference (``None`` for opaque readers, whose
-    fingerprint is computed from the stream as it goes: see :class:`StreamFingerprint`).
+    ``batches()`` can be iterated several times (file sources re-read from disk); it yields
+    :class:`Batch` feeds. ``fingerprint`` identifies the data without running inference, and
+    is ``None`` where only the feeds themselves can (scripts and readers: see
+    :class:`StreamFingerprint`). Each complete pass refills ``nonfinite`` and, the first time
+    it finds any, reports it through ``on_nonfinite`` (a warning by default).
     """
 
     description: str
     fingerprint: str | None
     num_samples: int | None
-    _make_batches: Callable[[], Iterator[Feed]] = field(repr=False)
+    _make_batches: Callable[[NonFiniteSamples], Iterator[Batch]] = field(repr=False)
+    on_nonfinite: Callable[[str], None] | None = field(default=warn, repr=False)
+    nonfinite: NonFiniteSamples = field(default_factory=NonFiniteSamples)
+    _reported: bool = field(default=False, repr=False)
 
-    def batches(self) -> Iterator[Feed]:
-        return self._make_batches()
+    def batches(self) -> Iterator[Batch]:
+        record = NonFiniteSamples()
+        yield from self._make_batches(record)
+        self.nonfinite = record
+        if record and not self._reported and self.on_nonfinite is not None:
+            self._reported = True
+            self.on_nonfinite(record.message())
 
 
 def _file_digest(paths: Iterable[Path], extra: str) -> str:
@@ -185,12 +372,12 @@ def open_data(
     if batch_size is not None and batch_size <= 0:
         raise QuantbenchError("--batch-size must be positive")
     if not isinstance(source, (str, Path)):
-        return _from_python(source, inputs, max_samples)
+        return _from_python(source, inputs, batch_size, max_samples)
     spec = str(source)
     path_part, _, func = spec.partition(".py:")
     if func or spec.endswith(".py"):
         script = Path(path_part + ".py") if func else Path(spec)
-        return _from_script(script, func or "load_data", inputs, max_samples)
+        return _from_script(script, func or "load_data", inputs, batch_size, max_samples)
     path = Path(spec)
     if not path.exists():
         raise QuantbenchError(f"{path}: data file or folder not found")
@@ -212,7 +399,7 @@ def open_data(
     )
 
 
-# ---- arrays -----------------------------------------------------------------------------
+# ---- arrays (files, folders and images alike) ---------------------------------------------
 
 
 def _readers_for_file(path: Path, inputs: list[TensorSpec]) -> dict[str, ArrayReader]:
@@ -239,58 +426,80 @@ def _from_array_files(
     batch_size: int | None,
     max_samples: int | None,
 ) -> DataSource:
-    per_file = [_readers_for_file(f, inputs) for f in files]
+    parts = [(str(f), _readers_for_file(f, inputs)) for f in files]
+    return _from_readers(
+        str(origin),
+        parts,
+        inputs,
+        batch_size,
+        max_samples,
+        lambda n: _file_digest(files, f"arrays;max={n}"),
+    )
+
+
+def _from_readers(
+    origin: str,
+    parts: list[tuple[str, Mapping[str, ArrayReader]]],
+    inputs: list[TensorSpec],
+    batch_size: int | None,
+    max_samples: int | None,
+    fingerprint: Callable[[int], str],
+    what: str = "samples",
+) -> DataSource:
+    """Sample-first arrays, one reader set per file, read in batches under one layout."""
+    layout: Layout | None = None
     counts = []
-    for f, readers in zip(files, per_file):
-        _check_names(f, set(readers), inputs)
-        counts.append(_check_arrays(f, readers, inputs))
+    for where, readers in parts:
+        _check_names(where, set(readers), inputs)
+        for spec in inputs:
+            _check_dtype(f"{where}[{spec.name}]", readers[spec.name].dtype, spec)
+        shapes = {s.name: tuple(readers[s.name].shape) for s in inputs}
+        this = plan_layout(inputs, shapes, batch_size, where)
+        if layout is not None and this != layout:
+            raise QuantbenchError(
+                f"{where}: arrays of rank {[len(v) for v in shapes.values()]} are laid out unlike "
+                f"those of {parts[0][0]}; give every file the same ranks"
+            )
+        layout = this
+        count = _sample_count(where, shapes)
+        if count:
+            layout.check_count(count, where)  # batches never straddle files
+        counts.append(count)
+    assert layout is not None
     total = sum(counts)
     if total == 0:
         raise QuantbenchError(f"{origin}: the data set is empty (0 samples)")
+    max_samples = _whole_batches(layout, max_samples, origin)
     n = min(total, max_samples) if max_samples else total
-    bs = resolve_batch_size(inputs, batch_size, origin)
-    fingerprint = _file_digest(files, f"arrays;max={n}")
+    plan = layout
 
-    def batches() -> Iterator[Feed]:
+    def batches(record: NonFiniteSamples) -> Iterator[Batch]:
         remaining = n
-        for readers, count in zip(per_file, counts):
+        for (where, readers), count in zip(parts, counts):
             pos = 0
-            while remaining > 0 and pos < count:
-                take = min(bs, count - pos, remaining)
-                yield _batch_feed(readers, inputs, pos, pos + take)
-                pos += take
-                remaining -= take
-            for r in readers.values():
-                if isinstance(r, _NpzMember):
-                    r.close()
+            try:
+                while remaining > 0 and pos < count:
+                    take = min(plan.batch_size, count - pos, remaining)
+                    chunk = {
+                        s.name: _cast(readers[s.name].read(pos, pos + take), s, where)
+                        for s in inputs
+                    }
+                    record.scan(where, chunk, pos, inputs)
+                    yield from plan.feeds(chunk, take)
+                    pos += take
+                    remaining -= take
+            finally:
+                _close(readers.values())
 
-    return DataSource(f"{origin} ({n} samples)", fingerprint, n, batches)
-
-
-def _batch_feed(
-    readers: Mapping[str, ArrayReader], inputs: list[TensorSpec], a: int, b: int
-) -> Feed:
-    feed: Feed = {}
-    for spec in inputs:
-        arr = readers[spec.name].read(a, b)
-        if len(readers[spec.name].shape) != len(spec.shape):
-            arr = arr[0]  # the model has no batch axis: one sample per feed
-        feed[spec.name] = _cast(arr, spec)
-    return feed
+    return DataSource(f"{origin} ({n} {what})", fingerprint(n), n, batches)
 
 
-def resolve_batch_size(inputs: list[TensorSpec], requested: int | None, origin: object) -> int:
-    """The model's static batch size if it has one (and then ``requested`` must match)."""
-    static = {s.shape[0] for s in inputs if s.shape and isinstance(s.shape[0], int)}
-    if len(static) == 1:
-        fixed = static.pop()
-        if requested is not None and requested != fixed:
-            raise QuantbenchError(
-                f"{origin}: the model has a fixed batch size of {fixed}; --batch-size {requested} "
-                "cannot be used (re-export the model with a dynamic batch dimension)"
-            )
-        return fixed
-    return requested or 1
+def _sample_count(where: str, shapes: Mapping[str, tuple[int, ...]]) -> int:
+    counts = {name: shape[0] for name, shape in shapes.items()}
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"{k}: {v}" for k, v in counts.items())
+        raise QuantbenchError(f"{where}: inputs have different sample counts ({listed})")
+    return next(iter(counts.values()), 0)
 
 
 def _check_names(origin: Path | str, names: set[str], inputs: list[TensorSpec]) -> None:
@@ -304,57 +513,37 @@ def _check_names(origin: Path | str, names: set[str], inputs: list[TensorSpec]) 
         )
 
 
-def _check_arrays(
-    origin: Path, readers: Mapping[str, ArrayReader], inputs: list[TensorSpec]
-) -> int:
-    counts = set()
-    for spec in inputs:
-        r = readers[spec.name]
-        _check_dtype(f"{origin}[{spec.name}]", r.dtype, spec)
-        rank = len(spec.shape)
-        if len(r.shape) == rank:
-            dims_to_check = list(zip(r.shape[1:], spec.shape[1:]))
-        elif len(r.shape) == rank + 1:
-            dims_to_check = list(zip(r.shape[1:], spec.shape))
-        else:
-            raise QuantbenchError(
-                f"{origin}[{spec.name}]: array shape {list(r.shape)} does not fit model input "
-                f"{spec.describe()}: expected rank {rank} (sample axis = batch axis) or {rank + 1}"
-            )
-        for have, want in dims_to_check:
-            if isinstance(want, int) and have != want:
-                raise QuantbenchError(
-                    f"{origin}[{spec.name}]: array shape {list(r.shape)} does not match model "
-                    f"input {spec.describe()} (sample axis first)"
-                )
-        counts.add(r.shape[0])
-    if len(counts) > 1:
-        raise QuantbenchError(f"{origin}: inputs have different sample counts {sorted(counts)}")
-    return counts.pop() if counts else 0
-
-
 def _check_dtype(where: str, dtype: np.dtype, spec: TensorSpec) -> None:
     want = np.dtype(spec.dtype)
     if np.issubdtype(want, np.floating) and np.issubdtype(dtype, np.floating):
         return  # float64 -> float32 is cast: numpy's default dtype is not a user mistake
     if np.issubdtype(want, np.integer) and np.issubdtype(dtype, np.integer):
-        return
+        return  # cast, with a range check on every batch (_cast)
     if dtype == want:
         return
     raise QuantbenchError(
-        f"{where}: dtype {dtype.name} does not match model input {spec.describe()}"
+        f"{where}: dtype {dtype.name} does not match model input {spec.describe()}; "
+        f"convert the data to {want.name}"
     )
 
 
-def _cast(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
-    return np.ascontiguousarray(arr, dtype=spec.dtype)
+def _cast(arr: np.ndarray, spec: TensorSpec, where: str) -> np.ndarray:
+    want = np.dtype(spec.dtype)
+    if arr.dtype != want and np.issubdtype(want, np.integer) and arr.size:
+        lo, hi, limits = arr.min(), arr.max(), np.iinfo(want)
+        if lo < limits.min or hi > limits.max:
+            raise QuantbenchError(
+                f"{where}[{spec.name}]: values in [{lo}, {hi}] do not fit model input "
+                f"{spec.describe()}"
+            )
+    return np.ascontiguousarray(arr, dtype=want)
 
 
 # ---- feeds from Python (readers, iterables, scripts) --------------------------------------
 
 
-def validate_feed(feed: Mapping[str, Any], inputs: list[TensorSpec], where: str) -> Feed:
-    """Check one feed dict against the model inputs; returns contiguous, cast arrays."""
+def _sample_first(feed: Any, inputs: list[TensorSpec], where: str) -> Feed:
+    """One yielded feed checked (names, dtypes) and cast; a scalar input gets a sample axis."""
     if not isinstance(feed, Mapping):
         raise QuantbenchError(
             f"{where}: expected a dict of input name -> array, got {type(feed).__name__}"
@@ -364,14 +553,9 @@ def validate_feed(feed: Mapping[str, Any], inputs: list[TensorSpec], where: str)
     for spec in inputs:
         arr = np.asarray(feed[spec.name])
         _check_dtype(f"{where}[{spec.name}]", arr.dtype, spec)
-        if arr.ndim != len(spec.shape) or any(
-            isinstance(w, int) and h != w for h, w in zip(arr.shape, spec.shape)
-        ):
-            raise QuantbenchError(
-                f"{where}[{spec.name}]: shape {list(arr.shape)} does not match model input "
-                f"{spec.describe()}"
-            )
-        out[spec.name] = _cast(arr, spec)
+        if arr.ndim == 0 and not spec.shape:
+            arr = arr[None]
+        out[spec.name] = _cast(arr, spec, where)
     return out
 
 
@@ -383,27 +567,76 @@ def _feeds_of(obj: Any) -> Iterator[Mapping[str, np.ndarray]]:
         yield from obj
 
 
-def _from_python(obj: Any, inputs: list[TensorSpec], max_samples: int | None) -> DataSource:
+def _stream(
+    feeds: Iterator[Any],
+    inputs: list[TensorSpec],
+    where: str,
+    batch_size: int | None,
+    max_samples: int | None,
+    record: NonFiniteSamples,
+) -> Iterator[Batch]:
+    """Yielded feeds -> model feeds, under the same layout rule as files (decided on the first
+    feed, the same for all); each feed's samples are counted, cut at ``max_samples``."""
+    layout: Layout | None = None
+    seen = 0
+    for i, feed in enumerate(feeds):
+        at = f"{where} batch {i}"
+        chunk = _sample_first(feed, inputs, at)
+        shapes = {k: v.shape for k, v in chunk.items()}
+        this = plan_layout(inputs, shapes, batch_size, at)
+        if layout is None:
+            layout = this
+            max_samples = _whole_batches(layout, max_samples, where)
+        elif this != layout:
+            raise QuantbenchError(
+                f"{at}: arrays of shapes {[list(s) for s in shapes.values()]} are laid out "
+                f"unlike batch 0's; yield the same ranks every time"
+            )
+        n = _sample_count(at, shapes)
+        if n == 0:
+            raise QuantbenchError(f"{at}: holds no samples")
+        layout.check_count(n, at)
+        if max_samples is not None and seen + n > max_samples:
+            n = max_samples - seen
+            chunk = {k: v[:n] for k, v in chunk.items()}
+        record.scan(where, chunk, seen, inputs)
+        yield from layout.feeds(chunk, n)
+        seen += n
+        if max_samples is not None and seen >= max_samples:
+            return
+
+
+def _from_python(
+    obj: Any, inputs: list[TensorSpec], batch_size: int | None, max_samples: int | None
+) -> DataSource:
     if not (hasattr(obj, "get_next") or isinstance(obj, Iterable)):
         raise QuantbenchError(
             f"data of type {type(obj).__name__} is neither a path, a CalibrationDataReader "
             "(get_next()) nor an iterable of feed dicts"
         )
     consumed = False
+    where = type(obj).__name__
 
-    def batches() -> Iterator[Feed]:
+    def batches(record: NonFiniteSamples) -> Iterator[Batch]:
         nonlocal consumed
         if consumed and hasattr(obj, "get_next") and hasattr(obj, "rewind"):
             obj.rewind()
         consumed = True
-        yield from _limited(_feeds_of(obj), inputs, type(obj).__name__, max_samples)
+        yield from _stream(_feeds_of(obj), inputs, where, batch_size, max_samples, record)
 
-    return DataSource(f"{type(obj).__name__} (Python)", None, None, batches)
+    return DataSource(f"{where} (Python)", None, None, batches)
 
 
 def _from_script(
-    path: Path, func: str, inputs: list[TensorSpec], max_samples: int | None
+    path: Path,
+    func: str,
+    inputs: list[TensorSpec],
+    batch_size: int | None,
+    max_samples: int | None,
 ) -> DataSource:
+    """A loader script's feeds. Its fingerprint is ``None``: only the feeds themselves say what
+    the data is (the files it reads can change under the same script), so statistics are
+    fingerprinted from the stream as it is fed and never served from the cache up front."""
     if not path.is_file():
         raise QuantbenchError(f"{path}: data-loader script not found")
     spec = importlib.util.spec_from_file_location(f"quantbench_data_{path.stem}", path)
@@ -419,57 +652,131 @@ def _from_script(
         raise QuantbenchError(f"{path}: defines no function {func!r} (use {path}:NAME)")
     where = f"{path}:{func}"
 
-    def batches() -> Iterator[Feed]:
-        produced = loader() if callable(loader) else loader
+    def batches(record: NonFiniteSamples) -> Iterator[Batch]:
         try:
-            yield from _limited(_feeds_of(produced), inputs, where, max_samples)
+            produced = loader() if callable(loader) else loader
+            yield from _stream(_feeds_of(produced), inputs, where, batch_size, max_samples, record)
         except QuantbenchError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise QuantbenchError(f"{where}: data loader raised {exc!r}") from None
 
-    fingerprint = _file_digest([path], f"script;{func};max={max_samples}")
-    return DataSource(where, fingerprint, None, batches)
-
-
-def _limited(
-    feeds: Iterator[Mapping[str, np.ndarray]],
-    inputs: list[TensorSpec],
-    where: str,
-    max_samples: int | None,
-) -> Iterator[Feed]:
-    seen = 0
-    for i, feed in enumerate(feeds):
-        checked = validate_feed(feed, inputs, f"{where} batch {i}")
-        n = _feed_samples(checked, inputs)
-        if max_samples is not None and seen + n > max_samples:
-            keep = max_samples - seen
-            if keep <= 0:
-                return
-            if _batched(inputs):
-                checked = {k: v[:keep] for k, v in checked.items()}
-                n = keep
-        yield checked
-        seen += n
-        if max_samples is not None and seen >= max_samples:
-            return
-
-
-def _batched(inputs: list[TensorSpec]) -> bool:
-    return all(s.shape and not (isinstance(s.shape[0], int) and s.shape[0] == 1) for s in inputs)
-
-
-def _feed_samples(feed: Feed, inputs: list[TensorSpec]) -> int:
-    first = feed[inputs[0].name]
-    return int(first.shape[0]) if first.ndim and len(inputs[0].shape) else 1
+    return DataSource(where, None, None, batches)
 
 
 # ---- images ------------------------------------------------------------------------------
 
+_PRESET_KEYS = (
+    "name",
+    "layout",
+    "colour",
+    "color",
+    "resize",
+    "resize_shorter",
+    "center_crop",
+    "scale",
+    "mean",
+    "std",
+    "dtype",
+)
+_PRESET_DTYPES = ("float32", "float16", "float64", "uint8")
+
+
+def preset_root() -> Any:
+    """The packaged presets (``quantbench.configs``, a Traversable); a source tree run without
+    installing keeps them in the repository's ``configs/`` beside the package."""
+    try:
+        return resources.files("quantbench.configs")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "configs"
+
+
+def preset_names() -> list[str]:
+    return sorted(
+        p.name[: -len(".toml")] for p in preset_root().iterdir() if p.name.endswith(".toml")
+    )
+
+
+def _preset_text(preset: str | Path) -> tuple[str, str]:
+    """(text, where it came from) of a packaged preset name or a ``.toml`` path."""
+    if Path(preset).suffix:
+        path = Path(preset)
+        if not path.is_file():
+            raise QuantbenchError(f"{path}: preset file not found")
+        return path.read_text(), str(path)
+    found = preset_root().joinpath(f"{preset}.toml")
+    if not found.is_file():
+        known = ", ".join(preset_names()) or "none"
+        raise QuantbenchError(f"preset {preset}: not found (a .toml path or one of: {known})")
+    return found.read_text(), str(found)
+
+
+class _Check:
+    """Typed reads of one preset's ``[input]`` table; a bad value is one line naming the key."""
+
+    def __init__(self, table: Mapping[str, Any], source: str):
+        self.table, self.source = table, source
+
+    def fail(self, key: str, expected: str) -> QuantbenchError:
+        return QuantbenchError(
+            f"{self.source}: [input] {key} = {self.table[key]!r} is not valid: expected {expected}"
+        )
+
+    def choice(self, key: str, options: tuple[str, ...], default: str) -> str:
+        v = self.table.get(key, default)
+        if not isinstance(v, str) or v.upper() not in options:
+            raise self.fail(key, " or ".join(f'"{o}"' for o in options))
+        return v.upper()
+
+    def size(self, key: str) -> tuple[int, int] | None:
+        v = self.table.get(key)
+        if v is None:
+            return None
+        items = [v] * 2 if _is_int(v) else v
+        if not isinstance(items, list) or len(items) != 2 or not all(_is_int(x) for x in items):
+            raise self.fail(key, "a positive integer or [height, width]")
+        if min(items) <= 0:
+            raise self.fail(key, "sizes > 0")
+        return int(items[0]), int(items[1])
+
+    def positive_int(self, key: str) -> int | None:
+        v = self.table.get(key)
+        if v is not None and not (_is_int(v) and v > 0):
+            raise self.fail(key, "a positive integer")
+        return v
+
+    def number(self, key: str, default: float) -> float:
+        v = self.table.get(key, default)
+        if not _is_number(v) or not math.isfinite(v) or v == 0:
+            raise self.fail(key, "a finite non-zero number")
+        return float(v)
+
+    def per_channel(self, key: str, default: float, nonzero: bool) -> tuple[float, ...]:
+        v = self.table.get(key, [default] * 3)
+        items = [v] * 3 if _is_number(v) else v
+        ok = (
+            isinstance(items, list)
+            and len(items) == 3
+            and all(_is_number(x) and math.isfinite(x) and (x != 0 or not nonzero) for x in items)
+        )
+        if not ok:
+            what = "non-zero " if nonzero else ""
+            raise self.fail(key, f"3 finite {what}numbers (one per colour channel) or one")
+        return tuple(float(x) for x in items)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
 
 @dataclass
 class Preset:
-    """Image preprocessing from a ``configs/*.toml`` ``[input]`` table."""
+    """Image preprocessing from a preset's ``[input]`` table: resize (shorter side, then
+    [h, w]), center crop, colour order, ``x * scale``, ``(x - mean) / std``, layout, dtype."""
 
     name: str | None = None
     layout: str = "NCHW"
@@ -485,38 +792,45 @@ class Preset:
 
     @classmethod
     def load(cls, preset: str | Path) -> Preset:
-        path = Path(preset)
-        if not path.suffix:
-            path = CONFIG_DIR / f"{preset}.toml"
-        if not path.is_file():
-            known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))) or "none"
-            raise QuantbenchError(f"preset {preset}: not found (file or one of: {known})")
+        """A packaged preset by name (``imagenet``) or a ``.toml`` file, every value checked."""
+        text, source = _preset_text(preset)
         try:
-            table = tomllib.loads(path.read_text()).get("input", {})
+            doc = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise QuantbenchError(f"{path}: invalid TOML ({exc})") from None
-
-        def pair(v: Any) -> tuple[int, int] | None:
-            if v is None:
-                return None
-            return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
-
-        p = cls(
-            name=table.get("name"),
-            layout=str(table.get("layout", "NCHW")).upper(),
-            colour=str(table.get("colour", table.get("color", "RGB"))).upper(),
-            resize=pair(table.get("resize")),
-            resize_shorter=table.get("resize_shorter"),
-            center_crop=pair(table.get("center_crop")),
-            scale=float(table.get("scale", 1.0 / 255.0)),
-            mean=tuple(float(x) for x in table.get("mean", (0.0, 0.0, 0.0))),
-            std=tuple(float(x) for x in table.get("std", (1.0, 1.0, 1.0))),
-            dtype=str(table.get("dtype", "float32")),
-            source=str(path),
+            raise QuantbenchError(f"{source}: invalid TOML ({exc})") from None
+        table = doc.get("input")
+        if not isinstance(table, dict):
+            raise QuantbenchError(f"{source}: no [input] table (see the imagenet preset)")
+        unknown = sorted(set(table) - set(_PRESET_KEYS))
+        if unknown:
+            raise QuantbenchError(
+                f"{source}: unknown key [input] {unknown[0]} (known: {', '.join(_PRESET_KEYS)})"
+            )
+        check = _Check(table, source)
+        name = table.get("name")
+        if name is not None and not isinstance(name, str):
+            raise check.fail("name", "a tensor name (a string)")
+        dtype = table.get("dtype", "float32")
+        if dtype not in _PRESET_DTYPES:
+            raise check.fail("dtype", " or ".join(f'"{d}"' for d in _PRESET_DTYPES))
+        colour_key = "color" if "color" in table and "colour" not in table else "colour"
+        return cls(
+            name=name,
+            layout=check.choice("layout", ("NCHW", "NHWC"), "NCHW"),
+            colour=check.choice(colour_key, ("RGB", "BGR"), "RGB"),
+            resize=check.size("resize"),
+            resize_shorter=check.positive_int("resize_shorter"),
+            center_crop=check.size("center_crop"),
+            scale=check.number("scale", 1.0 / 255.0),
+            mean=check.per_channel("mean", 0.0, nonzero=False),
+            std=check.per_channel("std", 1.0, nonzero=True),
+            dtype=dtype,
+            source=source,
         )
-        if p.layout not in ("NCHW", "NHWC") or p.colour not in ("RGB", "BGR"):
-            raise QuantbenchError(f"{path}: layout must be NCHW/NHWC and colour RGB/BGR")
-        return p
+
+    @property
+    def label(self) -> str:
+        return Path(self.source).stem
 
     def apply(self, path: Path) -> np.ndarray:
         """One image file -> one sample ([C,H,W] or [H,W,C])."""
@@ -535,6 +849,11 @@ class Preset:
         if self.center_crop:
             ch, cw = self.center_crop
             w, h = img.size
+            if ch > h or cw > w:
+                raise QuantbenchError(
+                    f"{path}: preset {self.label} crops {ch}x{cw} from an image of {h}x{w} "
+                    "(after resizing); resize it larger first"
+                )
             left, top = (w - cw) // 2, (h - ch) // 2
             img = img.crop((left, top, left + cw, top + ch))
         x = np.asarray(img, dtype=np.float32) * np.float32(self.scale)
@@ -546,6 +865,29 @@ class Preset:
         return np.ascontiguousarray(x, dtype=self.dtype)
 
 
+class _ImageArray:
+    """Image files through a preset, read as a sample-first array (one image per sample)."""
+
+    def __init__(self, files: list[Path], preset: Preset):
+        self.files, self.preset = files, preset
+        first = preset.apply(files[0])
+        self.shape: tuple[int, ...] = (len(files), *first.shape)
+        self.dtype: np.dtype = first.dtype
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        samples = []
+        for f in self.files[start:stop]:
+            x = self.preset.apply(f)
+            if x.shape != self.shape[1:]:
+                raise QuantbenchError(
+                    f"{f}: preset {self.preset.label} makes an image of shape {list(x.shape)}, "
+                    f"unlike {self.files[0].name}'s {list(self.shape[1:])}; set resize or "
+                    "center_crop in the preset"
+                )
+            samples.append(x)
+        return np.stack(samples)
+
+
 def _from_images(
     origin: Path,
     files: list[Path],
@@ -554,44 +896,34 @@ def _from_images(
     max_samples: int | None,
     preset: str | Path | None,
 ) -> DataSource:
+    """An image folder feeds a single-input model whatever its input is called; a preset's
+    ``name`` only says which input of a multi-input model the images were meant for."""
     if preset is None:
         raise QuantbenchError(
-            f"{origin}: image data needs a preprocessing preset: --preset NAME (from configs/) "
-            "or --preset path/to/preset.toml"
+            f"{origin}: image data needs a preprocessing preset: --preset NAME (one of "
+            f"{', '.join(preset_names()) or 'none'}) or --preset path/to/preset.toml"
         )
     p = Preset.load(preset)
-    name = p.name or (inputs[0].name if len(inputs) == 1 else None)
-    if name is None or name not in {s.name for s in inputs}:
-        raise QuantbenchError(
-            f"{p.source}: preset input name {name!r} is not a model input "
-            f"({', '.join(s.name for s in inputs)}); set [input] name"
-        )
-    spec = next(s for s in inputs if s.name == name)
     if len(inputs) != 1:
-        raise QuantbenchError(f"{origin}: image folders feed single-input models only")
-    files = files[:max_samples] if max_samples else files
-    sample = p.apply(files[0])
-    expected = spec.shape[1:] if len(spec.shape) == sample.ndim + 1 else spec.shape
-    if any(isinstance(w, int) and h != w for h, w in zip(sample.shape, expected)):
+        names = [s.name for s in inputs]
+        meant = f"the preset's {p.name!r} and " if p.name in names else ""
         raise QuantbenchError(
-            f"{origin}: preset {Path(p.source).stem} makes images of shape {list(sample.shape)}, "
-            f"model input is {spec.describe()}"
+            f"{origin}: an image folder feeds one input, but the model has {len(inputs)} "
+            f"({', '.join(names)}); feed {meant}the others from a .npz keyed by input name or "
+            "a data-loader script"
         )
-    bs = resolve_batch_size(inputs, batch_size, origin)
-    fingerprint = _file_digest(files, f"images;{Path(p.source).read_text()}")
-
-    def batches() -> Iterator[Feed]:
-        for i in range(0, len(files), bs):
-            arr = np.stack([p.apply(f) for f in files[i : i + bs]])
-            if len(spec.shape) == sample.ndim:
-                arr = arr[0]
-            yield {name: arr}
-
-    return DataSource(
-        f"{origin} ({len(files)} images, preset {Path(p.source).stem})",
-        fingerprint,
-        len(files),
-        batches,
+    files = files[:max_samples] if max_samples else files
+    where = f"{origin} (images through preset {p.label})"
+    parts = [(where, {inputs[0].name: _ImageArray(files, p)})]
+    text = _preset_text(preset)[0]
+    return _from_readers(
+        where,
+        parts,
+        inputs,
+        batch_size,
+        max_samples,
+        lambda n: _file_digest(files[:n], f"images;{text}"),
+        what="images",
     )
 
 
@@ -612,4 +944,8 @@ class StreamFingerprint:
 
 
 def feed_num_samples(feed: Feed, inputs: list[TensorSpec]) -> int:
-    return _feed_samples(feed, inputs)
+    """Samples in a feed: a :class:`Batch` knows; a plain dict's first axis is its batch."""
+    if isinstance(feed, Batch):
+        return feed.num_samples
+    first = feed[inputs[0].name]
+    return int(first.shape[0]) if first.ndim and len(inputs[0].shape) else 1

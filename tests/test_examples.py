@@ -17,6 +17,7 @@ import pytest
 from onnx import numpy_helper
 from PIL import Image
 
+from quantbench.data import Preset
 from quantbench.errors import QuantbenchError
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
@@ -168,8 +169,10 @@ def test_calib_and_eval_arrays_have_the_documented_shapes(eval_inputs: np.ndarra
 
 
 def test_pngs_through_the_preset_give_exactly_the_eval_inputs(eval_inputs: np.ndarray) -> None:
-    preset = tomllib.loads((REPO_ROOT / "configs" / "tinycnn.toml").read_text())["input"]
-    assert preset["name"] == "image" and preset["layout"] == "NCHW" and preset["colour"] == "RGB"
+    """The real preset code (``Preset``, as ``--preset tinycnn`` runs it) against eval.npz, which
+    examples/make_example.py wrote from the same photos without quantbench."""
+    preset = Preset.load("tinycnn")
+    assert (preset.layout, preset.colour, preset.resize) == ("NCHW", "RGB", (32, 32))
     labels = np.load(EXAMPLE / "eval_labels.npy")
     metadata = {p.key: p.value for p in onnx.load(MODEL_PATH).metadata_props}
     classes = json.loads(metadata["classes"])
@@ -180,21 +183,56 @@ def test_pngs_through_the_preset_give_exactly_the_eval_inputs(eval_inputs: np.nd
         assert match, png.name
         index = int(match.group(1))
         assert classes[labels[index]] == match.group(2)
-        with Image.open(png) as image:
-            pixels = image.convert("RGB").resize(tuple(preset["resize"][::-1]))
-            array = np.asarray(pixels, dtype=np.float32) * np.float32(preset["scale"])
-        normalised = (array - np.float32(preset["mean"])) / np.float32(preset["std"])
-        model_input = normalised.transpose(2, 0, 1).astype(preset["dtype"])
+        model_input = preset.apply(png)
+        assert model_input.dtype == np.float32 and model_input.shape == (3, 32, 32)
         np.testing.assert_allclose(model_input, eval_inputs[index], rtol=0, atol=1e-5)
 
 
+def test_preset_pipeline_on_a_hand_made_image(tmp_path: Path) -> None:
+    """Crop position, colour order, scale/mean/std and layout, numbers derived by hand.
+
+    A 4x6 (h x w) image whose pixel (r, c) is R = 10c + r, G = 100, B = 200. center_crop
+    [2, 2] keeps rows (4-2)//2 = 1..2 and columns (6-2)//2 = 2..3, so R is [[21, 31], [22, 32]].
+    BGR puts B first; scale 0.5, mean [10, 20, 30], std [2, 4, 5] (per output channel):
+    B: (200 * 0.5 - 10) / 2 = 45; G: (100 * 0.5 - 20) / 4 = 7.5; R: (21 * 0.5 - 30) / 5 = -3.9.
+    """
+    r = np.add.outer(np.arange(4), 10 * np.arange(6))
+    pixels = np.stack([r, np.full_like(r, 100), np.full_like(r, 200)], axis=-1).astype(np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "hand.png")
+    (tmp_path / "hand.toml").write_text(
+        '[input]\ncolour = "BGR"\nlayout = "NHWC"\ncenter_crop = [2, 2]\nscale = 0.5\n'
+        "mean = [10, 20, 30]\nstd = [2, 4, 5]\n"
+    )
+    x = Preset.load(tmp_path / "hand.toml").apply(tmp_path / "hand.png")
+    assert x.shape == (2, 2, 3) and x.dtype == np.float32
+    np.testing.assert_allclose(x[..., 0], [[45.0, 45.0], [45.0, 45.0]], rtol=1e-6)
+    np.testing.assert_allclose(x[..., 1], [[7.5, 7.5], [7.5, 7.5]], rtol=1e-6)
+    np.testing.assert_allclose(x[..., 2], [[-3.9, -2.9], [-3.8, -2.8]], rtol=1e-6)
+
+
+def test_imagenet_preset_on_a_flat_photo_by_hand(tmp_path: Path) -> None:
+    """resize_shorter 256 then center crop 224 of a flat 300x400 (h x w) colour (255, 128, 0):
+    resizing keeps a flat colour, so every pixel is (v / 255 - mean) / std by hand:
+    R (1 - 0.485) / 0.229 = 2.248908, G (0.501961 - 0.456) / 0.224 = 0.205182,
+    B (0 - 0.406) / 0.225 = -1.804444."""
+    Image.fromarray(np.full((300, 400, 3), (255, 128, 0), np.uint8)).save(tmp_path / "flat.png")
+    x = Preset.load("imagenet").apply(tmp_path / "flat.png")
+    assert x.shape == (3, 224, 224) and x.dtype == np.float32
+    for channel, value in enumerate([2.248908, 0.205182, -1.804444]):
+        np.testing.assert_allclose(x[channel], value, atol=2e-6)
+
+
 def test_presets_share_the_loader_keys() -> None:
+    """Both packaged presets go through the real loader; neither names a model input (a
+    preset applies to a single-input model whatever its input is called)."""
     tiny = tomllib.loads((REPO_ROOT / "configs" / "tinycnn.toml").read_text())["input"]
     imagenet = tomllib.loads((REPO_ROOT / "configs" / "imagenet.toml").read_text())["input"]
     assert set(tiny) == PRESET_KEYS | {"resize"}
-    assert set(imagenet) == PRESET_KEYS | {"resize_shorter", "center_crop"}
-    assert imagenet["resize_shorter"] == 256 and imagenet["center_crop"] == [224, 224]
-    assert imagenet["mean"] == [0.485, 0.456, 0.406] and imagenet["std"] == [0.229, 0.224, 0.225]
+    assert set(imagenet) == PRESET_KEYS - {"name"} | {"resize_shorter", "center_crop"}
+    loaded = Preset.load("imagenet")
+    assert loaded.resize_shorter == 256 and loaded.center_crop == (224, 224)
+    assert loaded.mean == (0.485, 0.456, 0.406) and loaded.std == (0.229, 0.224, 0.225)
+    assert loaded.name is None and Preset.load("tinycnn").name == "image"
 
 
 # ----------------------------------------------------------------------------- resnet18 builder
