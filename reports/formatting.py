@@ -10,15 +10,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from quantbench.jsonsafe import from_json_float
+
 MISSING = "—"
 MINUS = "−"  # U+2212: a real minus sign lines up with digits in tables, a hyphen does not.
 
 
 def as_number(value: Any) -> float | None:
-    """The value as a float when it is a JSON number (bools are not numbers here), else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
+    """The value as a float when it is a JSON number or one of quantbench's non-finite strings
+    ("inf", "-inf", "nan": :mod:`quantbench.jsonsafe`); bools and other strings are None."""
+    return from_json_float(value)
 
 
 def as_finite(value: Any) -> float | None:

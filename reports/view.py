@@ -187,6 +187,14 @@ def speedup(latency: dict[str, Any]) -> float | None:
     return a / b if a and b and a > 0 and b > 0 else None
 
 
+def speed_change(ratio: float) -> tuple[str, bool]:
+    """B against A as one factor >= 1 with its direction ("3.21× slower", False): the card and
+    the headline say the same thing the same way. ``ratio`` is :func:`speedup`'s A / B."""
+    faster = ratio >= 1
+    factor = ratio if faster else 1 / ratio
+    return f"{fmt_ratio(factor)} {'faster' if faster else 'slower'}", faster
+
+
 def latency_section(latency: dict[str, Any], labels: tuple[str, str]) -> LatencySection | None:
     a, b = as_dict(latency.get("A")), as_dict(latency.get("B"))
     if not a and not b:
@@ -441,7 +449,7 @@ def verdict_cards(
             Card(row.metric.capitalize(), row.b, f"{row.delta} vs {labels[0]} ({row.a})", row.tone)
         )
     if latency and latency.speedup is not None:
-        faster = latency.speedup >= 1
+        change, faster = speed_change(latency.speedup)
         lat = as_dict(results.get("latency"))
         detail = (
             f"median {fmt_ms(as_dict(lat.get('A')).get('median_ms'))} → "
@@ -449,8 +457,8 @@ def verdict_cards(
         )
         cards.append(
             Card(
-                "Speed-up" if faster else "Slow-down",
-                fmt_ratio(latency.speedup),
+                f"Median latency, {labels[1]} vs {labels[0]}",
+                change,
                 detail,
                 "good" if faster else "bad",
             )
@@ -502,9 +510,7 @@ def headline(results: dict[str, Any], labels: tuple[str, str], latency: LatencyS
     for row in task_rows(as_dict(results.get("task")))[:1]:
         parts.append(f"{row.metric} {row.a} → {row.b} ({row.delta})")
     if latency and latency.speedup is not None:
-        word = "faster" if latency.speedup >= 1 else "slower"
-        factor = latency.speedup if latency.speedup >= 1 else 1 / latency.speedup
-        parts.append(f"{fmt_ratio(factor)} {word} at the median")
+        parts.append(f"{speed_change(latency.speedup)[0]} at the median")
     subject = f"{labels[1]} vs {labels[0]}"
     return subject + (": " + "; ".join(parts) + "." if parts else ".")
 

@@ -557,9 +557,13 @@ def test_emitted_models_load_in_onnxruntime_and_pass_checker():
         dynamic_weight_conv(True),
         fan_out_model(),
     ):
-        result, _, _ = quantize_calibrated(fp32)
+        result, _, feeds = quantize_calibrated(fp32)
         onnx.checker.check_model(result.model, full_check=True)
         ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+        # loading is not enough: the model computes the FP32 function, quantized (not equal)
+        assert_close_to_fp32(fp32, result.model, feeds, threshold=0.98)
+        got, want = run(result.model, feeds[0])[0], run(fp32, feeds[0])[0]
+        assert np.abs(got - want).max() > 0, fp32.graph.name
 
 
 # --------------------------------------------------------------------------- bad input
@@ -879,3 +883,126 @@ def test_tinycnn_quantizes_every_weighted_op_and_stays_close_to_fp32():
     back = table_from_qdq(result.model)
     assert all(back.amax(t) == table.amax(t) for t in back)
     assert_close_to_fp32(fp32, result.model, feeds[:8])
+
+
+# --------------------------------------------------------------------------- independent values
+
+
+def _conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pad: int) -> np.ndarray:
+    """Plain NCHW cross-correlation, stride 1, in float64 (the reference, not onnxruntime)."""
+    x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    n, _, h, wd = x.shape
+    k, _, kh, kw = w.shape
+    out = np.zeros((n, k, h - kh + 1, wd - kw + 1))
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, :, i : i + out.shape[2], j : j + out.shape[3]]
+            out += np.einsum("nchw,kc->nkhw", patch, w[:, :, i, j].astype(np.float64))
+    return out + (0 if b is None else b.astype(np.float64)[None, :, None, None])
+
+
+def _fake_quant(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """ONNX QuantizeLinear -> DequantizeLinear, int8, zero point 0: x / s in float32, rounded
+    half to even, saturated to [-128, 127], times s."""
+    q = np.clip(np.rint(x.astype(F32) / scale), -128, 127)
+    return (q * scale).astype(F32)
+
+
+def two_convs() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """x[1,2,5,5] -> Conv(w1, b1, pad 1) -> Relu -> Conv(w2, no bias) -> y."""
+    rng = np.random.default_rng(11)
+    weights = {
+        "w1": _rand(rng, 3, 2, 3, 3, scale=0.4),
+        "b1": _rand(rng, 3, scale=0.1),
+        "w2": _rand(rng, 2, 3, 1, 1, scale=0.6),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2"),
+    ]
+    inits = [_init(k, v) for k, v in weights.items()]
+    return _model(nodes, [_vi("x", [1, 2, 5, 5])], [_vi("y", [1, 2, 5, 5])], inits), weights
+
+
+def test_qdq_values_match_hand_derived_scales_placement_and_a_numpy_reference():
+    """Not just "it loads": every scale, the exact Q/DQ wiring and the output, derived without
+    quantbench (amax chosen by hand; weights' scales and the fake-quant reference in numpy)."""
+    fp32, w = two_convs()
+    table = CalibrationTable(method="minmax")
+    table.set("x", 2.0)  # chosen by hand: some inputs below lie beyond it and must saturate
+    table.set("r", 1.5)
+    result = quantize_model(fp32, table)
+    q = result.model
+
+    # activation scales: 2/127 and 1.5/127 in float32, bit patterns derived by hand
+    # (1/127 = 2^-7 * 1.0000001000000100...b, so 2/127 -> 0x3c810204, 1.5/127 -> 0x3c418306)
+    assert value(q, qdq_on(q, "conv1", 0)[0].input[1]).view(np.uint32) == 0x3C810204
+    assert value(q, qdq_on(q, "conv2", 0)[0].input[1]).view(np.uint32) == 0x3C418306
+    s_x, s_r = F32(2.0) / F32(127), F32(1.5) / F32(127)
+    # weight scales: max|w| per output channel / 127, computed here with numpy
+    s_w1 = (np.abs(w["w1"]).reshape(3, -1).max(axis=1) / F32(127)).astype(F32)
+    s_w2 = (np.abs(w["w2"]).reshape(2, -1).max(axis=1) / F32(127)).astype(F32)
+    np.testing.assert_array_equal(value(q, qdq_on(q, "conv1", 1)[1].input[1]), s_w1)
+    np.testing.assert_array_equal(value(q, qdq_on(q, "conv2", 1)[1].input[1]), s_w2)
+
+    # placement, listed by hand: a Q -> DQ pair in front of x, w1, r and w2; nothing else
+    def feeds_of(n: onnx.NodeProto) -> list[str]:
+        """What each input of n really is: 'Q/DQ(t)' for a pair on tensor t, else the name."""
+        out = []
+        for name in n.input:
+            dq = producer(q, name)
+            if dq is not None and dq.op_type == "DequantizeLinear":
+                out.append(f"Q/DQ({producer(q, dq.input[0]).input[0]})")
+            else:
+                out.append(name)
+        return out
+
+    layout = {
+        n.name: (n.op_type, feeds_of(n))
+        for n in q.graph.node
+        if n.op_type not in ("QuantizeLinear", "DequantizeLinear")
+    }
+    assert layout == {
+        "conv1": ("Conv", ["Q/DQ(x)", "Q/DQ(w1)", "b1"]),
+        "relu": ("Relu", ["c1"]),
+        "conv2": ("Conv", ["Q/DQ(r)", "Q/DQ(w2)"]),
+    }
+    ops = sorted(n.op_type for n in q.graph.node)
+    assert ops.count("QuantizeLinear") == 4 and ops.count("DequantizeLinear") == 4
+    assert [o.name for o in q.graph.output] == ["y"] and producer(q, "y").op_type == "Conv"
+
+    # output against a numpy fake-quant reference (float tolerance only)
+    x = (np.random.default_rng(12).standard_normal((1, 2, 5, 5)) * 1.2).astype(F32)
+    assert (np.abs(x) > 2.0).any(), "the test needs values that saturate"
+    xq = _fake_quant(x, s_x)
+    w1q = _fake_quant(w["w1"], s_w1[:, None, None, None])
+    w2q = _fake_quant(w["w2"], s_w2[:, None, None, None])
+    r = np.maximum(_conv2d(xq, w1q, w["b1"], pad=1), 0).astype(F32)
+    expected = _conv2d(_fake_quant(r, s_r), w2q, None, pad=0)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(
+        q.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    (got,) = session.run(None, {"x": x})
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    # and the quantization is real: the FP32 model gives a measurably different answer
+    (fp32_out,) = run(fp32, {"x": x})
+    assert np.abs(fp32_out - got).max() > 1e-3
+
+
+def test_gemm_qdq_output_matches_numpy_fake_quant():
+    """Gemm transB=1: per-row weight scales (axis 0) and the output, derived in numpy."""
+    fp32 = gemm_model(1)
+    wt = value(fp32, "w")  # [5, 7]: output rows
+    table = CalibrationTable(method="minmax")
+    table.set("x", 1.0)
+    q = quantize_model(fp32, table).model
+    s_w = (np.abs(wt).max(axis=1) / F32(127)).astype(F32)
+    np.testing.assert_array_equal(value(q, qdq_on(q, "gemm", 1)[1].input[1]), s_w)
+    x = (np.random.default_rng(13).standard_normal((2, 7))).astype(F32)
+    s_x = F32(1.0) / F32(127)
+    expected = _fake_quant(x, s_x).astype(np.float64) @ _fake_quant(wt, s_w[:, None]).T
+    (got,) = run(q, {"x": x})
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)

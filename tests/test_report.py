@@ -402,3 +402,29 @@ def test_percent_and_sort_helpers():
     assert sort_key(math.inf) == "Infinity" and sort_key(None) == "" and sort_key(math.nan) == ""
     # Two cosines that print alike ("0.999999") still sort apart by their keys.
     assert float(sort_key(0.9999991)) < float(sort_key(0.9999992))
+
+
+def _cards(html: str) -> list[tuple[str, str]]:
+    """(label, value) of each verdict card, tags stripped."""
+    found = re.findall(
+        r'<div class="card-label">(.*?)</div>\s*<div class="card-value">(.*?)</div>', html, re.S
+    )
+    return [(re.sub("<[^>]+>", "", a).strip(), re.sub("<[^>]+>", "", b).strip()) for a, b in found]
+
+
+def test_speed_card_and_headline_state_one_quantity_one_direction():
+    """Issue 14: the card read "SLOW-DOWN 0.31×" above "3.21× slower at the median"."""
+    doc = example()
+    doc["latency"]["A"]["median_ms"] = 1.0
+    doc["latency"]["B"]["median_ms"] = 3.21
+    html = render_report(doc)
+    assert "3.21× slower at the median" in html
+    speed = [(label, value) for label, value in _cards(html) if "latency" in label.lower()]
+    assert speed == [("Median latency, INT8 (entropy) vs FP32", "3.21× slower")]
+    assert "0.31×" not in html.split('id="latency"')[0]  # nothing above the latency table
+
+
+def test_nonfinite_json_strings_render_as_symbols():
+    """The JSON writes infinite SQNR as "inf" and undefined as "nan" (quantbench.jsonsafe)."""
+    assert fmt_num("inf") == "∞" and fmt_num("-inf") == "−∞" and fmt_num("nan") == "NaN"
+    assert fmt_num("n/a") == "n/a"

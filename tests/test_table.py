@@ -458,7 +458,7 @@ def test_json_non_finite_values_are_strings() -> None:
         raise AssertionError(f"bare {token} in output")
 
     tensors = json.loads(data, parse_constant=refuse)["tensors"]
-    assert [tensors[n]["amax"] for n in ("nan", "inf", "ninf")] == ["NaN", "Infinity", "-Infinity"]
+    assert [tensors[n]["amax"] for n in ("nan", "inf", "ninf")] == ["nan", "inf", "-inf"]
     back = decode_json_table(data, "t.json")
     _assert_tables_equal(back, table)
     assert math.copysign(1.0, back.amax("neg0")) < 0

@@ -3,8 +3,14 @@
 The ONNX side lives here (:mod:`.onnx_op`: node builder, validation, Conv <-> DWConv2D rewrites,
 INT8 plugin pattern); the TensorRT plugin (IPluginV3) and its CUDA kernels are built from the
 C++ sources in this folder.
+
+Importing this package registers the op with the core (:mod:`quantbench.customops`), which
+then checks and runs models holding it (the core names this package only in
+``customops.BUNDLED``, to import it when a model holds a DWConv2D node).
 """
 
+from quantbench import customops
+from quantbench.customops import CustomOp
 from quantbench.plugins.dwconv2d.onnx_op import (
     ATTRIBUTES,
     DEFAULT_DOMAIN,
@@ -21,6 +27,8 @@ from quantbench.plugins.dwconv2d.onnx_op import (
     make_dwconv2d_node,
     validate_dwconv2d,
 )
+
+customops.register(CustomOp(OP_TYPE, checkable=checkable_copy, lowered=dwconv2d_to_conv))
 
 __all__ = [
     "ATTRIBUTES",

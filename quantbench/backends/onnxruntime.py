@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from quantbench.errors import QuantbenchError, first_line
+from quantbench import customops
+from quantbench.errors import InternalError, QuantbenchError, first_line
 
 _PROVIDER_ALIASES = {
     "cpu": "CPUExecutionProvider",
@@ -65,17 +66,24 @@ def expose(
 
 
 def _runnable(model: str | Path | onnx.ModelProto) -> bytes | str:
-    """What onnxruntime can load: the DWConv2D plugin op is lowered to standard ONNX Conv."""
+    """What onnxruntime can load: plugin ops (DWConv2D) lowered to standard ONNX (customops)."""
     proto = model if isinstance(model, onnx.ModelProto) else None
     if proto is None:
         proto = onnx.load(str(model), load_external_data=False)
-        if not any(n.op_type == "DWConv2D" for n in proto.graph.node):
+        if not customops.ops_in(proto):
             return str(model)
-    if any(n.op_type == "DWConv2D" for n in proto.graph.node):
-        from quantbench.plugins.dwconv2d import dwconv2d_to_conv
+    return customops.lowered(proto).SerializeToString()
 
-        proto = dwconv2d_to_conv(proto)
-    return proto.SerializeToString()
+
+def _loads(model: onnx.ModelProto, opts: object, provider: str) -> bool:
+    """Whether onnxruntime creates a session for ``model`` (tells whose fault a failure is)."""
+    import onnxruntime as ort
+
+    try:
+        ort.InferenceSession(_runnable(model), sess_options=opts, providers=[provider])
+    except Exception:  # noqa: BLE001
+        return False
+    return True
 
 
 @dataclass
@@ -100,7 +108,12 @@ class OnnxRuntimeRunner:
         threads: int | None = None,
         optimization: str = "all",
         spin: bool = True,
+        generated_from: onnx.ModelProto | None = None,
     ):
+        """``generated_from``: the user's model when ``model`` is one quantbench built from it
+        (Q/DQ, isolated twins, exposed tensors, FP16). If onnxruntime rejects ``model`` but
+        loads ``generated_from``, the fault is quantbench's (:class:`InternalError`, exit 3);
+        otherwise it is the user's model (:class:`QuantbenchError`, exit 2)."""
         import onnxruntime as ort
 
         self.provider = resolve_provider(provider)
@@ -123,6 +136,10 @@ class OnnxRuntimeRunner:
             )
         except Exception as exc:  # noqa: BLE001 - ORT reports model problems as generic errors
             first = first_line(exc)
+            if generated_from is not None and _loads(generated_from, opts, self.provider):
+                raise InternalError(
+                    f"onnxruntime cannot load a model quantbench generated from yours: {first}"
+                ) from exc
             raise QuantbenchError(f"onnxruntime cannot load the model: {first}") from None
         self.threads = threads or os.cpu_count() or 1
         self.output_names = [o.name for o in self.session.get_outputs()]

@@ -22,30 +22,25 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from quantbench.calibrate import DEFAULT_TRT_VERSION
 from quantbench.errors import QuantbenchError
 from quantbench.fileio import write_text_atomic
-from quantbench.graph import node_label
+from quantbench.graph import node_labels
 from quantbench.qdq import write_quantized
 from quantbench.recovery.search import RecoveryResult
 from quantbench.results import base_document, write_json
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import write_table
+from quantbench.table.trt_cache import DEFAULT_TRT_VERSION, check_cache_target
 
 
 def _node_inputs(result: RecoveryResult) -> dict[str, list[str]]:
-    """Node name (as the plan names it, see ``qdq.quantize.name_nodes``) -> non-constant inputs."""
+    """Node name (``graph.node_labels``, the names the plan uses) -> non-constant inputs."""
     graph = result.context.graph
-    out: dict[str, list[str]] = {}
-    seen: set[str] = set()
-    for index, node in enumerate(graph.model.graph.node):
-        name, k = node_label(node, index), 1
-        base = name
-        while name in seen:
-            name, k = f"{base}_{k}", k + 1
-        seen.add(name)
-        out[name] = [i for i in node.input if i and i not in graph.constants]
-    return out
+    nodes = graph.model.graph.node
+    return {
+        name: [i for i in node.input if i and i not in graph.constants]
+        for node, name in zip(nodes, node_labels(nodes), strict=True)
+    }
 
 
 def trimmed_table(result: RecoveryResult) -> tuple[CalibrationTable, list[str], list[str]]:
@@ -125,14 +120,7 @@ def check_artefact_target(out_dir: str | Path, trt_version: str) -> Path:
         raise QuantbenchError(f"{out}: --output names a folder for the artefacts, but is a file")
     if not out.parent.is_dir():
         raise QuantbenchError(f"{out}: the folder {out.parent} does not exist")
-    major = trt_version.split(".")[0]
-    if not major.isdigit():
-        raise QuantbenchError(f"--trt-version {trt_version!r}: write X.Y.Z, e.g. 10.16.0")
-    if int(major) > 10:
-        raise QuantbenchError(
-            f"--trt-version {trt_version}: calibration caches are for TensorRT <= 10; use the "
-            "Q/DQ model with TensorRT 11+"
-        )
+    check_cache_target(trt_version)  # the cache header's rule: encodable, TensorRT <= 10.x
     return out
 
 

@@ -2,8 +2,9 @@
 
 Ours keeps everything a :class:`CalibrationTable` holds: entry order, amax as Python's shortest
 round-tripping repr, the exact float32 scale bits, methods, algorithm and provenance. NaN and
-infinities are written as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so the file
-stays strict JSON. The same table always gives the same bytes.
+infinities are written as the strings ``"nan"``, ``"inf"``, ``"-inf"`` (:mod:`quantbench.jsonsafe`,
+as in every quantbench JSON) so the file stays strict JSON; the earlier spellings ``"NaN"``,
+``"Infinity"``, ``"-Infinity"`` are still read. The same table always gives the same bytes.
 
 onnxruntime writes ranges, not amax: ``{name: [min, max]}`` (ORT ~1.11) or TensorData dicts with
 ``lowest``/``highest`` (newer ``write_calibration_table`` / ``save_tensors_data``). They are read
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from quantbench.errors import QuantbenchError
+from quantbench.jsonsafe import NONFINITE_TEXT, json_float
 from quantbench.table import (
     CalibrationTable,
     Provenance,
@@ -32,8 +34,8 @@ from quantbench.table.trt_cache import hex_to_scale, scale_bits, scale_to_hex
 FORMAT_TAG = "quantbench-table"
 FORMAT_VERSION = 1
 
-_NONFINITE_TO_TEXT = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
-_TEXT_TO_NONFINITE = {text: float(key) for key, text in _NONFINITE_TO_TEXT.items()}
+# Written as quantbench.jsonsafe spells them; tables written before that used these spellings.
+_LEGACY_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 # CalibrationMethod names in onnxruntime's TensorsData JSON -> quantbench method names.
 _ORT_METHODS = {
@@ -45,8 +47,7 @@ _ORT_METHODS = {
 
 
 def _float_out(value: float) -> float | str:
-    value = float(value)
-    return value if math.isfinite(value) else _NONFINITE_TO_TEXT[repr(value)]
+    return json_float(value)
 
 
 def _same_float(a: float, b: float) -> bool:
@@ -132,8 +133,10 @@ def _float_in(value: Any, where: str) -> float:
             return float(value)
         except OverflowError:
             raise QuantbenchError(f"{where}: {value} is too large for a float") from None
-    if isinstance(value, str) and value in _TEXT_TO_NONFINITE:
-        return _TEXT_TO_NONFINITE[value]
+    if isinstance(value, str) and value in _LEGACY_NONFINITE:
+        return _LEGACY_NONFINITE[value]
+    if isinstance(value, str) and value in NONFINITE_TEXT:
+        return NONFINITE_TEXT[value]
     raise QuantbenchError(f"{where}: expected a number, got {value!r}")
 
 

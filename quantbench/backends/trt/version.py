@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from quantbench.errors import QuantbenchError
+from quantbench.table.trt_cache import trt_version_int
 
 INSTALL_HINT = "TensorRT is not installed: pip install 'quantbench[tensorrt]' (needs an NVIDIA GPU)"
 MIN_SUPPORTED = (8, 6)
@@ -46,10 +47,10 @@ class TrtVersion:
     def header_number(self) -> int:
         """``NV_TENSORRT_VERSION`` as a calibration-cache header writes it (``TRT-<n>-<Algo>``).
 
-        M*1000+m*100+p up to 9.x, M*10000+m*100+p from 10.0 (NvInferRuntimeBase.h of each tag).
+        M*1000+m*100+p up to 9.x, M*10000+m*100+p from 10.0 (NvInferRuntimeBase.h of each tag);
+        one rule, :func:`quantbench.table.trt_cache.trt_version_int`.
         """
-        scale = 1000 if self.major < 10 else 10000
-        return self.major * scale + self.minor * 100 + self.patch
+        return trt_version_int(str(self))
 
     def __str__(self) -> str:
         return f"{self.major}.{self.minor}.{self.patch}"

@@ -1,0 +1,127 @@
+"""The README and docstrings say only what the code does (issue 16 item 8): each claim that is a
+behaviour is checked here against the code, never against a copy of the text."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import quantbench
+from quantbench import calibrators as registry
+from quantbench.stats import TensorStats
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+OPTION = re.compile(r"(?<![\w-])--[A-Za-z][A-Za-z0-9-]*")
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start : end if end >= 0 else len(text)]
+
+
+def synopsis() -> dict[str, set[str]]:
+    """Command -> the options its README synopsis names (continuation lines included)."""
+    block = _section(README, "## Command line").split("```sh\n", 1)[1].split("```", 1)[0]
+    found: dict[str, set[str]] = {}
+    command = None
+    for line in block.splitlines():
+        match = re.match(r"quantbench (\w+)", line)
+        if match:
+            command = match[1]
+        if command:
+            found.setdefault(command, set()).update(OPTION.findall(line))
+    return found
+
+
+def help_text(run_cli, command: str) -> str:
+    code, out, err = run_cli(command, "--help")
+    assert code == 0, err
+    return out
+
+
+def test_the_synopsis_is_read():
+    commands = synopsis()
+    assert {"calibrate", "quantize", "compare", "recover", "sensitivity"} <= set(commands)
+    assert "--extract-table" in commands["quantize"] and "--fail-below" in commands["compare"]
+
+
+@pytest.mark.parametrize("command", sorted(synopsis()))
+def test_every_synopsis_option_exists(run_cli, monkeypatch, command):
+    """README synopsis named `quantize --to-table`, which does not exist."""
+    monkeypatch.setenv("COLUMNS", "250")  # rich wraps help text to the terminal
+    text = help_text(run_cli, command)
+    missing = sorted(o for o in synopsis()[command] if not re.search(rf"{o}(?![\w-])", text))
+    assert missing == [], f"README synopsis of `quantbench {command}` names {missing}"
+
+
+def test_every_option_the_readme_names_exists_somewhere(run_cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    commands = ("calibrate", "inspect", "quantize", "compare", "report", "sensitivity", "recover")
+    known = set()
+    for command in (*commands, "build", "rewrite"):
+        known.update(OPTION.findall(help_text(run_cli, command)))
+    # options of other programs the README quotes (trtexec, pip, pytest)
+    foreign = {"--precisionConstraints", "--layerPrecisions", "--noconftest", "--extra-index-url"}
+    named = set(OPTION.findall(README)) - foreign
+    assert sorted(named - known) == []
+
+
+def test_python_api_names_exist():
+    api = _section(README, "## Python API")
+    names = re.findall(r"`(quantbench(?:\.\w+)+)`", api)
+    names += [f"quantbench.qdq.{n}" for n in ("quantize_model", "table_from_qdq")]
+    assert len(names) >= 10
+    for dotted in names:
+        module, _, attr = dotted.rpartition(".")
+        assert hasattr(importlib.import_module(module), attr), dotted
+
+
+def test_package_docstring_points_to_modules_that_exist():
+    """quantbench/__init__.py pointed to a quantbench.api that does not exist."""
+    doc = quantbench.__doc__ or ""
+    names = re.findall(r"``(quantbench(?:\.\w+)+)``", doc)
+    assert names
+    for dotted in names:
+        module, _, attr = dotted.rpartition(".")
+        assert hasattr(importlib.import_module(module), attr), dotted
+    assert "quantbench.api" not in doc
+
+
+def test_benchmarks_readme_counts_the_tables_of_all():
+    text = (REPO / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    counts = [int(n) for n in re.findall(r"the (\d+) tables of `all`", text)]
+    assert counts == [len(registry.expand_methods(["all"]))]
+
+
+def test_entropy_ort_uses_all_the_data_and_equals_minmax_with_its_defaults():
+    """README said "degenerates to the first batch's range"; the code builds one histogram of
+    all the data, whose only candidate with 128 bins is the full range."""
+    rng = np.random.default_rng(3)
+    first = rng.standard_normal(4000).astype(np.float32)
+    second = (rng.standard_normal(4000) * 4).astype(np.float32)  # a wider later batch
+    stats = TensorStats("x")
+    stats.update(first)
+    stats.update(second)
+    whole = float(np.abs(np.concatenate([first, second])).max())
+    assert registry.compute_amax("entropy:ort", stats) == pytest.approx(whole, rel=1e-6)
+    assert registry.compute_amax("entropy:ort", stats) > float(np.abs(first).max()) * 2
+    assert registry.compute_amax("entropy:ort-2048", stats) < whole  # more bins: a real search
+    row = next(line for line in README.splitlines() if line.startswith("| `entropy:ort` |"))
+    assert "first batch" not in row and "`minmax`" in row
+
+
+def test_the_readme_tensorrt_section_states_facts_about_tensorrt():
+    section = _section(README, "## GPU and TensorRT")
+    assert "workplace" not in section and "cannot be installed" not in section
+    assert "pypi.nvidia.com" in section
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    extra = re.search(r"^tensorrt = \[(.*)\]$", pyproject, re.M)
+    assert extra is not None
+    for requirement in re.findall(r'"([^"]+)"', extra[1]):
+        assert f"`{requirement}`" in section, requirement

@@ -1,0 +1,156 @@
+"""The module structure the README promises: every module imports, no import cycles, and lower
+layers never import higher ones (cli on top, then the reports; plugins depend on the core).
+
+The import graph is read from the source with ``ast`` (imports inside functions count: a lazy
+import is still a dependency), with the installed layout: ``calibrators/``, ``reports/`` and
+``plugins/`` (and ``configs/``) are ``quantbench.calibrators``, ``quantbench.reports`` and
+``quantbench.plugins`` (``quantbench.configs``).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ROOTS = {
+    "quantbench": REPO / "quantbench",
+    "quantbench.calibrators": REPO / "calibrators",
+    "quantbench.reports": REPO / "reports",
+    "quantbench.plugins": REPO / "plugins",
+    "quantbench.configs": REPO / "configs",
+}
+
+
+def modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for prefix, root in ROOTS.items():
+        for path in sorted(root.rglob("*.py")) if (root / "__init__.py").is_file() else ():
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([prefix, *parts])] = path
+    return found
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The quantbench modules ``name`` imports (a ``from pkg import mod`` names the module)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    skip: set[int] = set()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if _type_checking_only(node):
+            skip.update(id(n) for n in ast.walk(node))
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports_of(name, path, known) for name, path in mods.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_graph_sees_lazy_and_relative_imports():
+    graph = import_graph()
+    assert "quantbench.reports" in graph["quantbench.cli"]  # imported inside a command
+    assert "quantbench.errors" in graph["quantbench.graph"]
+
+
+@pytest.mark.parametrize("name", sorted(set(modules()) - {"quantbench.__main__"}))  # runs the CLI
+def test_every_module_imports(name):
+    importlib.import_module(name)
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def _layer(name: str) -> int:
+    """cli 3 > reports 2 > plugins 1 > core 0 (quantbench.quantize, the rewrite command's
+    Python twin, sits with the plugins: it is the one core module that drives them)."""
+    if name == "quantbench.cli" or name == "quantbench.__main__":
+        return 3
+    if name.startswith("quantbench.reports"):
+        return 2
+    if name.startswith("quantbench.plugins") or name == "quantbench.quantize":
+        return 1
+    return 0
+
+
+def test_lower_layers_do_not_import_higher_ones():
+    upward = sorted(
+        f"{name} -> {target}"
+        for name, targets in import_graph().items()
+        for target in targets
+        if _layer(target) > _layer(name)
+    )
+    assert upward == []
