@@ -12,8 +12,9 @@ from conftest import require_example
 
 from quantbench.compare import compare
 from quantbench.compare.isolated import build_isolated
-from quantbench.compare.metrics import DriftAccumulator
 from quantbench.errors import QuantbenchError
+from quantbench.metrics import DriftAccumulator
+from quantbench.reports import write_report
 
 
 @pytest.fixture()
@@ -51,9 +52,9 @@ def test_compare_fp32_int8_both_views_and_files(cnn_path, cnn_data, eval_data, t
         latency_runs=10,
         json_path=tmp_path / "r.json",
         csv_path=tmp_path / "r.csv",
-        report_path=tmp_path / "r.html",
         show_progress=False,
     )
+    write_report(doc, tmp_path / "r.html")
     views = {(r["tensor"], r["view"]) for r in doc["layers"]}
     for conv in ("c1", "c2", "logits"):
         assert (conv, "accumulated") in views and (conv, "isolated") in views
@@ -61,14 +62,62 @@ def test_compare_fp32_int8_both_views_and_files(cnn_path, cnn_data, eval_data, t
     first = next(r for r in doc["layers"] if r["tensor"] == "c1" and r["view"] == "isolated")
     acc = next(r for r in doc["layers"] if r["tensor"] == "c1" and r["view"] == "accumulated")
     assert first["sqnr_db"] == pytest.approx(acc["sqnr_db"], rel=1e-3)  # first layer: same input
-    assert 0 <= doc["outputs"][0]["agreement"] <= 1
+    assert doc["outputs"][0]["agreement_kind"] == "class"  # [N, 4] logits
     assert set(doc["task"]["accuracy"]) == {"A", "B", "delta"}
     assert doc["latency"]["A"]["median_ms"] > 0 and doc["latency"]["B"]["runs"] >= 10
-    assert doc["ranking"][0]["rank"] == 1
+    # ranking: every isolated layer once, worst (lowest isolated SQNR) first
+    iso = {r["tensor"]: r["sqnr_db"] for r in doc["layers"] if r["view"] == "isolated"}
+    ranked = [(r["tensor"], r["isolated_sqnr_db"]) for r in doc["ranking"]]
+    assert sorted(t for t, _ in ranked) == sorted(iso)
+    assert all(iso[t] == v for t, v in ranked)
+    assert [v for _, v in ranked] == sorted(v for _, v in ranked)
+    assert [r["rank"] for r in doc["ranking"]] == list(range(1, len(iso) + 1))
     assert json.loads((tmp_path / "r.json").read_text())["schema"] == "quantbench-results"
     assert (tmp_path / "r.csv").read_text().startswith("candidate,index,tensor")
     assert "<svg" in (tmp_path / "r.html").read_text()
     assert doc["calibration"]["tensors"] and doc["b"]["method"] == "entropy"
+
+
+def test_output_metrics_match_numpy_on_the_two_models(run_cli, cnn_path, cnn_data, tmp_path):
+    """Agreement, accuracy, cosine and SQNR of a Q/DQ model file, against numpy (float64) on the
+    outputs onnxruntime gives for the two models."""
+    from quantbench.backends.onnxruntime import OnnxRuntimeRunner
+
+    q = tmp_path / "q.onnx"
+    code, _, err = run_cli("quantize", cnn_path, "--data", cnn_data, "-m", "minmax", "-o", q)
+    assert code == 0, err
+    model = onnx.load(str(cnn_path))
+    x = synthetic.images(40, seed=21)
+    logits = OnnxRuntimeRunner(model).infer({"input": x})["logits"]
+    bias = next(i for i in model.graph.initializer if i.name == "fc_b")  # spread the argmax
+    bias.CopyFrom(onnx.numpy_helper.from_array(-logits.mean(0), "fc_b"))
+    qm = onnx.load(str(q))
+    next(i for i in qm.graph.initializer if i.name == "fc_b").CopyFrom(bias)
+    onnx.save(model, str(cnn_path))
+    onnx.save(qm, str(q))
+    a = OnnxRuntimeRunner(model).infer({"input": x})["logits"].astype(np.float64)
+    b = OnnxRuntimeRunner(qm).infer({"input": x})["logits"].astype(np.float64)
+    labels = a.argmax(1)
+    labels[:10] = (labels[:10] + 1) % 4  # FP32 accuracy 30/40
+    np.save(tmp_path / "labels.npy", labels)
+    np.savez(tmp_path / "eval.npz", input=x)
+    doc = compare(
+        "fp32", str(q), model=cnn_path, data=tmp_path / "eval.npz", labels=tmp_path / "labels.npy",
+        batch_size=7, latency=False, show_progress=False,
+    )  # fmt: skip
+    (row,) = doc["outputs"]
+    top5 = np.argsort(-b, axis=1)[:, :4]  # 4 classes: top-5 is all of them
+    assert row["agreement"] == pytest.approx(float((a.argmax(1) == b.argmax(1)).mean()))
+    assert row["top5_agreement"] == float((top5 == a.argmax(1)[:, None]).any(1).mean()) == 1.0
+    d = a - b
+    assert row["sqnr_db"] == pytest.approx(10 * np.log10((a * a).sum() / (d * d).sum()), rel=1e-4)
+    cosine = (a * b).sum() / np.sqrt((a * a).sum() * (b * b).sum())
+    assert row["cosine"] == pytest.approx(cosine, abs=1e-6)
+    assert row["max_abs"] == pytest.approx(np.abs(d).max(), rel=1e-5)
+    acc = doc["task"]["accuracy"]
+    assert acc["A"] == 30 / 40
+    assert acc["B"] == pytest.approx(float((b.argmax(1) == labels).mean()))
+    assert acc["delta"] == pytest.approx(acc["B"] - 0.75)
 
 
 def test_isolated_view_is_exactly_one_quantized_layer(cnn_path, cnn_data):

@@ -17,13 +17,13 @@ import synthetic
 from conftest import require_example
 from onnx import TensorProto, helper, numpy_helper
 
+from quantbench.autocalib import output_sqnr
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner
 from quantbench.calibrate import build_table, obtain_stats
 from quantbench.data import open_data
 from quantbench.errors import QuantbenchError
 from quantbench.graph import open_graph
 from quantbench.recovery import auto_table, recover, sensitivity, write_artefacts
-from quantbench.recovery.auto import output_sqnr
 from quantbench.recovery.context import prepare
 from quantbench.recovery.sensitivity import rank_ops
 from quantbench.table.codecs import read_table
@@ -202,12 +202,13 @@ def test_auto_table_records_methods_and_is_no_worse_than_entropy(heavy):
         assert auto.table.entries[tensor].method == choice["method"] in auto.methods
         scores = choice["isolated_sqnr_db"]
         assert _sqnr(scores[choice["isolated_best"]]) >= max(map(_sqnr, scores.values()))
-    entropy = build_table(stats, "entropy", graph)
+    entropy = build_table(stats, "entropy")
     evaluation = open_data(heavy["eval"], graph.inputs, batch_size=16)
     auto_eval = output_sqnr(graph, auto.table, evaluation)
     entropy_eval = output_sqnr(graph, entropy, evaluation)
     assert auto_eval >= entropy_eval - 0.5  # held-out choice, measured on unseen data
-    assert _sqnr(auto.output_sqnr_db["auto"]) >= _sqnr(auto.output_sqnr_db["entropy"])
+    # the chosen whole-model candidate is the best of the mix and every method alone
+    assert auto.output_sqnr_db[auto.chosen] == max(auto.output_sqnr_db.values())
 
 
 def test_recover_with_method_auto_still_keeps_the_bad_layer(heavy):
@@ -236,7 +237,7 @@ def test_bad_sensitivity_metric_and_trt_version_are_user_errors(heavy, tmp_path)
     with pytest.raises(QuantbenchError, match="--metric"):
         sensitivity(heavy["model"], heavy["calib"], heavy["eval"], metric="accuracy")
     result = _recover(heavy)
-    with pytest.raises(QuantbenchError, match="TensorRT <= 10"):
+    with pytest.raises(QuantbenchError, match="no implicit INT8"):
         write_artefacts(result, tmp_path / "o", trt_version="11.0.0")
     with pytest.raises(QuantbenchError, match="does not exist"):
         write_artefacts(result, tmp_path / "missing" / "o")
@@ -269,5 +270,117 @@ def test_auto_beats_entropy_where_entropy_clips_a_small_sample_tensor(tmp_path):
     assert auto.choices["flat"]["method"] != "entropy"
     assert auto.table.entries["flat"].method == auto.choices["flat"]["method"]
     unseen = open_data(evaluation, graph.inputs, batch_size=16)
-    entropy_sqnr = output_sqnr(graph, build_table(stats, "entropy", graph), unseen)
+    entropy_sqnr = output_sqnr(graph, build_table(stats, "entropy"), unseen)
     assert output_sqnr(graph, auto.table, unseen) > entropy_sqnr + 3.0
+
+
+# ----------------------------------------------------------------- metrics defined before work
+
+NOISE_SCRIPT = """
+import numpy as np
+
+
+def metric(fp32, candidate, labels):
+    a = fp32["logits"].astype(np.float64)
+    d = a - candidate["logits"]
+    return {"noise_drop": float((d * d).sum() / (a * a).sum())}
+"""
+
+AGREE_SCRIPT = """
+class Agree:
+    def __init__(self):
+        self.same = self.total = 0
+
+    def update(self, fp32, candidate, labels):
+        self.same += int((fp32["logits"].argmax(1) == candidate["logits"].argmax(1)).sum())
+        self.total += len(fp32["logits"])
+
+    def compute(self):
+        return {"agree": self.same / self.total}
+"""
+
+
+def score_model(tmp_path: Path, class_dim: int | str) -> Path:
+    """Gemm -> one score per sample ([N, 1]); ``class_dim`` is how the output declares it."""
+    w = np.random.default_rng(0).standard_normal((1, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w"], ["score"], name="fc", transB=1)],
+        "score",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["N", class_dim])],
+        initializer=[numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = synthetic.save(model, tmp_path / "score.onnx")
+    np.savez(tmp_path / "data.npz", x=np.random.default_rng(1).standard_normal((16, 8)))
+    return path
+
+
+def test_undefined_target_fails_before_calibrating(tmp_path, monkeypatch, run_cli):
+    path = score_model(tmp_path, 1)
+    data = tmp_path / "data.npz"
+
+    def no_inference(*args, **kwargs):
+        raise AssertionError("calibration ran before the target was checked")
+
+    monkeypatch.setattr("quantbench.recovery.context.obtain_stats", no_inference)
+    with pytest.raises(QuantbenchError, match="top1_agreement is not defined for this model"):
+        recover(path, data, data, target="top1_agreement=0.99")
+    with pytest.raises(QuantbenchError, match="--metric top1_agreement: .*size 1"):
+        sensitivity(path, data, data, metric="top1_agreement")
+    code, _, err = run_cli(
+        "recover", path, "--data", data, "--calib-data", data, "-o", tmp_path / "out",
+        "--target", "top1_agreement=0.99",
+    )  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "not defined" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_symbolic_class_axis_is_checked_on_fp32_before_any_variant(tmp_path, monkeypatch):
+    path = score_model(tmp_path, "C")  # the graph cannot tell; one FP32 pass can
+    data = tmp_path / "data.npz"
+
+    def no_variant(self, model):
+        raise AssertionError("a variant was evaluated before the target was checked")
+
+    monkeypatch.setattr("quantbench.recovery.evaluation.Evaluator.evaluate", no_variant)
+    with pytest.raises(QuantbenchError, match="--target top1_agreement: .*size 1"):
+        recover(path, data, data, target="top1_agreement=0.99")
+
+
+def test_undefined_metric_ranks_worst():
+    from quantbench.recovery.evaluation import badness
+
+    rows = [{"sqnr_db": 30.0}, {"sqnr_db": None}, {"sqnr_db": -5.0}]
+    ranked = sorted(rows, key=lambda m: badness(m, "sqnr_db"), reverse=True)
+    assert ranked == [{"sqnr_db": None}, {"sqnr_db": -5.0}, {"sqnr_db": 30.0}]
+
+
+def test_recover_reaches_a_metric_script_target(heavy, tmp_path):
+    script = tmp_path / "noise.py"
+    script.write_text(NOISE_SCRIPT)
+    # noise_drop = Σd²/Σa² <= 0.01 is SQNR >= 20 dB: the same answer as sqnr_db=20
+    result = _recover(heavy, target="noise_drop=0.01", metric_script=script)
+    assert result.met and result.kept == [BAD_LAYER]
+    first, last = result.steps[0]["metrics"], result.steps[-1]["metrics"]
+    assert first["noise_drop"] == pytest.approx(10 ** (-first["sqnr_db"] / 10), rel=1e-4)
+    assert result.steps[-1]["metric"] <= 0.01 < result.steps[0]["metric"]
+    assert last["noise_drop"] == pytest.approx(10 ** (-last["sqnr_db"] / 10), rel=1e-4)
+    section = result.section()
+    assert section["metric_script"].endswith("noise.py:metric")
+    assert section["fp32_metrics"]["noise_drop"] == 0.0
+    with pytest.raises(QuantbenchError, match="returned no 'nois_drop'"):
+        _recover(heavy, target="nois_drop=0.01", metric_script=script)
+
+
+def test_sensitivity_ranks_by_a_metric_script_class(heavy, tmp_path):
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE_SCRIPT)
+    rows = sensitivity(
+        heavy["model"], heavy["calib"], heavy["eval"], batch_size=16, metric="agree",
+        metric_script=f"{script}:Agree",
+    )  # fmt: skip
+    assert rows[0]["node"] == BAD_LAYER
+    for row in rows:  # the script's agreement is the built-in top-1 agreement, sample by sample
+        assert row["only_quantized"]["agree"] == row["only_quantized"]["top1_agreement"]

@@ -3,7 +3,7 @@
 One pass over the evaluation data. Per batch: the FP32 reference runs once with every compared
 tensor exposed *and* the isolated copies of each candidate's quantized ops appended
 (:mod:`quantbench.compare.isolated`); each non-reference candidate runs once with the same
-tensors exposed. Streaming accumulators (:mod:`quantbench.compare.metrics`) keep memory flat in
+tensors exposed. Streaming accumulators (:mod:`quantbench.metrics`) keep memory flat in
 the number of samples.
 """
 
@@ -20,11 +20,19 @@ from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
 from quantbench.compare.candidates import CalibrationContext, Candidate, resolve
 from quantbench.compare.isolated import QDQ_OPS, IsolatedModel, build_isolated
 from quantbench.compare.latency import measure_latency
-from quantbench.compare.metrics import AgreementAccumulator, ClipCounter, DriftAccumulator
 from quantbench.data import DataSource, Feed, feed_num_samples
 from quantbench.errors import QuantbenchError
-from quantbench.graph import Graph, node_label
+from quantbench.graph import Graph, node_labels
+from quantbench.jsonsafe import from_json_float, json_float
+from quantbench.metrics import (
+    DRIFT_KEYS,
+    ClipCounter,
+    DriftAccumulator,
+    OutputsAccumulator,
+    labels_accuracy_reason,
+)
 from quantbench.progress import progress_bar, warn
+from quantbench.task_metrics import MetricScript, MetricSession
 
 SIDES = ("A", "B")
 
@@ -40,8 +48,8 @@ class Side:
     isolated: dict[str, str] = field(default_factory=dict)
     accumulated: dict[str, DriftAccumulator] = field(default_factory=dict)
     isolated_acc: dict[str, DriftAccumulator] = field(default_factory=dict)
-    outputs: dict[str, DriftAccumulator] = field(default_factory=dict)
-    agreement: dict[str, AgreementAccumulator] = field(default_factory=dict)
+    outputs: OutputsAccumulator | None = None
+    script: MetricSession | None = None
     clip: dict[str, tuple[str, float]] = field(default_factory=dict)
     clip_acc: dict[str, ClipCounter] = field(default_factory=dict)
     pairing: dict[str, str] = field(default_factory=dict)
@@ -127,7 +135,9 @@ def prepare_sides(
     ref_fetch = list(dict.fromkeys(out_names + ordered + list(isolated_twins)))
     types = _elem_types(graph, ordered + out_names)
     types.update({twin: types.get(t, onnx.TensorProto.FLOAT) for twin, t in isolated_twins.items()})
-    ref_runner = OnnxRuntimeRunner(expose(ref_model, ref_fetch, types), provider, threads)
+    ref_runner = OnnxRuntimeRunner(
+        expose(ref_model, ref_fetch, types), provider, threads, generated_from=graph.model
+    )
     for side in sides:
         if side.candidate.is_reference:
             continue
@@ -136,6 +146,7 @@ def prepare_sides(
             expose(side.candidate.model, cand_fetch, _elem_types(graph, cand_fetch)),
             provider,
             threads,
+            generated_from=_origin(side.candidate, graph),
         )
         side.accumulated = {t: DriftAccumulator() for t in side.tensors}
         side.isolated_acc = {t: DriftAccumulator() for t in side.isolated}
@@ -175,6 +186,7 @@ def run_comparison(
     ctx: CalibrationContext,
     *,
     labels: np.ndarray | None = None,
+    metric_script: MetricScript | None = None,
     provider: str | None = None,
     threads: int | None = None,
     latency: bool = True,
@@ -185,14 +197,16 @@ def run_comparison(
     cands = [resolve(s, graph, ctx) for s in specs]
     ref_runner, ref_fetch, sides = prepare_sides(graph, cands, provider, threads)
     ref_out = _output_names(graph.model)
+    usable = not labels_accuracy_reason(labels)
     for side in sides:
+        if metric_script is not None:
+            side.script = metric_script.session()
         if side.runner is not None:
             pairing = _pair_outputs(ref_out, _output_names(side.candidate.model))
-            side.outputs = {o: DriftAccumulator() for o in pairing}
-            side.agreement = {o: AgreementAccumulator() for o in pairing}
+            side.outputs = OutputsAccumulator(list(pairing), labels_usable=usable)
             side.pairing = pairing
     label_iter = _label_batches(labels)
-    acc_ref = {o: AgreementAccumulator() for o in ref_out}
+    acc_ref = OutputsAccumulator(ref_out, labels_usable=usable)
     seen = 0
     first_feed: Feed | None = None
     with progress_bar("Comparing", total=source.num_samples, show=show_progress) as advance:
@@ -202,17 +216,18 @@ def run_comparison(
             lab = label_iter(n) if labels is not None else None
             ref = ref_runner.infer(feed, ref_fetch)
             ref.update(feed)
-            for o in ref_out:
-                acc_ref[o].update(ref[o], ref[o], lab)
+            acc_ref.update(ref, ref, lab)
             for side in sides:
-                _update_side(side, ref, feed, lab)
+                _update_side(side, ref, ref_out, feed, lab)
             seen += n
             advance(n)
     if seen == 0:
         raise QuantbenchError(f"{source.description}: the evaluation data set is empty")
     if labels is not None and seen != len(labels):
         raise QuantbenchError(f"labels: {len(labels)} labels for {seen} evaluation samples")
-    doc = _document(graph, sides, ref_out, acc_ref, labels is not None)
+    doc = _document(graph, sides, ref_out, acc_ref, labels)
+    if metric_script is not None:
+        doc["metric_script"] = metric_script.where
     doc["eval_samples"] = seen
     info = ref_runner.info.to_dict()
     for side in sides:
@@ -245,9 +260,16 @@ def _label_batches(labels: np.ndarray | None):
 
 
 def _update_side(
-    side: Side, ref: dict[str, np.ndarray], feed: Feed, labels: np.ndarray | None
+    side: Side,
+    ref: dict[str, np.ndarray],
+    ref_out: list[str],
+    feed: Feed,
+    labels: np.ndarray | None,
 ) -> None:
-    if side.runner is None:  # the FP32 reference itself
+    ref_outputs = {o: ref[o] for o in ref_out}
+    if side.runner is None:  # the FP32 reference itself: a metric script scores FP32 vs FP32
+        if side.script is not None:
+            side.script.update(ref_outputs, ref_outputs, labels)
         return
     got = side.runner.infer(feed, list(dict.fromkeys(list(side.pairing.values()) + side.tensors)))
     for t, acc in side.accumulated.items():
@@ -258,39 +280,43 @@ def _update_side(
         src = side.clip[t][0]
         if src in ref:
             acc.update(ref[src])
-    for ro, co in side.pairing.items():
-        side.outputs[ro].update(ref[ro], got[co])
-        side.agreement[ro].update(ref[ro], got[co], labels)
+    cand_outputs = {ro: got[co] for ro, co in side.pairing.items()}
+    assert side.outputs is not None
+    side.outputs.update(ref_outputs, cand_outputs, labels)
+    if side.script is not None:
+        side.script.update(ref_outputs, cand_outputs, labels)
+
+
+def _origin(candidate: Candidate, graph: Graph) -> onnx.ModelProto | None:
+    """The user's model a candidate was built from (fp16, int8): onnxruntime failing on the
+    candidate while loading this is quantbench's fault. A user-given .onnx is its own origin."""
+    if candidate.spec.lower() in ("fp16",) or candidate.spec.lower().startswith("int8"):
+        return graph.model
+    return candidate.model
 
 
 def _node_of(graph: Graph) -> dict[str, tuple[str, str]]:
+    labels = node_labels(graph.model.graph.node)
     return {
-        o: (node_label(n, i), n.op_type)
-        for i, n in enumerate(graph.model.graph.node)
-        for o in n.output
+        o: (labels[i], n.op_type) for i, n in enumerate(graph.model.graph.node) for o in n.output
     }
 
 
 def _clean(v: float | None) -> float | None | str:
-    if v is None:
-        return None
-    if isinstance(v, float) and not math.isfinite(v):
-        return "inf" if v > 0 else "-inf"
-    return v
+    return None if v is None else json_float(v)
 
 
 def _document(
     graph: Graph,
     sides: list[Side],
     ref_out: list[str],
-    acc_ref: dict[str, AgreementAccumulator],
-    labelled: bool,
+    acc_ref: OutputsAccumulator,
+    labels: np.ndarray | None,
 ) -> dict[str, Any]:
     nodes = _node_of(graph)
     order = {t: i for i, t in enumerate(o for n in graph.model.graph.node for o in n.output)}
     layers: list[dict[str, Any]] = []
     outputs: list[dict[str, Any]] = []
-    task: dict[str, Any] = {}
     for side in sides:
         if side.runner is None:
             continue
@@ -306,39 +332,79 @@ def _document(
                     "view": view,
                     "quantized": t in side.isolated,
                 }
-                row.update({k: _clean(v) for k, v in acc.metrics().items() if k != "clip_fraction"})
+                row.update(_drift_row(acc))
                 clip = side.clip_acc.get(t)
                 row["clip_fraction"] = clip.fraction if clip else None
                 row["amax"] = side.clip[t][1] if t in side.clip else None
                 layers.append(row)
-        for o in ref_out:
-            row = {"candidate": side.key, "name": o}
-            row.update(side.agreement[o].metrics())
-            row.update(
-                {k: _clean(v) for k, v in side.outputs[o].metrics().items() if k != "clip_fraction"}
-            )
+        assert side.outputs is not None
+        for o, metrics in side.outputs.rows().items():
+            row = {"candidate": side.key, "name": o, **metrics}
+            if side.outputs.drift[o].n and not side.outputs.drift[o].defined:
+                row.update({k: UNDEFINED for k in DRIFT_KEYS})
+                if row["agreement_kind"]:
+                    row.update({k: UNDEFINED for k in ("agreement", "top5_agreement")})
+                if row["agreement_kind"] == "position":
+                    row["sequence_agreement"] = UNDEFINED
             outputs.append(row)
-        if labelled and ref_out:
-            acc = side.agreement[ref_out[0]].accuracy()
-            if acc is not None:
-                task.setdefault("accuracy", {})[side.key] = acc["B"]
-    if labelled and ref_out:
-        ref_acc = acc_ref[ref_out[0]].accuracy()
-        for side in sides:
-            if side.runner is None and ref_acc is not None:
-                task.setdefault("accuracy", {})[side.key] = ref_acc["A"]
-        if "A" in task.get("accuracy", {}) and "B" in task["accuracy"]:
-            task["accuracy"]["delta"] = task["accuracy"]["B"] - task["accuracy"]["A"]
     layers.sort(key=lambda r: (r["candidate"], r["index"], r["view"]))
-    return {"layers": layers, "outputs": outputs, "task": task, "ranking": _ranking(layers)}
+    return {
+        "layers": layers,
+        "outputs": [
+            {k: _clean(v) if isinstance(v, float) else v for k, v in r.items()} for r in outputs
+        ],
+        "task": _task(sides, acc_ref, labels),
+        "ranking": _ranking(layers),
+    }
+
+
+#: JSON text of an undefined metric (a tensor holding NaN/Inf); ``null`` = not applicable.
+UNDEFINED = "nan"
+
+
+def _drift_row(acc: DriftAccumulator) -> dict[str, Any]:
+    """Drift metrics of one layer (``"nan"`` when undefined) and its NaN/Inf counts."""
+    metrics = acc.metrics()
+    row: dict[str, Any] = {
+        k: (UNDEFINED if acc.n and not acc.defined else _clean(metrics[k])) for k in DRIFT_KEYS
+    }
+    row["nonfinite"] = acc.nonfinite()
+    return row
+
+
+def _task(
+    sides: list[Side], acc_ref: OutputsAccumulator, labels: np.ndarray | None
+) -> dict[str, Any]:
+    """``accuracy`` (integer labels, a class-score output) and the metric script's numbers, each
+    as ``{A, B, delta}``."""
+    task: dict[str, dict[str, float | None]] = {}
+    ref_acc = acc_ref.accuracy()
+    if labels is not None and ref_acc is not None:
+        for side in sides:
+            acc = ref_acc if side.outputs is None else side.outputs.accuracy()
+            task.setdefault("accuracy", {})[side.key] = (
+                None if acc is None else (acc["A"] if side.outputs is None else acc["B"])
+            )
+    elif labels is not None:
+        reason = labels_accuracy_reason(labels) or "no output holds class scores [N, C]"
+        who = "the metric script only" if sides and sides[0].script else "nothing"
+        warn(f"labels: accuracy not computed ({reason}); the labels feed {who}")
+    for side in sides:
+        if side.script is not None:
+            for name, value in side.script.compute().items():
+                task.setdefault(name, {})[side.key] = value
+    for entry in task.values():
+        a, b = entry.get("A"), entry.get("B")
+        entry["delta"] = None if a is None or b is None else b - a
+    return task
 
 
 def _ranking(layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Layers worst first by isolated SQNR (the error each adds by itself)."""
 
     def key(r: dict[str, Any]) -> float:
-        v = r.get("sqnr_db")
-        return math.inf if v in (None, "inf") else (-math.inf if v == "-inf" else float(v))
+        v = from_json_float(r.get("sqnr_db"))  # undefined (NaN) ranks worst, unknown last
+        return math.inf if v is None else (-math.inf if math.isnan(v) else v)
 
     iso = [r for r in layers if r["view"] == "isolated"]
     acc = {(r["candidate"], r["tensor"]): r for r in layers if r["view"] == "accumulated"}
@@ -370,7 +436,9 @@ def _latency(
     bs = feed_num_samples(feed, graph.inputs)
     out: dict[str, Any] = {}
     for side in sides:
-        runner = OnnxRuntimeRunner(side.candidate.model, provider, threads)
+        runner = OnnxRuntimeRunner(
+            side.candidate.model, provider, threads, generated_from=_origin(side.candidate, graph)
+        )
         stats = measure_latency(runner.infer, feed, bs, runs=runs)
         stats.update(runner.info.to_dict())
         out[side.key] = stats

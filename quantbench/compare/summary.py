@@ -7,15 +7,24 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from quantbench.metrics import nonfinite_text
 from quantbench.progress import console
 
 
 def _fmt(v: Any, digits: int = 4) -> str:
     if v is None:
         return "-"
+    if v == "nan":
+        return "undef"
     if isinstance(v, str):
         return v
     return f"{v:.{digits}g}" if isinstance(v, float) else str(v)
+
+
+def _nonfinite_cell(counts: dict[str, int] | None) -> str:
+    counts = counts or {}
+    bad = counts.get("fp32", 0) + counts.get("candidate", 0)
+    return "0" if not bad else f"[red]{bad}[/red]"
 
 
 def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
@@ -24,25 +33,36 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
         f"[bold]{doc['model']['name']}[/bold]: {a.get('label')} vs {b.get('label')} "
         f"on {doc['data'].get('eval_samples')} samples ({b.get('backend')}, {b.get('provider')})"
     )
-    acc = doc.get("task", {}).get("accuracy")
-    if acc:
+    for name, entry in (doc.get("task") or {}).items():
         console.print(
-            f"accuracy: A {acc.get('A', 0):.4f}  B {acc.get('B', 0):.4f}  "
-            f"delta {acc.get('delta', 0):+.4f}"
+            f"{escape(name)}: A {_fmt(entry.get('A'))}  B {_fmt(entry.get('B'))}  "
+            f"delta {_fmt(entry.get('delta'))}"
         )
     t = Table(title="Outputs against FP32", title_justify="left")
-    for col in ("candidate", "output", "top-1 agree", "top-5 agree", "cosine", "SQNR dB"):
+    outputs = doc.get("outputs", [])
+    sequences = any(o.get("agreement_kind") == "position" for o in outputs)
+    columns = ["side", "output", "agree", "top-5", "sequence", "cosine", "SQNR dB", "NaN/Inf"]
+    for col in columns if sequences else [c for c in columns if c != "sequence"]:
         t.add_column(col)
-    for o in doc.get("outputs", []):
-        t.add_row(
+    notes: dict[str, str] = {}
+    for o in outputs:
+        cells = [
             o["candidate"],
             escape(o["name"]),
             _fmt(o.get("agreement")),
             _fmt(o.get("top5_agreement")),
+            _fmt(o.get("sequence_agreement")),
             _fmt(o.get("cosine"), 6),
             _fmt(o.get("sqnr_db")),
-        )
+            _nonfinite_cell(o.get("nonfinite")),
+        ]
+        t.add_row(*(cells if sequences else cells[:4] + cells[5:]))
+        if o.get("agreement_note") and not nonfinite_text(o.get("nonfinite") or {}):
+            notes.setdefault(o["name"], o["agreement_note"])
     console.print(t)
+    for name, note in notes.items():
+        console.print(f"output {escape(name)}: {escape(note)}; cosine and SQNR stand")
+    _print_nonfinite(doc)
     ranking = doc.get("ranking", [])[:worst]
     if ranking:
         t = Table(
@@ -76,4 +96,32 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
         console.print(t)
     for g in doc.get("thresholds", []):
         mark = "[green]PASS[/green]" if g["passed"] else "[red]FAIL[/red]"
-        console.print(f"{mark} {g['metric']} = {_fmt(g['value'])} (min {g['min']})")
+        bound = f"max {g['max']}" if "max" in g else f"min {g['min']}"
+        value = "undefined" if g["value"] is None else _fmt(g["value"])
+        reason = f": {escape(g['reason'])}" if g.get("reason") else ""
+        console.print(f"{mark} {escape(g['metric'])} = {value} ({bound}){reason}")
+
+
+def _print_nonfinite(doc: dict[str, Any]) -> None:
+    """Every NaN/Inf seen, said loudly: its metrics are undefined and its gates fail."""
+    for o in doc.get("outputs", []):
+        text = nonfinite_text(o.get("nonfinite") or {}, f"candidate {o['candidate']}")
+        if text:
+            console.print(
+                f"[red]output {escape(o['name'])}[/red]: {escape(text)}; its metrics are "
+                "undefined and every gate on it fails"
+            )
+    for side in ("A", "B"):
+        bad = [
+            r
+            for r in doc.get("layers", [])
+            if r.get("candidate") == side
+            and r.get("view") == "accumulated"
+            and nonfinite_text(r.get("nonfinite") or {})
+        ]
+        if bad:
+            first = bad[0]
+            console.print(
+                f"[red]{len(bad)} layer(s) of {side} hold NaN/Inf[/red], first "
+                f"{escape(first['tensor'])}: {escape(nonfinite_text(first['nonfinite']))}"
+            )

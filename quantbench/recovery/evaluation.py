@@ -2,7 +2,7 @@
 
 The FP32 model runs once per evaluation batch and only its *outputs* are kept (class scores are
 small); every variant then streams the same batches and is scored with the streaming
-accumulators of :mod:`quantbench.compare.metrics`. Memory therefore grows with the size of the
+accumulators of :mod:`quantbench.metrics`. Memory therefore grows with the size of the
 model outputs times the number of samples, not with the number of variants.
 """
 
@@ -10,26 +10,40 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner
-from quantbench.compare.metrics import AgreementAccumulator, DriftAccumulator
 from quantbench.data import DataSource, feed_num_samples
 from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph
+from quantbench.jsonsafe import json_float
+from quantbench.metrics import (
+    MODEL_METRICS,
+    OutputsAccumulator,
+    agreement_kind,
+    declared_output_shapes,
+    labels_accuracy_reason,
+    lower_is_better,
+    metric_support,
+    nonfinite_text,
+    output_kinds,
+)
+from quantbench.task_metrics import MetricScript
 
-#: metrics a variant is scored by; every one is computed on every evaluation.
-METRICS = ("top1_agreement", "top5_agreement", "cosine", "sqnr_db", "accuracy", "accuracy_drop")
-#: metrics where a smaller value is better.
-LOWER_IS_BETTER = frozenset({"accuracy_drop"})
+#: built-in metrics a variant is scored by; every one is computed on every evaluation (``None``
+#: where undefined). A ``--metric-script`` adds its own names.
+METRICS = MODEL_METRICS
 #: metrics that need labels.
 LABELLED = frozenset({"accuracy", "accuracy_drop"})
+#: names a metric script may not return (built-ins, and the NaN/Inf count of an evaluation).
+RESERVED = frozenset({*METRICS, "nonfinite"})
 
 _TOLERANCE = 1e-9
-_TARGET = re.compile(r"^\s*([a-z0-9_]+)\s*=\s*([-+0-9.eE]+|inf)\s*$")
+_TARGET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([-+0-9.eE]+|inf)\s*$")
 
 
 @dataclass(frozen=True)
@@ -44,17 +58,21 @@ class Target:
         return f"{self.metric}={self.value:g}"
 
     def met(self, metrics: dict[str, float | None]) -> bool:
+        """An undefined value (``None``: NaN/Inf outputs) never meets a target."""
         got = metrics.get(self.metric)
         if got is None:
             return False
         # a tolerance far below one sample in a million: 0.1 + 0.002 - 0.1 must meet 0.002
-        if self.metric in LOWER_IS_BETTER:
+        if lower_is_better(self.metric):
             return got <= self.value + _TOLERANCE
         return got >= self.value - _TOLERANCE
 
 
-def parse_target(text: str, has_labels: bool) -> Target:
-    """``"top1_agreement=0.99"`` -> Target; a user mistake is a one-line QuantbenchError."""
+def parse_target(text: str, has_labels: bool, custom: bool = False) -> Target:
+    """``"top1_agreement=0.99"`` -> Target; a user mistake is a one-line QuantbenchError.
+
+    ``custom``: a metric script is given, so other names are accepted here and checked against
+    what it returns once FP32 has run (:meth:`Evaluator.require`)."""
     match = _TARGET.match(text or "")
     if not match:
         raise QuantbenchError(
@@ -62,37 +80,54 @@ def parse_target(text: str, has_labels: bool) -> Target:
             "accuracy_drop=0.005"
         )
     metric, raw = match.group(1), match.group(2)
-    if metric not in METRICS:
-        raise QuantbenchError(f"--target {text!r}: unknown metric {metric!r}; use one of {METRICS}")
+    if metric not in METRICS and not custom:
+        raise QuantbenchError(
+            f"--target {text!r}: unknown metric {metric!r}; use one of {', '.join(METRICS)} "
+            "or a name returned by --metric-script"
+        )
     if metric in LABELLED and not has_labels:
         raise QuantbenchError(f"--target {text!r}: {metric} needs --labels LABELS.npy")
     value = float(raw)
-    if metric in ("top1_agreement", "top5_agreement", "accuracy") and not 0 <= value <= 1:
+    fractions = ("top1_agreement", "top5_agreement", "sequence_agreement", "accuracy")
+    if metric in (*fractions, "accuracy_drop") and not 0 <= value <= 1:
         raise QuantbenchError(f"--target {text!r}: {metric} is a fraction between 0 and 1")
-    if metric == "accuracy_drop" and not 0 <= value <= 1:
-        raise QuantbenchError(f"--target {text!r}: accuracy_drop is a fraction between 0 and 1")
     if metric == "cosine" and not -1 <= value <= 1:
         raise QuantbenchError(f"--target {text!r}: cosine lies between -1 and 1")
     return Target(metric, value)
 
 
+def check_declared(graph: Graph, metric: str, labels: np.ndarray | None, option: str) -> None:
+    """Fail in one line, before any inference, when the model's declared outputs cannot give
+    ``metric`` (a symbolic class axis defers the check to :meth:`Evaluator.require`)."""
+    reason = metric_support(metric, output_kinds(declared_output_shapes(graph.model)), labels)
+    if reason:
+        raise QuantbenchError(f"{option} {metric}: {reason}")
+
+
 def badness(metrics: dict[str, float | None], metric: str) -> tuple[float, float]:
-    """Sort key, larger = worse drift; SQNR breaks ties (agreement is coarse on few samples)."""
+    """Sort key, larger = worse drift; SQNR breaks ties (agreement is coarse on few samples).
+    An undefined value (``None``) is the worst of all."""
     value = metrics.get(metric)
     sqnr = metrics.get("sqnr_db")
-    primary = math.inf if value is None else (value if metric in LOWER_IS_BETTER else -value)
+    primary = math.inf if value is None else (value if lower_is_better(metric) else -value)
     return primary, (math.inf if sqnr is None else -sqnr)
 
 
 @dataclass
 class Evaluator:
-    """The FP32 outputs of every evaluation batch, and a way to score a variant against them."""
+    """The FP32 outputs of every evaluation batch, and a way to score a variant against them.
+
+    Scores come from :class:`quantbench.metrics.OutputsAccumulator` (the definitions
+    ``compare`` uses) plus the metric script's numbers; ``nonfinite`` counts the candidate's
+    NaN/Inf output values.
+    """
 
     graph: Graph
     source: DataSource
     labels: np.ndarray | None = None
     provider: str | None = None
     threads: int | None = None
+    script: MetricScript | None = None
     outputs: list[str] = field(default_factory=list)
     reference: list[dict[str, np.ndarray]] = field(default_factory=list)
     batch_labels: list[np.ndarray | None] = field(default_factory=list)
@@ -115,7 +150,14 @@ class Evaluator:
                 f"labels: {len(self.labels)} labels for {seen} evaluation samples"
             )
         self.num_samples = seen
-        self.fp32_accuracy = self._fp32_accuracy()
+        self.attach_script(self.script)
+
+    def attach_script(self, script: MetricScript | None) -> None:
+        """Use ``script`` from now on; FP32 against itself (from the cache, no inference) gives
+        the baseline every metric is checked against."""
+        self.script = script
+        self.fp32_metrics = self._score(self.reference)
+        self.fp32_accuracy = self.fp32_metrics.get("accuracy")
 
     def _labels_for(self, start: int, n: int) -> np.ndarray | None:
         if self.labels is None:
@@ -127,61 +169,80 @@ class Evaluator:
             )
         return chunk
 
-    def _fp32_accuracy(self) -> float | None:
-        acc = AgreementAccumulator()
-        for ref, lab in zip(self.reference, self.batch_labels):
-            acc.update(ref[self.outputs[0]], ref[self.outputs[0]], lab)
-        result = acc.accuracy()
-        return None if result is None else result["A"]
+    def require(self, metric: str, option: str) -> None:
+        """One line, before any variant is evaluated, when ``metric`` is undefined even for FP32
+        against itself on this data (no such output, NaN/Inf in FP32, a name the metric
+        script does not return)."""
+        if self.fp32_metrics.get(metric) is not None:
+            return
+        first = self.reference[0]
+        kinds = {o: agreement_kind(np.shape(first[o]), o) for o in self.outputs}
+        reason = metric_support(metric, kinds, self.labels)
+        if not reason and metric not in METRICS:
+            returned = [k for k in self.fp32_metrics if k not in RESERVED]
+            where = self.script.where if self.script else "no --metric-script"
+            reason = f"{where} returned no {metric!r} (it returned {', '.join(returned) or '-'})"
+        if not reason:
+            reason = "undefined on this data: " + (self._fp32_nonfinite() or "no value")
+        raise QuantbenchError(f"{option} {metric}: {reason}")
+
+    def _fp32_nonfinite(self) -> str:
+        acc = OutputsAccumulator(self.outputs)
+        for ref in self.reference:
+            acc.update(ref, ref)
+        texts = [
+            f"FP32 output {name}: {nonfinite_text(row['nonfinite'])}"
+            for name, row in acc.rows().items()
+            if nonfinite_text(row["nonfinite"])
+        ]
+        return "; ".join(texts)
 
     def evaluate(self, model: onnx.ModelProto) -> dict[str, float | None]:
-        """Every metric of :data:`METRICS` for ``model`` (same outputs as the FP32 model)."""
-        runner = OnnxRuntimeRunner(model, self.provider, self.threads)
-        drift = DriftAccumulator()
-        agreement = AgreementAccumulator()
-        batches = 0
-        for index, feed in enumerate(self.source.batches()):
-            if index >= len(self.reference):
+        """Every metric of :data:`METRICS` (and the script's) for ``model`` (same outputs as
+        the FP32 model)."""
+        runner = OnnxRuntimeRunner(
+            model, self.provider, self.threads, generated_from=self.graph.model
+        )
+
+        def batches() -> Iterator[dict[str, np.ndarray]]:
+            count = 0
+            for index, feed in enumerate(self.source.batches()):
+                if index >= len(self.reference):
+                    raise QuantbenchError(
+                        f"{self.source.description}: yields more batches on a second pass; "
+                        "evaluation data must be re-readable (a file or folder, not a generator)"
+                    )
+                yield runner.infer(feed, self.outputs)
+                count += 1
+            if count != len(self.reference):
                 raise QuantbenchError(
-                    f"{self.source.description}: yields more batches on a second pass; "
+                    f"{self.source.description}: yields fewer batches on a second pass; "
                     "evaluation data must be re-readable (a file or folder, not a generator)"
                 )
-            got = runner.infer(feed, self.outputs)
-            ref = self.reference[index]
-            for name in self.outputs:
-                drift.update(ref[name], got[name])
-            agreement.update(ref[self.outputs[0]], got[self.outputs[0]], self.batch_labels[index])
-            batches += 1
-        runner.close()
-        if batches != len(self.reference):
-            raise QuantbenchError(
-                f"{self.source.description}: yields fewer batches on a second pass; evaluation "
-                "data must be re-readable (a file or folder, not a generator)"
-            )
+
+        try:
+            metrics = self._score(batches())
+        finally:
+            runner.close()
         self.evaluations += 1
-        return _metrics(drift, agreement)
+        return metrics
 
-
-def _metrics(drift: DriftAccumulator, agreement: AgreementAccumulator) -> dict[str, float | None]:
-    d = drift.metrics()
-    a = agreement.metrics()
-    acc = agreement.accuracy()
-    return {
-        "top1_agreement": a["agreement"],
-        "top5_agreement": a["top5_agreement"],
-        "cosine": d["cosine"],
-        "sqnr_db": d["sqnr_db"],
-        "accuracy": None if acc is None else acc["B"],
-        "accuracy_drop": None if acc is None else acc["A"] - acc["B"],
-    }
+    def _score(self, candidate: Iterable[dict[str, np.ndarray]]) -> dict[str, float | None]:
+        usable = not labels_accuracy_reason(self.labels)
+        acc = OutputsAccumulator(self.outputs, labels_usable=usable)
+        session = self.script.session() if self.script is not None else None
+        for index, got in enumerate(candidate):  # the candidate drives: it checks its count
+            ref, lab = self.reference[index], self.batch_labels[index]
+            acc.update(ref, got, lab)
+            if session is not None:
+                session.update(ref, {o: got[o] for o in self.outputs}, lab)
+        metrics: dict[str, float | None] = dict(acc.model_metrics())
+        metrics["nonfinite"] = sum(d.nonfinite_b for d in acc.drift.values())
+        if session is not None:
+            metrics.update(session.compute())
+        return metrics
 
 
 def json_metrics(metrics: dict[str, float | None]) -> dict[str, float | str | None]:
-    """Infinite SQNR (identical outputs) as ``"inf"``: JSON has no infinity."""
-    out: dict[str, float | str | None] = {}
-    for key, value in metrics.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            out[key] = None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-        else:
-            out[key] = value
-    return out
+    """Infinite SQNR (identical outputs) as ``"inf"``, NaN as ``"nan"`` (quantbench.jsonsafe)."""
+    return {k: json_float(v) if isinstance(v, float) else v for k, v in metrics.items()}

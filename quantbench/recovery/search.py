@@ -19,13 +19,22 @@ from typing import Any
 
 import numpy as np
 
+from quantbench.calibrators import DEFAULT_METHOD
+from quantbench.compare import load_labels
 from quantbench.errors import QuantbenchError
-from quantbench.graph import Graph
+from quantbench.graph import Graph, open_graph
 from quantbench.progress import info
 from quantbench.qdq import QuantizeResult
 from quantbench.recovery.context import RecoveryContext, prepare
-from quantbench.recovery.evaluation import Target, json_metrics, parse_target
+from quantbench.recovery.evaluation import (
+    RESERVED,
+    Target,
+    check_declared,
+    json_metrics,
+    parse_target,
+)
 from quantbench.recovery.sensitivity import rank_ops
+from quantbench.task_metrics import load_metric_script
 
 PRECISIONS = ("fp32", "fp16")
 
@@ -62,7 +71,11 @@ class RecoveryResult:
             "seconds": self.seconds,
             "steps": self.steps,
             "sensitivity": self.ranking,
+            "fp32_metrics": json_metrics(self.context.evaluator.fp32_metrics),
         }
+        script = self.context.evaluator.script
+        if script is not None:
+            section["metric_script"] = script.where
         if self.context.auto is not None:
             section["auto"] = self.context.auto.to_dict()
         return section
@@ -99,7 +112,13 @@ def _announce(record: dict[str, Any], target: Target) -> None:
     kept = record["kept_high_precision"]
     added = f"+{kept[-1]}" if kept else "plain INT8"
     value = record["metric"]
-    shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        shown = f"{value:.4g}"
+    elif value is None:
+        bad = record["metrics"].get("nonfinite")
+        shown = f"undefined ({bad} NaN/Inf output values)" if bad else "undefined"
+    else:
+        shown = str(value)
     info(f"step {record['step']}: {added}, {target.metric}={shown} ({record['seconds']:.1f} s)")
 
 
@@ -109,10 +128,11 @@ def recover(
     eval_data: object,
     target: str = "top1_agreement=0.99",
     labels: str | Path | np.ndarray | None = None,
-    method: str = "entropy",
+    method: str = DEFAULT_METHOD,
     budget: int | None = None,
     precision: str = "fp32",
     *,
+    metric_script: str | Path | None = None,
     exclude: list[str] | None = None,
     holdout_data: object | None = None,
     batch_size: int | None = None,
@@ -129,16 +149,20 @@ def recover(
     onnxruntime verification runs kept ops in FP32, so an FP16 result is slightly optimistic.
     """
     started = time.perf_counter()
-    tgt = parse_target(target, labels is not None)
+    script = None if metric_script is None else load_metric_script(metric_script, RESERVED)
+    tgt = parse_target(target, labels is not None, custom=script is not None)
     if precision not in PRECISIONS:
         raise QuantbenchError(f"--precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     _check_budget(budget, 0)  # a bad budget fails before any inference
+    graph = model if isinstance(model, Graph) else open_graph(model)
+    label_array = load_labels(labels)
+    check_declared(graph, tgt.metric, label_array, "--target")  # before calibration
     ctx = prepare(
-        model,
+        graph,
         calib_data,
         eval_data,
         method=method,
-        labels=labels,
+        labels=label_array,
         exclude=exclude or (),
         holdout_data=holdout_data,
         batch_size=batch_size,
@@ -149,6 +173,8 @@ def recover(
         threads=threads,
         show_progress=show_progress,
     )
+    ctx.evaluator.attach_script(script)
+    ctx.evaluator.require(tgt.metric, "--target")  # after the FP32 pass, before any variant
     limit = _check_budget(budget, len(ctx.plan.quantized))
     kept: list[str] = []
     record, final, met = _step(ctx, 0, kept, tgt)

@@ -18,20 +18,32 @@ from typing import Any
 
 import numpy as np
 
+from quantbench.calibrators import DEFAULT_METHOD
+from quantbench.compare import load_labels
 from quantbench.errors import QuantbenchError
-from quantbench.graph import Graph
+from quantbench.graph import Graph, open_graph
 from quantbench.progress import progress_bar
 from quantbench.recovery.context import RecoveryContext, prepare
-from quantbench.recovery.evaluation import METRICS, badness, json_metrics
+from quantbench.recovery.evaluation import (
+    METRICS,
+    RESERVED,
+    badness,
+    check_declared,
+    json_metrics,
+)
+from quantbench.task_metrics import load_metric_script
 
 VIEWS = ("only_quantized", "only_fp32")
-RANK_METRICS = ("sqnr_db", "cosine", "top1_agreement")
+RANK_METRICS = ("sqnr_db", "cosine", "top1_agreement", "top5_agreement", "sequence_agreement")
 
 
-def check_rank_metric(metric: str, has_labels: bool) -> None:
+def check_rank_metric(metric: str, has_labels: bool, custom: bool = False) -> None:
+    """A known ranking metric (a metric script's names are checked once FP32 has run)."""
     allowed = RANK_METRICS + (("accuracy", "accuracy_drop") if has_labels else ())
-    if metric not in METRICS or metric not in allowed:
-        raise QuantbenchError(f"--metric {metric!r}: choose one of {', '.join(allowed)}")
+    if metric in allowed or (custom and metric not in METRICS):
+        return
+    extra = " or a name your --metric-script returns" if custom else ""
+    raise QuantbenchError(f"--metric {metric!r}: choose one of {', '.join(allowed)}{extra}")
 
 
 def rank_ops(
@@ -70,11 +82,12 @@ def sensitivity(
     model: str | Path | Graph,
     calib_data: object,
     eval_data: object,
-    method: str = "entropy",
+    method: str = DEFAULT_METHOD,
     metric: str = "sqnr_db",
     max_samples: int | None = None,
     *,
     labels: str | Path | np.ndarray | None = None,
+    metric_script: str | Path | None = None,
     exclude: list[str] | None = None,
     holdout_data: object | None = None,
     batch_size: int | None = None,
@@ -90,13 +103,17 @@ def sensitivity(
     dicts: top1/top5 agreement, cosine, sqnr_db, and accuracy/accuracy_drop with labels),
     ``seconds``.
     """
-    check_rank_metric(metric, labels is not None)
+    script = None if metric_script is None else load_metric_script(metric_script, RESERVED)
+    check_rank_metric(metric, labels is not None, custom=script is not None)
+    graph = model if isinstance(model, Graph) else open_graph(model)
+    label_array = load_labels(labels)
+    check_declared(graph, metric, label_array, "--metric")  # before calibration
     ctx = prepare(
-        model,
+        graph,
         calib_data,
         eval_data,
         method=method,
-        labels=labels,
+        labels=label_array,
         exclude=exclude or (),
         holdout_data=holdout_data,
         batch_size=batch_size,
@@ -107,4 +124,6 @@ def sensitivity(
         threads=threads,
         show_progress=show_progress,
     )
+    ctx.evaluator.attach_script(script)
+    ctx.evaluator.require(metric, "--metric")  # after the FP32 pass, before any variant
     return rank_ops(ctx, metric, show_progress=show_progress)

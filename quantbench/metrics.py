@@ -1,0 +1,464 @@
+"""Drift and agreement metrics: the one home used by compare, sensitivity, recover and auto.
+
+Streaming sums that grow with each batch, never the activations themselves. Definitions
+(``a`` = FP32 reference values, ``b`` = candidate values, over every element of every sample):
+
+* cosine similarity = Σab / sqrt(Σa² · Σb²)
+* SQNR (dB)         = 10 · log10(Σa² / Σ(a−b)²)   (higher is better; ``inf`` when identical)
+* relative L2 error = sqrt(Σ(a−b)² / Σa²)
+* max abs error     = max |a−b|;  mean abs error = Σ|a−b| / n
+* clip fraction     = fraction of |a| above the tensor's quantization range amax
+
+A tensor holding any NaN/Inf (in ``a`` or in ``b``) has *undefined* metrics (``None``): a sum
+that skipped those elements would call a half-NaN output perfect. The counts are kept apart
+(FP32 side, candidate side) so a report can say which model produced them.
+
+Agreement (argmax) depends on the output's shape (:func:`agreement_kind`):
+
+* ``class``: ``[N, C]`` (or ``[N, C, 1, 1]``) class scores: top-1 / top-5 agreement per sample;
+* ``position``: rank >= 3, argmax over the *last* axis at every position (a CTC recognizer's
+  ``(N, T, C)``, NHWC maps): agreement per position and ``sequence_agreement`` (every position
+  of a sample agrees);
+* none: rank <= 1, a class axis of size 1, or a box/coordinate output: argmax means nothing and
+  only the drift metrics stand; :func:`agreement_kind` says why.
+
+A model with several outputs is judged by its worst output (:func:`model_metrics`): an INT8
+model is only as good as its worst head, and a pooled sum would let a large-valued output hide a
+broken small one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: drift metrics of one tensor pair (each undefined when the tensor holds NaN/Inf).
+DRIFT_KEYS = ("cosine", "sqnr_db", "rel_l2", "max_abs", "mean_abs")
+#: model-level metrics built from the outputs; ``accuracy``/``accuracy_drop`` need labels.
+MODEL_METRICS = (
+    "top1_agreement",
+    "top5_agreement",
+    "sequence_agreement",
+    "cosine",
+    "sqnr_db",
+    "accuracy",
+    "accuracy_drop",
+)
+CLASS, POSITION, UNKNOWN = "class", "position", "unknown"
+_COORDINATES = re.compile(r"box|coord|landmark|keypoint", re.IGNORECASE)
+
+
+def lower_is_better(metric: str) -> bool:
+    """Names ending in ``_drop`` (``accuracy_drop``, a script's ``cer_drop``) are losses."""
+    return metric.endswith("_drop")
+
+
+# --------------------------------------------------------------------------- drift
+
+
+@dataclass
+class DriftAccumulator:
+    """Running sums for one tensor pair, and how many non-finite values each side held."""
+
+    n: int = 0
+    sum_aa: float = 0.0
+    sum_bb: float = 0.0
+    sum_ab: float = 0.0
+    sum_dd: float = 0.0
+    sum_abs_d: float = 0.0
+    max_abs_d: float = 0.0
+    clipped: int = 0
+    amax: float | None = None
+    nonfinite_a: int = 0
+    nonfinite_b: int = 0
+
+    def update(self, a: np.ndarray, b: np.ndarray) -> None:
+        """Add one batch. Dot products run in float32 BLAS (accumulated in float64 across
+        batches): exact enough for dB-level metrics and several times cheaper than float64.
+        A non-finite sum means NaN/Inf in the data (counted) or float32 overflow (redone in
+        float64)."""
+        a32 = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
+        b32 = np.ascontiguousarray(b, dtype=np.float32).reshape(-1)
+        if a32.shape != b32.shape:
+            raise ValueError(f"shape mismatch {np.shape(a)} vs {np.shape(b)}")
+        self.n += a32.size
+        with np.errstate(over="ignore", invalid="ignore"):
+            d = a32 - b32
+            sums = (float(a32 @ a32), float(b32 @ b32), float(a32 @ b32), float(d @ d))
+        if not all(math.isfinite(v) for v in sums):
+            bad_a = a32.size - int(np.count_nonzero(np.isfinite(a32)))
+            bad_b = b32.size - int(np.count_nonzero(np.isfinite(b32)))
+            self.nonfinite_a += bad_a
+            self.nonfinite_b += bad_b
+            if bad_a or bad_b:
+                return  # the tensor is undefined from now on; its sums no longer matter
+            a64, b64 = a32.astype(np.float64), b32.astype(np.float64)
+            d64 = a64 - b64
+            sums = (float(a64 @ a64), float(b64 @ b64), float(a64 @ b64), float(d64 @ d64))
+        self.sum_aa += sums[0]
+        self.sum_bb += sums[1]
+        self.sum_ab += sums[2]
+        self.sum_dd += sums[3]
+        absd = np.abs(d, out=d)
+        if absd.size:
+            self.sum_abs_d += float(absd.sum(dtype=np.float64))
+            self.max_abs_d = max(self.max_abs_d, float(absd.max()))
+        if self.amax is not None and self.amax > 0:
+            self.clipped += count_clipped(a32, self.amax)
+
+    @property
+    def defined(self) -> bool:
+        """False once any compared value was NaN/Inf (or nothing was compared)."""
+        return self.n > 0 and not (self.nonfinite_a or self.nonfinite_b)
+
+    def nonfinite(self) -> dict[str, int]:
+        """NaN/Inf counts: in the FP32 reference, in the candidate, out of ``elements``."""
+        return {"fp32": self.nonfinite_a, "candidate": self.nonfinite_b, "elements": self.n}
+
+    def metrics(self) -> dict[str, float | None]:
+        """:data:`DRIFT_KEYS` and ``clip_fraction``; all ``None`` when undefined."""
+        if not self.defined:
+            return {k: None for k in (*DRIFT_KEYS, "clip_fraction")}
+        denom = math.sqrt(self.sum_aa * self.sum_bb)
+        cosine = self.sum_ab / denom if denom > 0 else (1.0 if self.sum_dd == 0 else 0.0)
+        if self.sum_dd == 0:
+            sqnr = math.inf
+        elif self.sum_aa == 0:
+            sqnr = -math.inf
+        else:
+            sqnr = 10.0 * math.log10(self.sum_aa / self.sum_dd)
+        rel = (
+            math.sqrt(self.sum_dd / self.sum_aa)
+            if self.sum_aa > 0
+            else (0.0 if self.sum_dd == 0 else math.inf)
+        )
+        return {
+            "cosine": min(1.0, max(-1.0, cosine)),
+            "sqnr_db": sqnr,
+            "rel_l2": rel,
+            "max_abs": self.max_abs_d,
+            "mean_abs": self.sum_abs_d / self.n,
+            "clip_fraction": (self.clipped / self.n) if self.amax else None,
+        }
+
+
+def nonfinite_text(counts: Mapping[str, int], label: str = "candidate") -> str:
+    """``"12 of 100 values NaN/Inf in FP32 itself"`` / ``"... in the candidate"``."""
+    parts = []
+    if counts.get("fp32"):
+        parts.append(f"{counts['fp32']} of {counts['elements']} values NaN/Inf in FP32 itself")
+    if counts.get("candidate"):
+        parts.append(f"{counts['candidate']} of {counts['elements']} values NaN/Inf in {label}")
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- agreement
+
+
+def agreement_kind(shape: Sequence[int | str | None], name: str = "") -> tuple[str | None, str]:
+    """Which argmax agreement an output of ``shape`` supports, and why not when none.
+
+    Returns (``"class"`` | ``"position"`` | ``None`` | ``"unknown"``, reason). ``shape`` may
+    hold symbolic dims (str/None) from the graph: ``"unknown"`` then means "decide on data".
+    """
+    if _COORDINATES.search(name):
+        return None, f"{name!r} holds boxes/coordinates (by its name): argmax over it means nothing"
+    rest = list(shape[1:])
+    if not rest:
+        return None, f"rank-{len(shape)} output: no class axis to take an argmax over"
+    if len(rest) == 3 and rest[1:] == [1, 1]:
+        rest = rest[:1]  # [N, C, 1, 1]: a classifier with a convolutional head
+    last = rest[-1]
+    if not isinstance(last, int) or last < 0:
+        return UNKNOWN, "the class axis is symbolic"
+    if last <= 1:
+        return None, "the class axis (last) has size 1: argmax means nothing"
+    return (CLASS, "") if len(rest) == 1 else (POSITION, "")
+
+
+@dataclass
+class AgreementAccumulator:
+    """Argmax agreement of one output against FP32 (see :func:`agreement_kind`), and the
+    accuracy of both sides against integer labels for class-score outputs."""
+
+    name: str = ""
+    kind: str | None = None
+    reason: str = ""
+    samples: int = 0
+    positions: int = 0
+    top1: int = 0
+    top5: int = 0
+    sequences: int = 0
+    nonfinite_a: bool = False
+    nonfinite_b: bool = False
+    correct_a: int = 0
+    correct_b: int = 0
+    labelled: int = 0
+
+    def update(self, a: np.ndarray, b: np.ndarray, labels: np.ndarray | None = None) -> None:
+        """``labels``: integer class per sample, or None (then no accuracy)."""
+        a, b = np.asarray(a), np.asarray(b)
+        self.kind, self.reason = agreement_kind(a.shape, self.name)
+        if self.kind not in (CLASS, POSITION) or a.shape != b.shape:
+            return
+        finite_a, finite_b = bool(np.isfinite(a).all()), bool(np.isfinite(b).all())
+        self.nonfinite_a |= not finite_a
+        self.nonfinite_b |= not finite_b
+        n = a.shape[0]
+        a2, b2 = (a.reshape(n, -1), b.reshape(n, -1)) if self.kind == CLASS else _rows(a, b)
+        top_a, top_b = a2.argmax(axis=1), b2.argmax(axis=1)
+        same = top_a == top_b
+        k = min(5, b2.shape[1])
+        top5_b = np.argpartition(-b2, k - 1, axis=1)[:, :k]
+        self.samples += n
+        self.positions += same.size
+        self.top1 += int(same.sum())
+        self.top5 += int((top5_b == top_a[:, None]).any(axis=1).sum())
+        self.sequences += int(same.reshape(n, -1).all(axis=1).sum())
+        if labels is not None and self.kind == CLASS:
+            lab = np.asarray(labels).reshape(-1)
+            self.correct_a += int((top_a == lab).sum()) if finite_a else 0
+            self.correct_b += int((top_b == lab).sum()) if finite_b else 0
+            self.labelled += lab.size
+
+    @property
+    def applies(self) -> bool:
+        return self.kind in (CLASS, POSITION)
+
+    def metrics(self) -> dict[str, float | None]:
+        """``agreement`` (per sample or per position), ``top5_agreement`` and, per position,
+        ``sequence_agreement``; ``None`` where not applicable or undefined (NaN/Inf)."""
+        if not self.applies or not self.samples or self.nonfinite_a or self.nonfinite_b:
+            return {"agreement": None, "top5_agreement": None, "sequence_agreement": None}
+        return {
+            "agreement": self.top1 / self.positions,
+            "top5_agreement": self.top5 / self.positions,
+            "sequence_agreement": self.sequences / self.samples if self.kind == POSITION else None,
+        }
+
+    def note(self) -> str:
+        """Why agreement is absent ('' when it is defined)."""
+        if not self.applies:
+            return f"agreement not defined: {self.reason}" if self.reason else ""
+        if self.nonfinite_a or self.nonfinite_b:
+            return "agreement undefined: NaN/Inf in the output"
+        return ""
+
+    def accuracy(self) -> dict[str, float | None] | None:
+        """A (FP32) and B accuracy and B − A; None when no labels were scored."""
+        if not self.labelled:
+            return None
+        acc_a = None if self.nonfinite_a else self.correct_a / self.labelled
+        acc_b = None if self.nonfinite_b else self.correct_b / self.labelled
+        delta = None if acc_a is None or acc_b is None else acc_b - acc_a
+        return {"A": acc_a, "B": acc_b, "delta": delta}
+
+
+def _rows(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(N, ..., C) -> (N·positions, C): one row per position."""
+    c = a.shape[-1]
+    return a.reshape(-1, c), b.reshape(-1, c)
+
+
+def labels_accuracy_reason(labels: np.ndarray | None) -> str:
+    """Why built-in accuracy cannot use these labels ('' when it can)."""
+    if labels is None:
+        return ""
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        return f"labels are {labels.dtype}{list(labels.shape)}, not one integer class per sample"
+    return ""
+
+
+def accuracy_output(kinds: Mapping[str, str | None]) -> str | None:
+    """The output accuracy is measured on: the first one holding class scores."""
+    return next((name for name, kind in kinds.items() if kind == CLASS), None)
+
+
+def output_kinds(
+    shapes: Mapping[str, Sequence[int | str | None] | None],
+) -> dict[str, tuple[str | None, str]]:
+    """:func:`agreement_kind` of every output; a shape of ``None`` (rank unknown) is unknown."""
+    return {
+        name: (UNKNOWN, "its shape is unknown") if shape is None else agreement_kind(shape, name)
+        for name, shape in shapes.items()
+    }
+
+
+def declared_output_shapes(model: Any) -> dict[str, tuple[int | str | None, ...] | None]:
+    """Output name -> shape as an ONNX model declares it (symbolic dims as str/None; ``None``
+    when the rank is not declared)."""
+    shapes: dict[str, tuple[int | str | None, ...] | None] = {}
+    for value in model.graph.output:
+        t = value.type.tensor_type
+        if not t.HasField("shape"):
+            shapes[value.name] = None
+            continue
+        dims: list[int | str | None] = []
+        for d in t.shape.dim:
+            static = d.HasField("dim_value") and d.dim_value > 0
+            dims.append(int(d.dim_value) if static else (d.dim_param or None))
+        shapes[value.name] = tuple(dims)
+    return shapes
+
+
+def metric_support(
+    metric: str, kinds: Mapping[str, tuple[str | None, str]], labels: np.ndarray | None
+) -> str | None:
+    """Why ``metric`` cannot be defined for outputs of these kinds: ``""`` when it can, a reason
+    when it cannot, ``None`` when only data can tell (symbolic class axis)."""
+    if metric in ("accuracy", "accuracy_drop", "accuracy_delta"):
+        if labels is None:
+            return f"{metric} needs --labels LABELS.npy"
+        if reason := labels_accuracy_reason(labels):
+            return f"{metric} needs integer class labels; {reason}"
+        wanted, what = (CLASS,), "no output holds class scores [N, C]"
+    elif metric in ("top1_agreement", "top5_agreement"):
+        wanted, what = (CLASS, POSITION), "no output supports argmax agreement"
+    elif metric == "sequence_agreement":
+        wanted, what = (POSITION,), "no output has per-position scores (N, ..., C)"
+    else:
+        return ""
+    found = [kind for kind, _ in kinds.values()]
+    if any(kind in wanted for kind in found):
+        return ""
+    if UNKNOWN in found:
+        return None
+    why = "; ".join(f"{name}: {reason or kind}" for name, (kind, reason) in kinds.items())
+    return f"{metric} is not defined for this model: {what} ({why})"
+
+
+# --------------------------------------------------------------------------- model level
+
+
+@dataclass
+class OutputsAccumulator:
+    """Drift and agreement of every model output of one candidate against FP32."""
+
+    names: list[str]
+    labels_usable: bool = True
+    drift: dict[str, DriftAccumulator] = field(default_factory=dict)
+    agreement: dict[str, AgreementAccumulator] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.drift = {n: DriftAccumulator() for n in self.names}
+        self.agreement = {n: AgreementAccumulator(name=n) for n in self.names}
+
+    def update(
+        self,
+        reference: Mapping[str, np.ndarray],
+        candidate: Mapping[str, np.ndarray],
+        labels: np.ndarray | None = None,
+    ) -> None:
+        """One batch; ``candidate`` keyed by the reference's output names."""
+        label_output = self.label_output(reference)
+        for name in self.names:
+            a, b = reference[name], candidate[name]
+            self.drift[name].update(a, b)
+            lab = labels if name == label_output and self.labels_usable else None
+            self.agreement[name].update(a, b, lab)
+
+    def label_output(self, reference: Mapping[str, np.ndarray]) -> str | None:
+        kinds = {n: agreement_kind(np.shape(reference[n]), n)[0] for n in self.names}
+        return accuracy_output(kinds)
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        """Per output: agreement metrics, drift metrics, ``agreement_kind``, ``agreement_note``
+        and ``nonfinite`` counts."""
+        out = {}
+        for name in self.names:
+            agree, drift = self.agreement[name], self.drift[name]
+            row: dict[str, Any] = dict(agree.metrics())
+            row.update({k: v for k, v in drift.metrics().items() if k != "clip_fraction"})
+            row["agreement_kind"] = agree.kind if agree.applies else None
+            row["agreement_note"] = agree.note() or None
+            row["nonfinite"] = drift.nonfinite()
+            out[name] = row
+        return out
+
+    def accuracy(self) -> dict[str, float | None] | None:
+        return next(
+            (acc for a in self.agreement.values() if (acc := a.accuracy()) is not None), None
+        )
+
+    def model_metrics(self) -> dict[str, float | None]:
+        """:data:`MODEL_METRICS` for the whole model (worst output; see module doc)."""
+        out = model_metrics(list(self.rows().values()))
+        acc = self.accuracy()
+        out["accuracy"] = None if acc is None else acc["B"]
+        out["accuracy_drop"] = (
+            None if acc is None or acc["delta"] is None else acc["A"] - acc["B"]  # type: ignore[operator]
+        )
+        return out
+
+
+def model_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """Model-level agreement/cosine/SQNR from per-output rows: the worst output counts.
+
+    Agreement over outputs where argmax applies (``agreement_kind`` set); ``None`` when no
+    output supports it, or when any output's value is undefined. Values may be JSON text
+    (``"inf"``) as in a results document.
+    """
+
+    def worst(key: str, applicable: Sequence[Mapping[str, Any]]) -> float | None:
+        if not applicable:
+            return None
+        values = [_number(r.get(key)) for r in applicable]
+        if any(v is None for v in values):
+            return None
+        return min(values)  # type: ignore[type-var]
+
+    agreeing = [r for r in rows if r.get("agreement_kind")]
+    sequences = [r for r in rows if r.get("agreement_kind") == POSITION]
+    return {
+        "top1_agreement": worst("agreement", agreeing),
+        "top5_agreement": worst("top5_agreement", agreeing),
+        "sequence_agreement": worst("sequence_agreement", sequences),
+        "cosine": worst("cosine", rows),
+        "sqnr_db": worst("sqnr_db", rows),
+    }
+
+
+def _number(value: Any) -> float | None:
+    """A metric value as a float; JSON's "inf"/"-inf" included, "nan"/None/other -> None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return None if math.isnan(value) else float(value)
+    if isinstance(value, str) and value in ("inf", "-inf"):
+        return math.inf if value == "inf" else -math.inf
+    return None
+
+
+# --------------------------------------------------------------------------- clipping
+
+
+def count_clipped(values: np.ndarray, amax: float) -> int:
+    """How many values lie outside [-amax, amax] (would saturate in INT8)."""
+    return int(np.count_nonzero(values > amax)) + int(np.count_nonzero(values < -amax))
+
+
+@dataclass
+class ClipCounter:
+    """Fraction of a quantized op's FP32 input beyond its amax (its clipping)."""
+
+    amax: float
+    n: int = 0
+    clipped: int = 0
+
+    def update(self, values: np.ndarray) -> None:
+        self.n += values.size
+        self.clipped += count_clipped(values, self.amax)
+
+    @property
+    def fraction(self) -> float | None:
+        return self.clipped / self.n if self.n else None
+
+
+def is_class_scores(shape: tuple[int, ...]) -> bool:
+    """[N, C] (or [N, C, 1, 1]) with C > 1: per-sample top-1/top-5 agreement applies."""
+    return agreement_kind(shape)[0] == CLASS
