@@ -14,12 +14,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
+import numpy as np
+
 from quantbench.errors import QuantbenchError
 from quantbench.stats import TensorStats
 
 CalibrateFn = Callable[[TensorStats, "str | None"], float]
 
 ENTRY_POINT_GROUP = "quantbench.calibrators"
+#: the method every command uses when none is given (calibrate, quantize, compare ``int8``,
+#: sensitivity, recover and their CLI defaults): one place to change it.
+DEFAULT_METHOD = "entropy"
+#: not a calibrator but a choice among them per tensor (:mod:`quantbench.autocalib`); reserved
+#: here so that every method list and error message knows it.
+AUTO = "auto"
 _BUILTIN_MODULES = ("minmax", "entropy", "percentile", "mse")
 
 
@@ -41,6 +49,8 @@ class CalibratorSpec:
     options: tuple[str, ...] = ()
     #: the variants ``all`` expands to (default: every option); slow niche variants stay out.
     in_all: tuple[str, ...] | None = None
+    #: what a user must know about the default variant, said wherever its tables are written
+    note: str = ""
 
 
 _REGISTRY: dict[str, CalibratorSpec] = {}
@@ -54,12 +64,13 @@ def register(
     default_option: str | None = None,
     options: tuple[str, ...] = (),
     in_all: tuple[str, ...] | None = None,
+    note: str = "",
 ) -> Callable[[CalibrateFn], CalibrateFn]:
     """Decorator that adds a calibrator function to the registry under ``name``."""
 
     def wrap(fn: CalibrateFn) -> CalibrateFn:
         _REGISTRY[name] = CalibratorSpec(
-            name, fn, description, trt_algorithm, default_option, options, in_all
+            name, fn, description, trt_algorithm, default_option, options, in_all, note
         )
         return fn
 
@@ -95,8 +106,41 @@ def spec(name: str) -> CalibratorSpec:
         return _REGISTRY[name]
     except KeyError:
         raise QuantbenchError(
-            f"unknown calibration method {name!r}; choose one of {', '.join(available())}"
+            f"unknown calibration method {name!r}; choose one of {', '.join(method_names())}"
         ) from None
+
+
+def method_note(method: str) -> str:
+    """The registered note of ``method``'s default variant (empty for other variants)."""
+    if method == AUTO:
+        return ""
+    s, _ = parse_method(method)
+    return s.note if canonical(method) == s.name else ""
+
+
+def method_names() -> list[str]:
+    """Every method string a user can give: each calibrator with each named variant (a numeric
+    option shown as ``name:P``), then ``auto`` and ``all``."""
+    _load()
+    out: list[str] = []
+    for s in _REGISTRY.values():
+        if s.options:
+            out += [s.name] + [f"{s.name}:{v}" for v in s.options if v != s.default_option]
+        elif s.default_option is not None:
+            out.append(f"{s.name}[:P]")
+        else:
+            out.append(s.name)
+    return [*out, AUTO, "all"]
+
+
+def check_method(method: str) -> str:
+    """Canonical name of ``method`` after trying it on a one-value histogram, so that a bad
+    option (``entropy:5``, ``percentile:abc``) fails before any inference, not after it."""
+    s, opt = parse_method(method)
+    probe = TensorStats("probe")
+    probe.update(np.array([1.0], dtype=np.float32))
+    s.fn(probe, opt)
+    return canonical(method)
 
 
 def parse_method(method: str) -> tuple[CalibratorSpec, str | None]:

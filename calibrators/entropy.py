@@ -1,6 +1,8 @@
 """Entropy (KL-divergence) calibration in three flavours that real tools disagree on.
 
-``entropy`` / ``entropy:trt`` (default) follows TensorRT's ``IInt8EntropyCalibrator2`` (reference
+``entropy`` / ``entropy:trt`` (default) is *quantbench's variant* of TensorRT's
+``IInt8EntropyCalibrator2`` (the slide algorithm with the zero spike left out: see (*) below;
+unconfirmed against a real TensorRT cache of a ReLU network) (reference
 §1.2, §1.3, §1.7); ``entropy:pytorch`` and ``entropy:ort`` reproduce pytorch-quantization and
 onnxruntime, so a user can see *why* the same data gives three different scales (§1.6):
 
@@ -20,8 +22,9 @@ amax           (i + 0.5) * max / 2048   i * max / 2048             window edge, 
                                                                    (min, max)
 =============  =======================  =========================  ============================
 
-(*) ``entropy:slides`` keeps it: the slide pseudocode literally, which collapses on ReLU outputs
-(see :func:`trt_amax`).
+(*) quantbench's own choice, not known to be TensorRT's: TensorRT's code is not public, and no
+real TensorRT cache of a ReLU network has confirmed it yet. ``entropy:slides`` keeps the spike:
+the slide pseudocode literally, which collapses on ReLU outputs (see :func:`trt_amax`).
 
 TensorRT level formation (our choice, TensorRT's own code is not public). For a candidate ``i``
 that is not a multiple of 128 we merge ``g = floor(i / 128)`` consecutive bins per level and let
@@ -182,7 +185,8 @@ def zero_spike(stats: TensorStats) -> float:
 
 
 def trt_amax(stats: TensorStats) -> float:
-    """TensorRT EntropyCalibration2 with the zero spike left out of the KL search.
+    """quantbench's variant of TensorRT EntropyCalibration2: the zero spike left out of the KL
+    search (the slide algorithm otherwise; not yet confirmed by a TensorRT cache of a ReLU net).
 
     Exact zeros are exact at every scale, so they say nothing about the threshold. The literal
     slide algorithm (``entropy:slides``) lets a ReLU output's zero spike dominate P: merging
@@ -322,14 +326,18 @@ _VARIANT_FNS = {
 
 @register(
     "entropy",
-    "KL-divergence threshold; variants trt (TensorRT EntropyCalibrator2), pytorch, ort",
+    "KL-divergence threshold; variants trt (TensorRT EntropyCalibrator2, quantbench's "
+    "zero-spike variant), slides (literal), pytorch, ort",
     trt_algorithm="EntropyCalibration2",
     default_option="trt",
     options=VARIANTS,
     in_all=("trt", "slides", "pytorch", "ort"),  # ort-2048 is ~30 ms/tensor: asked for by name only
+    note="quantbench's variant of TensorRT's EntropyCalibration2 search (zero spike left out; "
+    "unconfirmed by a TensorRT cache of a ReLU network)",
 )
 def entropy(stats: TensorStats, option: str | None) -> float:
-    """amax minimising KL(P || Q) the way the chosen tool does it (default: TensorRT)."""
+    """amax minimising KL(P || Q) the way the chosen tool does it (default: quantbench's
+    zero-spike variant of TensorRT's search)."""
     variant = option or "trt"
     if variant not in _VARIANT_FNS:
         raise QuantbenchError(

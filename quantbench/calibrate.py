@@ -10,34 +10,48 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quantbench import __version__
 from quantbench import calibrators as registry
+from quantbench.autocalib import AUTO, AutoTable, choose_auto
+from quantbench.clipguard import (
+    DEFAULT_CLIP_WARN,
+    ClipFlag,
+    check_clip_warn,
+    clip_flags,
+    clip_warning,
+)
 from quantbench.collect import cached_stats_path, collect_stats, find_cached_stats
 from quantbench.data import open_data
 from quantbench.errors import QuantbenchError
 from quantbench.fileio import check_output_path
-from quantbench.graph import Graph, calibration_tensors, open_graph
+from quantbench.graph import Graph, calibration_tensors, open_graph, untyped_tensors
 from quantbench.progress import info, warn
 from quantbench.stats import StatsFile
-from quantbench.table import CalibrationTable, Provenance
+from quantbench.table import CalibrationTable
+from quantbench.table.build import build_table, nonfinite_report
 from quantbench.table.codecs import FORMAT_SUFFIX, write_table
+from quantbench.table.trt_cache import DEFAULT_TRT_VERSION, check_cache_target
 
-DEFAULT_TRT_VERSION = "10.16.0"
-#: per-tensor choice among the calibrators (quantbench.recovery.auto)
-AUTO = "auto"
-AUTO_HOLDOUT_SAMPLES = 64
+__all__ = ["AUTO", "build_table", "calibrate", "obtain_stats", "CalibrationResult"]
 
 
 @dataclass
 class CalibrationResult:
-    """Tables per method, the statistics they came from and the files written."""
+    """Tables per method, the statistics they came from, the files written and the warnings."""
 
     tables: dict[str, CalibrationTable]
     stats: StatsFile
     stats_path: Path | None = None
     written: list[Path] = field(default_factory=list)
+    #: tensors that held NaN/Inf (calibrated from their finite values unless none was finite)
     nonfinite: list[str] = field(default_factory=list)
     from_cache: bool = False
+    #: method -> tensors whose threshold clips more than ``clip_warn`` of their values
+    clipping: dict[str, list[ClipFlag]] = field(default_factory=dict)
+    #: ``--method auto``: every candidate's score and the per-tensor choices
+    auto: AutoTable | None = None
+    #: node outputs of unknown type: not calibrated
+    untyped: list[str] = field(default_factory=list)
+    clip_warn: float = DEFAULT_CLIP_WARN
 
 
 def obtain_stats(
@@ -56,7 +70,8 @@ def obtain_stats(
 ) -> tuple[StatsFile, Path | None, bool]:
     """Statistics for ``graph``: merged shards, a given file, the cache, or one new pass.
 
-    Returns (stats, path it lives at, whether it came from disk without inference).
+    Returns (stats, path it lives at, whether it came from disk without inference). An
+    unreadable cache file is a miss: recomputed and overwritten (an explicit file is an error).
     """
     if merge:
         merged = StatsFile.merge([_load_for(graph, p) for p in merge])
@@ -71,11 +86,15 @@ def obtain_stats(
     if use_cache and source.fingerprint:
         cached = find_cached_stats(graph.hash, source.fingerprint, tensors)
         if cached is not None:
-            return _load_for(graph, cached), cached, True
+            try:
+                return _load_for(graph, cached), cached, True
+            except QuantbenchError as exc:
+                warn(f"ignoring an unreadable statistics cache file, recomputing: {exc}")
+    _name_untyped(graph)
     names = calibration_tensors(graph, tensors)
     result = collect_stats(graph, source, names, provider=provider, show_progress=show_progress)
     path = None
-    if use_cache:
+    if use_cache and source.fingerprint:  # a stream's fingerprint is known only after the pass
         path = cached_stats_path(graph.hash, result.data_fingerprint, tensors)
         path.parent.mkdir(parents=True, exist_ok=True)
         result.save(path)
@@ -92,43 +111,28 @@ def _load_for(graph: Graph, path: str | Path) -> StatsFile:
     return s
 
 
-def build_table(stats: StatsFile, method: str, graph: Graph | None = None) -> CalibrationTable:
-    """One method's table; tensors that held NaN/Inf are left out (they cannot be scaled)."""
-    spec, _ = registry.parse_method(method)
-    name = registry.canonical(method)
-    table = CalibrationTable(
-        method=name,
-        algorithm=spec.trt_algorithm,
-        provenance=Provenance(
-            model_hash=stats.model_hash,
-            data_fingerprint=stats.data_fingerprint,
-            num_samples=stats.num_samples,
-            tool_version=__version__,
-        ),
-    )
-    for t in stats:
-        if t.has_nonfinite:
-            continue
-        table.set(t.name, registry.compute_amax(method, t), name)
-    return table
+def _name_untyped(graph: Graph) -> list[str]:
+    """Warn about node outputs whose type nothing could tell: they cannot be calibrated."""
+    untyped = untyped_tensors(graph)
+    if untyped:
+        shown = ", ".join(untyped[:8]) + (" ..." if len(untyped) > 8 else "")
+        warn(
+            f"{len(untyped)} tensor(s) have no known type (neither ONNX shape inference nor "
+            f"onnxruntime can type their ops) and are not calibrated: {shown}"
+        )
+    return untyped
 
 
-def auto_method_table(
-    graph: Graph,
-    stats: StatsFile,
-    holdout: object | None,
-    *,
-    preset: str | Path | None = None,
-    provider: str | None = None,
-) -> CalibrationTable:
-    """``--method auto``: each quantized tensor gets the calibrator with the least isolated error
-    on a held-back slice (by default the first 64 samples of the calibration data)."""
-    from quantbench.recovery.auto import auto_table
-
-    if holdout is None:
-        raise QuantbenchError("--method auto needs data to judge the calibrators on: give --data")
-    source = open_data(holdout, graph.inputs, max_samples=AUTO_HOLDOUT_SAMPLES, preset=preset)
-    return auto_table(graph, stats, source, provider=provider).table
+def check_methods(methods: list[str] | None) -> list[str]:
+    """Canonical method list (``all`` expanded, ``auto`` last), every name and option tried
+    before any inference."""
+    requested = methods or [registry.DEFAULT_METHOD]
+    want_auto = any(m.strip() == AUTO for m in requested)
+    method_list = [
+        registry.check_method(m)
+        for m in registry.expand_methods([m for m in requested if m.strip() != AUTO])
+    ]
+    return [*method_list, AUTO] if want_auto else method_list
 
 
 def method_file_name(method: str, fmt: str) -> str:
@@ -139,6 +143,34 @@ def method_file_name(method: str, fmt: str) -> str:
 def default_tensors_mode(fmt: str) -> str:
     """A TensorRT cache should cover every tensor TensorRT may run in INT8 (design.md)."""
     return "all" if fmt in ("trt", "ort-flatbuffers", "json") else "quantizable"
+
+
+def method_table(
+    graph: Graph,
+    stats: StatsFile,
+    method: str,
+    calib_data: object | None,
+    holdout_data: object | None = None,
+    *,
+    batch_size: int | None = None,
+    preset: str | None = None,
+    provider: str | None = None,
+    threads: int | None = None,
+) -> tuple[CalibrationTable, AutoTable | None]:
+    """One method's table; ``auto`` through :func:`quantbench.autocalib.choose_auto`."""
+    if method != AUTO:
+        return build_table(stats, method), None
+    auto = choose_auto(
+        graph,
+        stats,
+        calib_data,
+        holdout_data,
+        batch_size=batch_size,
+        preset=preset,
+        provider=provider,
+        threads=threads,
+    )
+    return auto.table, auto
 
 
 def calibrate(
@@ -157,22 +189,32 @@ def calibrate(
     stats: str | Path | None = None,
     merge: list[str | Path] | None = None,
     save_stats: str | Path | None = None,
+    holdout_data: object | None = None,
+    clip_warn: float = DEFAULT_CLIP_WARN,
     use_cache: bool = True,
     show_progress: bool = True,
 ) -> CalibrationResult:
-    """Calibrate ``model`` with every method in ``methods`` from one statistics pass."""
+    """Calibrate ``model`` with every method in ``methods`` from one statistics pass.
+
+    Every option (methods and their options, format, TensorRT version, output paths) is checked
+    before any inference, so a bad one costs nothing and leaves nothing behind.
+    """
     if fmt not in FORMAT_SUFFIX:
         raise QuantbenchError(f"--format must be one of {', '.join(FORMAT_SUFFIX)}, not {fmt!r}")
-    requested = methods or ["entropy"]
-    want_auto = any(m.strip() == AUTO for m in requested)
-    method_list = registry.expand_methods([m for m in requested if m.strip() != AUTO])
-    if want_auto:
-        method_list.append(AUTO)
+    if fmt == "trt":
+        check_cache_target(trt_version)
+    check_clip_warn(clip_warn)
+    method_list = check_methods(methods)
+    if AUTO in method_list and data is None and holdout_data is None:
+        raise QuantbenchError(
+            "--method auto needs data to judge the calibrators on: give --data or --holdout-data"
+        )
     graph = model if isinstance(model, Graph) else open_graph(model)
+    mode = tensors or default_tensors_mode(fmt)
+    calibration_tensors(graph, mode)  # a bad --tensors fails here
     targets = _output_targets(graph, method_list, output, fmt)
     if save_stats is not None:
         check_output_path(save_stats)
-    mode = tensors or default_tensors_mode(fmt)
     stats_file, stats_path, from_cache = obtain_stats(
         graph,
         data,
@@ -188,29 +230,50 @@ def calibrate(
     )
     if save_stats is not None:
         stats_path = stats_file.save(save_stats)
-    nonfinite = stats_file.nonfinite_tensors()
-    if nonfinite:
-        warn(
-            f"{len(nonfinite)} tensor(s) held NaN/Inf and are left out of the tables: "
-            + ", ".join(nonfinite[:8])
-            + (" ..." if len(nonfinite) > 8 else "")
+    for line in nonfinite_report(stats_file):
+        warn(line)
+    tables: dict[str, CalibrationTable] = {}
+    auto = None
+    for m in method_list:
+        tables[m], found = method_table(
+            graph,
+            stats_file,
+            m,
+            data,
+            holdout_data,
+            batch_size=batch_size,
+            preset=preset,
+            provider=provider,
         )
-    tables = {
-        m: auto_method_table(graph, stats_file, data, preset=preset)
-        if m == AUTO
-        else build_table(stats_file, m, graph)
-        for m in method_list
-    }
+        auto = found or auto
+    clipping = {m: clip_flags(stats_file, t, clip_warn) for m, t in tables.items()}
+    for m, flags in clipping.items():
+        if text := clip_warning(flags, clip_warn, m):
+            warn(text)
     written = []
+    if targets and len(method_list) > 1:
+        next(iter(targets.values())).parent.mkdir(exist_ok=True)
     for m, target in targets.items():
         written.append(write_table(tables[m], target, fmt, trt_version=trt_version))
-    return CalibrationResult(tables, stats_file, stats_path, written, nonfinite, from_cache)
+    return CalibrationResult(
+        tables,
+        stats_file,
+        stats_path,
+        written,
+        stats_file.nonfinite_tensors(),
+        from_cache,
+        clipping,
+        auto,
+        untyped_tensors(graph),
+        clip_warn,
+    )
 
 
 def _output_targets(
     graph: Graph, methods: list[str], output: str | Path | None, fmt: str
 ) -> dict[str, Path]:
-    """One method: ``output`` is the file. Several: ``output`` is a folder of one file each."""
+    """One method: ``output`` is the file. Several: ``output`` is a folder of one file each
+    (checked here, created only when the tables are written)."""
     if output is None:
         return {}
     out = Path(output)
@@ -223,7 +286,6 @@ def _output_targets(
         raise QuantbenchError(f"{out}: with several methods -o names a folder, but this is a file")
     if not out.exists():
         check_output_path(out)  # the parent must exist
-        out.mkdir()
     return {m: out / method_file_name(m, fmt) for m in methods}
 
 
@@ -235,5 +297,11 @@ def summarize(result: CalibrationResult) -> None:
         f"calibrated {len(s)} tensors over {s.num_samples} samples from {origin}; "
         f"methods: {', '.join(result.tables)}"
     )
+    if result.auto is not None:
+        scores = ", ".join(f"{k} {v:.2f} dB" for k, v in result.auto.output_sqnr_db.items())
+        info(f"auto: chose {result.auto.chosen} (output SQNR on {result.auto.holdout}: {scores})")
+    by_path = dict(zip(result.written, result.tables, strict=False))
     for p in result.written:
-        info(f"wrote {p}")
+        method = by_path.get(p, "?")
+        note = registry.method_note(method) if method != "?" else ""
+        info(f"wrote {p} (method {method}{': ' + note if note else ''})")

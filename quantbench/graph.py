@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
+from quantbench.customops import checkable, lowered
 from quantbench.errors import QuantbenchError, first_line
 
 #: ops whose inputs TensorRT quantizes (weighted ops: Q/DQ on data and weight).
@@ -45,6 +46,10 @@ _NP_DTYPES = {
     onnx.TensorProto.INT8: np.int8,
     onnx.TensorProto.UINT8: np.uint8,
     onnx.TensorProto.BOOL: np.bool_,
+    onnx.TensorProto.INT16: np.int16,
+    onnx.TensorProto.UINT16: np.uint16,
+    onnx.TensorProto.UINT32: np.uint32,
+    onnx.TensorProto.UINT64: np.uint64,
 }
 
 
@@ -113,12 +118,27 @@ class Graph:
         return None
 
     def node_names(self) -> list[str]:
-        return [node_label(n, i) for i, n in enumerate(self.model.graph.node)]
+        return node_labels(self.model.graph.node)
 
 
 def node_label(node: onnx.NodeProto, index: int) -> str:
     """A node's name, or a stable stand-in for unnamed nodes (``Conv_12``)."""
     return node.name or f"{node.op_type}_{index}"
+
+
+def node_labels(nodes: Iterable[onnx.NodeProto]) -> list[str]:
+    """Every node's :func:`node_label`, made unique (``name``, ``name_1``, ...): the one naming
+    rule; ``quantize`` writes these names into its models, reports and artefacts read them."""
+    seen: set[str] = set()
+    labels: list[str] = []
+    for index, node in enumerate(nodes):
+        base = node_label(node, index)
+        name, k = base, 1
+        while name in seen:
+            name, k = f"{base}_{k}", k + 1
+        seen.add(name)
+        labels.append(name)
+    return labels
 
 
 # --------------------------------------------------------------------------- loading
@@ -147,19 +167,10 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise QuantbenchError(f"{p}: not an ONNX model (empty graph); is the file truncated?")
     _check_input_ranks(model, p)
     try:
-        onnx.checker.check_model(_checkable(model))
+        onnx.checker.check_model(checkable(model))
     except Exception as exc:  # noqa: BLE001
         first = first_line(exc)
         raise QuantbenchError(f"{p}: invalid ONNX model: {first}") from None
-    return model
-
-
-def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
-    """onnx.checker knows no DWConv2D (our plugin op): check a copy that names its domain."""
-    if any(n.op_type == "DWConv2D" for n in model.graph.node):
-        from quantbench.plugins.dwconv2d import checkable_copy
-
-        return checkable_copy(model)
     return model
 
 
@@ -181,37 +192,82 @@ def open_graph(path: str | Path | onnx.ModelProto, require_fixed_rank: bool = Tr
         p = Path(path)
         model = load_model(p)
         digest = file_hash(p)
+    model = _dynamic_dims(model, copy=not isinstance(path, (str, Path)))
     g = Graph(model=model, path=p, hash=digest)
     g.elem_types = _elem_types(model)
     if require_fixed_rank:
         _check_input_ranks(model, p)
-    g.inputs = _graph_inputs(model)
+    g.inputs = _graph_inputs(model, p)
     g.outputs = [_spec(v) for v in model.graph.output]
     g.constants = constant_tensors(model)
     return g
 
 
+def _dynamic_dims(model: onnx.ModelProto, copy: bool) -> onnx.ModelProto:
+    """Exporters write a dynamic dim as ``dim_value: -1`` (paddle2onnx) or ``0``; onnxruntime
+    takes -1 as dynamic but 0 as a static size of zero, so both become unnamed dynamic dims of
+    the graph's inputs, outputs and value_info (``copy``: leave a caller's proto untouched)."""
+
+    def nonpositive(m: onnx.ModelProto) -> list[onnx.TensorShapeProto.Dimension]:
+        values = [*m.graph.input, *m.graph.output, *m.graph.value_info]
+        return [
+            d
+            for v in values
+            for d in v.type.tensor_type.shape.dim
+            if d.HasField("dim_value") and d.dim_value <= 0
+        ]
+
+    if not nonpositive(model):
+        return model
+    if copy:
+        clone = onnx.ModelProto()
+        clone.CopyFrom(model)
+        model = clone
+    for d in nonpositive(model):
+        d.ClearField("dim_value")
+    return model
+
+
 def _spec(v: onnx.ValueInfoProto) -> TensorSpec:
+    """A value's signature; a dim is static only when it is a positive ``dim_value``."""
     t = v.type.tensor_type
     dims: list[int | str | None] = []
     if t.HasField("shape"):
         for d in t.shape.dim:
-            if d.HasField("dim_value"):
+            if d.HasField("dim_value") and d.dim_value > 0:
                 dims.append(int(d.dim_value))
-            elif d.HasField("dim_param"):
+            elif d.HasField("dim_param") and d.dim_param:
                 dims.append(d.dim_param)
             else:
                 dims.append(None)
     return TensorSpec(v.name, np.dtype(_NP_DTYPES.get(t.elem_type, np.float32)), tuple(dims))
 
 
-def _graph_inputs(model: onnx.ModelProto) -> list[TensorSpec]:
+def _graph_inputs(model: onnx.ModelProto, p: Path | None = None) -> list[TensorSpec]:
+    """The inputs data must feed (initializers listed as inputs are not), with types numpy
+    can hold: an input of another type (string, float8, ...) is refused by name."""
     inits = {i.name for i in model.graph.initializer}
-    return [_spec(v) for v in model.graph.input if v.name not in inits]
+    specs = []
+    for v in model.graph.input:
+        if v.name in inits:
+            continue
+        elem = v.type.tensor_type.elem_type
+        if elem not in _NP_DTYPES:
+            kind = onnx.TensorProto.DataType.Name(elem) if elem else "no tensor type"
+            raise QuantbenchError(
+                f"{p or 'model'}: input {v.name!r} has element type {kind}; quantbench feeds "
+                f"only {', '.join(sorted(np.dtype(t).name for t in _NP_DTYPES.values()))} inputs"
+            )
+        specs.append(_spec(v))
+    return specs
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element type of every tensor, from shape inference where the graph does not say."""
+    """Element type of every tensor, from shape inference where the graph does not say.
+
+    ONNX shape inference knows no contrib op (``com.microsoft.Gelu`` ...), so node outputs it
+    leaves untyped are asked of onnxruntime, which types every op it can run.
+    """
     try:
         inferred = shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001 - inference is best effort (custom ops)
@@ -228,7 +284,66 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
             for a in n.attribute:
                 if a.name == "value":
                     types[n.output[0]] = a.t.data_type
+    missing = [o for n in g.node for o in n.output if o and o not in types]
+    if missing:
+        types.update(_onnxruntime_types(model, missing))
     return types
+
+
+#: onnxruntime's type strings -> ONNX element types (the float types calibration cares about,
+#: and the integer/bool types that must be told apart from them).
+_ORT_TYPES = {
+    "tensor(float)": onnx.TensorProto.FLOAT,
+    "tensor(float16)": onnx.TensorProto.FLOAT16,
+    "tensor(double)": onnx.TensorProto.DOUBLE,
+    "tensor(bfloat16)": onnx.TensorProto.BFLOAT16,
+    "tensor(int64)": onnx.TensorProto.INT64,
+    "tensor(int32)": onnx.TensorProto.INT32,
+    "tensor(int8)": onnx.TensorProto.INT8,
+    "tensor(uint8)": onnx.TensorProto.UINT8,
+    "tensor(bool)": onnx.TensorProto.BOOL,
+}
+
+
+def _onnxruntime_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
+    """Types of ``names`` as onnxruntime resolves them: exposed as untyped graph outputs, typed
+    by the session's own inference (no inference is run), plugin ops lowered as onnxruntime runs
+    them. Empty when onnxruntime cannot load the model (an op it does not know); those tensors
+    stay untyped (:func:`untyped_tensors`)."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()  # a copy: the caller's model is never changed
+    probe.CopyFrom(lowered(model))  # plugin ops (DWConv2D) as the standard ONNX onnxruntime runs
+    present = {o.name for o in probe.graph.output}
+    for name in names:
+        if name not in present:
+            probe.graph.output.append(onnx.ValueInfoProto(name=name))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    try:  # an op onnxruntime lacks, or a model over 2 GiB: the tensors stay untyped
+        session = ort.InferenceSession(
+            probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+    except Exception:  # noqa: BLE001
+        return {}
+    wanted = set(names)
+    return {
+        o.name: _ORT_TYPES[o.type]
+        for o in session.get_outputs()
+        if o.name in wanted and o.type in _ORT_TYPES
+    }
+
+
+def untyped_tensors(g: Graph) -> list[str]:
+    """Non-constant node outputs whose type neither ONNX nor onnxruntime could tell: they
+    cannot be calibrated, and callers name them instead of dropping them silently."""
+    return [
+        o
+        for n in g.model.graph.node
+        for o in n.output
+        if o and o not in g.elem_types and o not in g.constants
+    ]
 
 
 def constant_tensors(model: onnx.ModelProto) -> set[str]:
@@ -281,6 +396,7 @@ def residual_add_inputs(g: Graph, op_types: Iterable[str] = WEIGHTED_OP_TYPES) -
     producers = g.producers()
     weighted = set(op_types)
     out: dict[str, str] = {}
+    labels = node_labels(g.model.graph.node)
     for i, n in enumerate(g.model.graph.node):
         if n.op_type != "Add" or len(n.input) != 2:
             continue
@@ -293,7 +409,7 @@ def residual_add_inputs(g: Graph, op_types: Iterable[str] = WEIGHTED_OP_TYPES) -
         else:
             continue
         if residual not in g.constants and g.is_float(residual):
-            out[node_label(n, i)] = residual
+            out[labels[i]] = residual
     return out
 
 

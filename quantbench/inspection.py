@@ -20,8 +20,9 @@ from quantbench.graph import (
     Graph,
     calibration_tensors,
     is_dynamic_weight_conv,
-    node_label,
+    node_labels,
     open_graph,
+    untyped_tensors,
 )
 from quantbench.progress import console
 from quantbench.stats import StatsFile
@@ -40,7 +41,7 @@ def kind_of(path: Path) -> str:
 
 
 def inspect_model(g: Graph) -> dict[str, Any]:
-    labels = [node_label(n, i) for i, n in enumerate(g.model.graph.node)]
+    labels = node_labels(g.model.graph.node)
     nodes = list(g.model.graph.node)
     return {
         "kind": "model",
@@ -69,6 +70,7 @@ def inspect_model(g: Graph) -> dict[str, Any]:
             "all": len(calibration_tensors(g, "all")),
             "quantizable": len(calibration_tensors(g, "quantizable")),
         },
+        "untyped_tensors": untyped_tensors(g),
     }
 
 
@@ -116,8 +118,7 @@ def inspect_stats(path: Path, methods: list[str] | None = None) -> dict[str, Any
                 **t.summary(),
                 "name": t.name,
                 "amax": {
-                    m: (None if t.has_nonfinite else registry.compute_amax(m, t))
-                    for m in method_list
+                    m: (None if t.count == 0 else registry.compute_amax(m, t)) for m in method_list
                 },
             }
             for t in s
@@ -162,6 +163,9 @@ def _render_model(r: dict[str, Any]) -> None:
         f"{len(r['quantizable_ops'])} quantizable ops; tensors to calibrate: {ct['all']} (all) / "
         f"{ct['quantizable']} (quantizable)"
     )
+    if r.get("untyped_tensors"):
+        names = ", ".join(escape(n) for n in r["untyped_tensors"])
+        console.print(f"[yellow]type unknown, cannot be calibrated:[/yellow] {names}")
     t = Table(title="Dynamic-weight convolutions (TensorRT ConvMultiInput)", title_justify="left")
     for col in ("node", "data", "weight", "bias"):
         t.add_column(col)

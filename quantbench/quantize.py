@@ -12,10 +12,19 @@ from pathlib import Path
 import onnx
 
 from quantbench import calibrators as registry
-from quantbench.calibrate import AUTO, auto_method_table, build_table, obtain_stats
+from quantbench.autocalib import AutoTable
+from quantbench.calibrate import check_methods, method_table, obtain_stats
+from quantbench.clipguard import (
+    DEFAULT_CLIP_WARN,
+    ClipFlag,
+    check_clip_warn,
+    clip_flags,
+    clip_warning,
+)
 from quantbench.errors import QuantbenchError
 from quantbench.fileio import check_output_path, write_bytes_atomic
-from quantbench.graph import Graph, open_graph
+from quantbench.graph import calibration_tensors, open_graph
+from quantbench.progress import info, warn
 from quantbench.qdq import QuantizeResult, quantize_model, table_from_qdq, write_quantized
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import format_for_path, read_table, write_table
@@ -27,6 +36,10 @@ class QuantizeOutcome:
     table: CalibrationTable
     written: list[Path] = field(default_factory=list)
     integer_ops: list[dict[str, object]] = field(default_factory=list)
+    #: tensors to quantize whose threshold clips more than ``clip_warn`` (from --data only:
+    #: a given table comes without the statistics to judge it)
+    clipping: list[ClipFlag] = field(default_factory=list)
+    auto: AutoTable | None = None
 
 
 def quantize(
@@ -35,7 +48,9 @@ def quantize(
     *,
     table: str | Path | None = None,
     data: object | None = None,
-    method: str = "entropy",
+    method: str = registry.DEFAULT_METHOD,
+    holdout_data: object | None = None,
+    clip_warn: float = DEFAULT_CLIP_WARN,
     batch_size: int | None = None,
     max_samples: int | None = None,
     preset: str | None = None,
@@ -54,14 +69,41 @@ def quantize(
     if (table is None) == (data is None):
         raise QuantbenchError("give exactly one of --table TABLE or --data PATH")
     check_output_path(output)
+    check_clip_warn(clip_warn)
+    if data is not None:
+        method = check_methods([method])[0]  # a bad name or option fails before the data pass
     graph = open_graph(model)
-    cal_table = (
-        read_table(table)
-        if table is not None
-        else _calibrated(
-            graph, data, method, batch_size, max_samples, preset, provider, show_progress
+    flags: list[ClipFlag] = []
+    auto = None
+    if table is None:
+        stats, _, _ = obtain_stats(
+            graph,
+            data,
+            tensors="quantizable",
+            batch_size=batch_size,
+            max_samples=max_samples,
+            preset=preset,
+            provider=provider,
+            show_progress=show_progress,
         )
-    )
+        cal_table, auto = method_table(
+            graph,
+            stats,
+            method,
+            data,
+            holdout_data,
+            batch_size=batch_size,
+            preset=preset,
+            provider=provider,
+        )
+        flags = clip_flags(stats, cal_table, clip_warn, calibration_tensors(graph, "quantizable"))
+        if text := clip_warning(flags, clip_warn, str(cal_table.method)):
+            warn(text)
+        note = registry.method_note(method)
+        info(f"calibrated with method {method}{': ' + note if note else ''}")
+    else:
+        cal_table = read_table(table)
+        info(f"{table}: method {cal_table.method or 'not recorded'}, {len(cal_table)} tensors")
     kwargs = {} if op_types is None else {"op_types": op_types}
     result = quantize_model(
         graph,
@@ -81,34 +123,7 @@ def quantize(
         from quantbench.ort_int8 import integer_op_report
 
         rows = integer_op_report(result.model if not dwconv2d else _lowered(result.model))
-    return QuantizeOutcome(result, cal_table, written, rows)
-
-
-def _calibrated(
-    graph: Graph,
-    data: object,
-    method: str,
-    batch_size: int | None,
-    max_samples: int | None,
-    preset: str | None,
-    provider: str | None,
-    show_progress: bool,
-) -> CalibrationTable:
-    if method != AUTO:
-        registry.parse_method(method)  # a bad name fails before the data pass
-    stats, _, _ = obtain_stats(
-        graph,
-        data,
-        tensors="quantizable",
-        batch_size=batch_size,
-        max_samples=max_samples,
-        preset=preset,
-        provider=provider,
-        show_progress=show_progress,
-    )
-    if method == AUTO:
-        return auto_method_table(graph, stats, data, preset=preset, provider=provider)
-    return build_table(stats, method, graph)
+    return QuantizeOutcome(result, cal_table, written, rows, flags, auto)
 
 
 def _to_plugin(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -199,7 +199,9 @@ def test_stats_from_another_model(run_cli, cnn_path, cnn_data, tmp_path):
     )
 
 
-def test_nan_activations_are_reported_and_left_out(run_cli, tmp_path):
+def test_nan_activations_keep_their_finite_statistics(run_cli, tmp_path):
+    """Issue 10 item 4: a tensor holding some NaN is calibrated from its finite values (it used
+    to leave the table with everything downstream); the warning names it with its counts."""
     nodes = [
         helper.make_node("Log", ["x"], ["logx"], name="log"),  # NaN for negative inputs
         helper.make_node("Relu", ["x"], ["r"], name="relu"),
@@ -216,11 +218,16 @@ def test_nan_activations_are_reported_and_left_out(run_cli, tmp_path):
     onnx.save(model, path)
     np.save(tmp_path / "x.npy", np.array([[1, -1, 2, 3]] * 5, np.float32))
     out = tmp_path / "t.cache"
-    code, _, err = run_cli("calibrate", path, "--data", tmp_path / "x.npy", "-o", out)
+    code, _, err = run_cli(
+        "calibrate", path, "--data", tmp_path / "x.npy", "-m", "minmax", "-o", out
+    )
     assert code == 0, err
-    assert "NaN/Inf" in err and "logx" in err
+    assert "NaN/Inf" in err and "logx (5 NaN, 0 Inf of 20)" in err
     table = read_table(out)
-    assert "logx" not in table and "y" not in table and "r" in table
+    assert set(table) == {"x", "logx", "r", "y"}
+    # the finite values: log 1, log 2, log 3 and 1 + 1, 2 + log 2, 3 + log 3
+    assert table.amax("logx") == pytest.approx(float(np.log(np.float32(3))), rel=1e-6)
+    assert table.amax("y") == pytest.approx(3 + float(np.log(np.float32(3))), rel=1e-6)
 
 
 def test_calibration_only_report(run_cli, cnn_path, cnn_data, tmp_path):

@@ -58,21 +58,65 @@ def test_exponent_keeps_max_inside_grid():
         assert m >= HALF_BINS * 2.0 ** (e - 1)
 
 
-def test_abs_histogram_matches_numpy(heavy_tail):
+def grid_values(j: int = 6, n: int = 20_000, seed: int = 0) -> tuple[np.ndarray, float]:
+    """Signed values at fine-bin centres of width ``w = 2**-10`` plus one value at
+    ``M = 2048 * j * w``: the fine grid is ``w`` and every edge of a 2048-bin histogram on
+    ``[0, M]`` (``k * j * w``) is a fine edge, so resampling splits no fine bin."""
+    w = 2.0**-10
+    rng = np.random.default_rng(seed)
+    top = 2048 * j
+    k = rng.integers(0, top, n)
+    sign = np.where(rng.random(n) < 0.5, -1.0, 1.0)
+    x = np.concatenate([(k + 0.5) * w * sign, [top * w]]).astype(np.float32)
+    return x, w
+
+
+def test_abs_histogram_equals_numpy_exactly_on_grid_values():
+    x, w = grid_values()
+    s = _stats(x, chunks=7)
+    assert s.bin_width == w and s.max_abs == float(x.max())
+    ref, _ = np.histogram(np.abs(x), bins=2048, range=(0, s.max_abs))
+    assert np.array_equal(s.abs_histogram(2048), ref)
+    ref, _ = np.histogram(np.abs(x), bins=512, range=(0, s.max_abs))
+    assert np.array_equal(s.abs_histogram(512), ref)
+
+
+def test_signed_histogram_equals_numpy_exactly_on_grid_values():
+    x, _ = grid_values(j=4, seed=3)
+    s = _stats(x, chunks=5)
+    t = s.max_abs
+    for bins in (128, 2048):
+        ref, _ = np.histogram(x, bins=bins, range=(-t, t))
+        assert np.array_equal(s.signed_histogram(bins, -t, t), ref)
+
+
+def _straddling_counts(values: np.ndarray, width: float, edges: np.ndarray) -> np.ndarray:
+    """Per coarse bin: the values in the fine bins (of ``width``) that contain its two edges,
+    the only values a linear split of fine bins can put on the wrong side (numpy only)."""
+    fine = np.floor(values / width)
+    at_edge = np.floor(edges / width)
+    per_edge = np.array([np.count_nonzero(fine == e) for e in at_edge])
+    return per_edge[:-1] + per_edge[1:]
+
+
+def test_abs_histogram_on_arbitrary_values_within_the_straddling_fine_bins(heavy_tail):
     s = _stats(heavy_tail)
     ours = s.abs_histogram(2048)
-    ref, _ = np.histogram(np.abs(heavy_tail), bins=2048, range=(0, s.max_abs))
+    edges = np.linspace(0, s.max_abs, 2049)
+    ref, _ = np.histogram(np.abs(heavy_tail), bins=edges)
     assert ours.sum() == pytest.approx(heavy_tail.size)
-    # each coarse bin spans >= 4 fine bins; only the split fine bins at its edges can differ
-    assert np.abs(ours - ref).max() <= 0.02 * ref.max() + 2
+    bound = _straddling_counts(np.abs(heavy_tail).astype(np.float64), s.bin_width, edges)
+    assert np.all(np.abs(ours - ref) <= bound + 1e-9)
 
 
-def test_signed_histogram_matches_numpy(heavy_tail):
+def test_signed_histogram_on_arbitrary_values_within_the_straddling_fine_bins(heavy_tail):
     s = _stats(heavy_tail)
     t = s.max_abs
+    edges = np.linspace(-t, t, 129)
     ours = s.signed_histogram(128, -t, t)
-    ref, _ = np.histogram(heavy_tail, bins=128, range=(-t, t))
-    assert np.abs(ours - ref).max() <= 0.01 * ref.max() + 2
+    ref, _ = np.histogram(heavy_tail, bins=edges)
+    bound = _straddling_counts(heavy_tail.astype(np.float64), s.bin_width, edges)
+    assert np.all(np.abs(ours - ref) <= bound + 1e-9)
 
 
 def test_quantile_and_count_above():

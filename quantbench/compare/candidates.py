@@ -15,12 +15,17 @@ from typing import Any
 import onnx
 
 from quantbench import calibrators as registry
+from quantbench.calibrate import method_table
+from quantbench.clipguard import DEFAULT_CLIP_WARN, ClipFlag, clip_flags, clip_warning
 from quantbench.errors import QuantbenchError
-from quantbench.graph import Graph, load_model, node_label
+from quantbench.graph import Graph, calibration_tensors, load_model, node_labels
+from quantbench.progress import warn
+from quantbench.qdq import quantize_model
 from quantbench.stats import StatsFile
 from quantbench.table import CalibrationTable
 
 ENGINE_SUFFIXES = (".plan", ".engine", ".trt")
+AUTO = registry.AUTO
 
 
 @dataclass
@@ -37,6 +42,12 @@ class Candidate:
     quantized: bool = False
     excluded: list[dict[str, Any]] = field(default_factory=list)
     dynamic_weight_convs: list[dict[str, Any]] = field(default_factory=list)
+    #: the table checks' findings (another model's table, missing/extra tensors ...)
+    warnings: list[str] = field(default_factory=list)
+    #: tensors whose threshold clips more than the context's ``clip_warn``
+    clipping: list[dict[str, Any]] = field(default_factory=list)
+    #: ``int8:auto``: every candidate's output score and the per-tensor choices
+    auto: dict[str, Any] | None = None
 
     @property
     def is_reference(self) -> bool:
@@ -49,10 +60,28 @@ class CalibrationContext:
 
     stats: StatsFile | None = None
     table: CalibrationTable | None = None
-    default_method: str = "entropy"
+    default_method: str = registry.DEFAULT_METHOD
     exclude: list[str] = field(default_factory=list)
-    #: data ``int8:auto`` judges the calibrators on (the calibration data by default)
-    holdout: object | None = None
+    #: the calibration data (``int8:auto`` judges on its first samples unless ``holdout_data``)
+    calib_data: object | None = None
+    holdout_data: object | None = None
+    batch_size: int | None = None
+    preset: str | None = None
+    provider: str | None = None
+    #: apply a table made for another model / not covering every tensor to quantize
+    allow_partial: bool = False
+    clip_warn: float = DEFAULT_CLIP_WARN
+    #: what resolving each int8 candidate found, for the results JSON ``calibration`` section
+    findings: dict[str, Candidate] = field(default_factory=dict)
+
+    def findings_section(self) -> dict[str, Any]:
+        """``clip_warn``, the flagged tensors of every int8 candidate, and ``auto``'s record."""
+        section: dict[str, Any] = {"clip_warn": self.clip_warn, "clipping": []}
+        for spec, c in self.findings.items():
+            section["clipping"] += [{"candidate": spec, **f} for f in c.clipping]
+            if c.auto is not None:
+                section["auto"] = c.auto
+        return section
 
 
 def resolve(spec: str, graph: Graph, ctx: CalibrationContext) -> Candidate:
@@ -87,9 +116,8 @@ def _to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _int8(graph: Graph, ctx: CalibrationContext, method: str | None) -> Candidate:
-    from quantbench.calibrate import AUTO, auto_method_table, build_table
-    from quantbench.qdq import quantize_model
-
+    auto = None
+    flags: list[ClipFlag] = []
     if method is None and ctx.table is not None:
         table, label_method = ctx.table, ctx.table.method or "table"
     else:
@@ -99,13 +127,27 @@ def _int8(graph: Graph, ctx: CalibrationContext, method: str | None) -> Candidat
                 f"int8{':' + method if method else ''} needs calibration: give --calib-data PATH "
                 "or --table TABLE"
             )
-        if m == AUTO:
-            table = auto_method_table(graph, ctx.stats, ctx.holdout)
-            label_method = AUTO
-        else:
-            table, label_method = build_table(ctx.stats, m, graph), registry.canonical(m)
-    result = quantize_model(graph, table, exclude=ctx.exclude, allow_partial=True)
-    return Candidate(
+        label_method = m if m == AUTO else registry.canonical(m)
+        table, auto = method_table(
+            graph,
+            ctx.stats,
+            m,
+            ctx.calib_data,
+            ctx.holdout_data,
+            batch_size=ctx.batch_size,
+            preset=ctx.preset,
+            provider=ctx.provider,
+        )
+    if ctx.stats is not None:  # a given table is judged too when statistics are at hand
+        flags = clip_flags(
+            ctx.stats, table, ctx.clip_warn, calibration_tensors(graph, "quantizable")
+        )
+        if text := clip_warning(flags, ctx.clip_warn, f"int8:{label_method}"):
+            warn(text)
+    result = quantize_model(graph, table, exclude=ctx.exclude, allow_partial=ctx.allow_partial)
+    for w in result.warnings:
+        warn(f"int8:{label_method}: {w}")
+    candidate = Candidate(
         spec=f"int8:{label_method}",
         label=f"INT8 ({label_method})",
         model=result.model,
@@ -114,7 +156,12 @@ def _int8(graph: Graph, ctx: CalibrationContext, method: str | None) -> Candidat
         quantized=True,
         excluded=[s.to_dict() for s in result.skipped],
         dynamic_weight_convs=_dynamic_convs(graph, result),
+        warnings=list(result.warnings),
+        clipping=[f.to_dict() for f in flags],
+        auto=None if auto is None else auto.to_dict(),
     )
+    ctx.findings[candidate.spec] = candidate
+    return candidate
 
 
 def _dynamic_convs(graph: Graph, result: Any) -> list[dict[str, Any]]:
@@ -125,10 +172,11 @@ def _dynamic_convs(graph: Graph, result: Any) -> list[dict[str, Any]]:
     quantized = {q.node: q for q in result.quantized}
     skipped = {s.node: s.reason for s in result.skipped}
     out = []
+    labels = node_labels(graph.model.graph.node)
     for i, n in enumerate(graph.model.graph.node):
         if not is_dynamic_weight_conv(graph, n):
             continue
-        name = node_label(n, i)
+        name = labels[i]
         q = quantized.get(name)
         weight = next((x for x in q.inputs if x.role == RUNTIME_WEIGHT), None) if q else None
         out.append(

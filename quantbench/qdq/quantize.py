@@ -14,10 +14,10 @@ from pathlib import Path
 
 import onnx
 
+from quantbench.customops import checkable
 from quantbench.errors import QuantbenchError, first_line
 from quantbench.fileio import write_bytes_atomic
-from quantbench.graph import Graph, node_label, open_graph
-from quantbench.plugins.dwconv2d.onnx_op import checkable_copy
+from quantbench.graph import Graph, node_labels, open_graph
 from quantbench.qdq.embedded import embed_table
 from quantbench.qdq.insert import insert_qdq
 from quantbench.qdq.opset import ensure_qdq_opset
@@ -32,6 +32,7 @@ from quantbench.qdq.placement import (
 from quantbench.qdq.plan import QuantizeResult
 from quantbench.qdq.strip import qdq_nodes, strip_qdq
 from quantbench.table import CalibrationTable
+from quantbench.table.coverage import provenance_problem
 
 _EXAMPLES = 3
 
@@ -108,23 +109,17 @@ def name_nodes(model: onnx.ModelProto) -> list[str]:
 
     The plan, exclusions and reports refer to nodes by name, so every node needs its own.
     """
-    seen: set[str] = set()
     renamed: list[str] = []
-    for index, node in enumerate(model.graph.node):
-        base = node_label(node, index)
-        name, k = base, 1
-        while name in seen:
-            name, k = f"{base}_{k}", k + 1
+    for node, name in zip(model.graph.node, node_labels(model.graph.node), strict=True):
         if node.name and name != node.name:
             renamed.append(f"duplicate node name {node.name!r} renamed to {name!r}")
         node.name = name
-        seen.add(name)
     return renamed
 
 
 def _check_input(model: onnx.ModelProto, label: str) -> None:
     try:
-        onnx.checker.check_model(checkable_copy(model))
+        onnx.checker.check_model(checkable(model))
     except Exception as exc:  # noqa: BLE001
         first = first_line(exc)
         raise QuantbenchError(f"{label}: invalid ONNX model: {first}") from None
@@ -133,7 +128,7 @@ def _check_input(model: onnx.ModelProto, label: str) -> None:
 def _check_output(model: onnx.ModelProto, label: str) -> None:
     """A bug guard: the emitted model must pass the checker (custom DWConv2D ops aside)."""
     try:
-        onnx.checker.check_model(checkable_copy(model))
+        onnx.checker.check_model(checkable(model))
     except Exception as exc:
         raise RuntimeError(f"{label}: quantbench produced an invalid Q/DQ model: {exc}") from exc
 
@@ -154,13 +149,9 @@ def _check_provenance(
     source: Graph, table: CalibrationTable, allow_partial: bool, label: str
 ) -> list[str]:
     """A table records the hash of the model it was calibrated on; another hash is refused."""
-    made_for = table.provenance.model_hash
-    if not made_for or not source.hash or made_for == source.hash:
+    message = provenance_problem(table, source.hash)
+    if message is None:
         return []
-    message = (
-        f"the calibration table was made for another model (model hash {made_for[:12]}..., "
-        f"this model {source.hash[:12]}...)"
-    )
     if allow_partial:
         return [f"{message}; applied to the tensors both share (allow_partial)"]
     raise QuantbenchError(

@@ -6,12 +6,12 @@
   :func:`write_artefacts` for the Q/DQ model, the TensorRT cache and the trtexec line.
 """
 
+from quantbench.autocalib import AUTO, AutoTable, auto_table, default_auto_methods
 from quantbench.recovery.artefacts import (
     check_artefact_target,
     recovery_document,
     write_artefacts,
 )
-from quantbench.recovery.auto import AUTO, AutoTable, auto_table, default_auto_methods
 from quantbench.recovery.evaluation import METRICS, Target, parse_target
 from quantbench.recovery.search import RecoveryResult, recover
 from quantbench.recovery.sensitivity import sensitivity

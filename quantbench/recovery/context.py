@@ -14,19 +14,17 @@ from pathlib import Path
 
 import numpy as np
 
-from quantbench.calibrate import build_table, obtain_stats
-from quantbench.compare import load_labels
+from quantbench import calibrators as registry
+from quantbench.autocalib import AutoTable
+from quantbench.calibrate import check_methods, method_table, obtain_stats
+from quantbench.compare import labels_for_samples, load_labels
 from quantbench.data import open_data
 from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph, open_graph
 from quantbench.qdq import QuantizeResult, quantize_model
-from quantbench.recovery.auto import AUTO, AutoTable, auto_table
 from quantbench.recovery.evaluation import Evaluator
 from quantbench.stats import StatsFile
 from quantbench.table import CalibrationTable
-
-#: calibration samples used as the held-back slice of ``--method auto`` when none is given.
-DEFAULT_HOLDOUT_SAMPLES = 64
 
 
 @dataclass
@@ -61,7 +59,7 @@ def prepare(
     calib_data: object,
     eval_data: object,
     *,
-    method: str = "entropy",
+    method: str = registry.DEFAULT_METHOD,
     labels: str | Path | np.ndarray | None = None,
     exclude: Iterable[str] = (),
     holdout_data: object | None = None,
@@ -74,6 +72,7 @@ def prepare(
     show_progress: bool = False,
 ) -> RecoveryContext:
     """Calibrate, plan the full INT8 model and run FP32 over the evaluation data once."""
+    method = check_methods([method])[0]  # a bad name or option fails before any inference
     graph = model if isinstance(model, Graph) else open_graph(model)
     label_array = load_labels(labels)
     stats, _, _ = obtain_stats(
@@ -86,17 +85,17 @@ def prepare(
         provider=provider,
         show_progress=show_progress,
     )
-    auto = None
-    if method == AUTO:
-        held = holdout_data if holdout_data is not None else calib_data
-        held_max = None if holdout_data is not None else DEFAULT_HOLDOUT_SAMPLES
-        held_source = open_data(
-            held, graph.inputs, batch_size=batch_size, max_samples=held_max, preset=preset
-        )
-        auto = auto_table(graph, stats, held_source, provider=provider, threads=threads)
-        table = auto.table
-    else:
-        table = build_table(stats, method, graph)
+    table, auto = method_table(
+        graph,
+        stats,
+        method,
+        calib_data,
+        holdout_data,
+        batch_size=batch_size,
+        preset=preset,
+        provider=provider,
+        threads=threads,
+    )
     excluded = tuple(exclude)
     plan = quantize_model(graph, table, exclude=excluded, allow_partial=True)
     if not plan.quantized:
@@ -107,7 +106,7 @@ def prepare(
     source = open_data(
         eval_data, graph.inputs, batch_size=batch_size, max_samples=max_samples, preset=preset
     )
-    if label_array is not None and max_samples is not None:
-        label_array = label_array[:max_samples]
+    if label_array is not None:
+        label_array = labels_for_samples(label_array, max_samples, labels)
     evaluator = Evaluator(graph, source, label_array, provider, threads)
     return RecoveryContext(graph, stats, table, plan, evaluator, method, excluded, auto)

@@ -1,0 +1,283 @@
+"""``--method auto``: the calibrator choice per tensor, judged on a held-back slice at the outputs.
+
+Step 1, per tensor. For each candidate method: its table, its Q/DQ model, and the isolated model
+of :mod:`quantbench.compare.isolated` (every quantized op re-run beside FP32 on FP32 inputs), run
+once over the held-back slice. That gives, per method and op, the SQNR the op loses by itself.
+Each activation tensor takes the method that maximises the *worst* isolated SQNR among the
+quantized ops reading it (a tensor shared by several ops has one scale): the *mix*.
+
+Step 2, whole model. Isolated errors do not add up exactly, so the mix and every single method's
+full table are each run end to end on the same slice and judged by their output SQNR against
+FP32; the best candidate is the ``auto`` table. ``auto`` is therefore never worse at the outputs,
+on that slice, than the best single built-in method; the record keeps every candidate's score.
+
+The slice (:func:`holdout_source`, the one place it is built): ``--holdout-data`` when given,
+else the first :data:`DEFAULT_HOLDOUT_SAMPLES` calibration samples. Those samples are *also* in
+the calibration statistics: they are a judging slice, not held-out data, unless
+``--holdout-data`` is given.
+
+Cost: one table, one Q/DQ model and one isolated pass over the slice per method, then one pass
+over the slice in which each batch runs FP32 once and every candidate (methods + the mix).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from quantbench import calibrators as registry
+from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
+from quantbench.data import DataSource, open_data
+from quantbench.errors import QuantbenchError
+from quantbench.graph import Graph
+from quantbench.jsonsafe import json_float
+from quantbench.metrics import DriftAccumulator
+from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
+from quantbench.stats import StatsFile
+from quantbench.table import CalibrationTable
+from quantbench.table.build import build_table
+
+AUTO = registry.AUTO
+#: name of the per-tensor mix among the whole-model candidates
+MIX = "mix"
+#: calibration samples judged on when no ``--holdout-data`` is given
+DEFAULT_HOLDOUT_SAMPLES = 64
+#: near-duplicates of ``entropy`` that cost a full entropy search each and rarely differ from it.
+SLOW_METHODS = frozenset({"entropy:slides", "entropy:pytorch"})
+_RUNTIME_ROLES = (ACTIVATION, RESIDUAL, RUNTIME_WEIGHT)
+
+
+def default_auto_methods() -> list[str]:
+    """Every registered method except :data:`SLOW_METHODS`."""
+    return [m for m in registry.all_methods() if m not in SLOW_METHODS]
+
+
+@dataclass
+class AutoTable:
+    """The chosen table, per tensor which method the mix picked, and every candidate's score."""
+
+    table: CalibrationTable
+    methods: list[str]
+    #: tensor -> {"method" (used), "isolated_best", "readers",
+    #: "isolated_sqnr_db": {method: worst reader SQNR}}
+    choices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: output SQNR (dB) on the held-back slice of every whole-model candidate (:data:`MIX` and
+    #: each method's full table)
+    output_sqnr_db: dict[str, float] = field(default_factory=dict)
+    #: the winning candidate: :data:`MIX` or a method name
+    chosen: str = MIX
+    holdout: str = ""
+
+    @property
+    def fallback(self) -> bool:
+        """True when a single method's full table beat the per-tensor mix."""
+        return self.chosen != MIX
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "methods": list(self.methods),
+            "holdout": self.holdout,
+            "output_sqnr_db": {k: json_float(v) for k, v in self.output_sqnr_db.items()},
+            "chosen": self.chosen,
+            "fallback": self.fallback,
+            "tensors": [{"tensor": t, **c} for t, c in self.choices.items()],
+        }
+
+
+def holdout_source(
+    graph: Graph,
+    calib_data: object | None,
+    holdout_data: object | None = None,
+    *,
+    batch_size: int | None = None,
+    preset: str | None = None,
+) -> DataSource:
+    """The slice ``auto`` judges on: ``holdout_data`` whole, else the first
+    :data:`DEFAULT_HOLDOUT_SAMPLES` samples of ``calib_data`` (same preset and batch size)."""
+    if holdout_data is not None:
+        return open_data(holdout_data, graph.inputs, batch_size=batch_size, preset=preset)
+    if calib_data is None:
+        raise QuantbenchError(
+            "--method auto needs data to judge the calibrators on: give calibration data "
+            "(--data / --calib-data) or --holdout-data"
+        )
+    return open_data(
+        calib_data,
+        graph.inputs,
+        batch_size=batch_size,
+        max_samples=DEFAULT_HOLDOUT_SAMPLES,
+        preset=preset,
+    )
+
+
+def choose_auto(
+    graph: Graph,
+    stats: StatsFile,
+    calib_data: object | None,
+    holdout_data: object | None = None,
+    *,
+    batch_size: int | None = None,
+    preset: str | None = None,
+    provider: str | None = None,
+    threads: int | None = None,
+    methods: list[str] | None = None,
+) -> AutoTable:
+    """``--method auto`` as every command runs it: build the slice, then :func:`auto_table`."""
+    source = holdout_source(graph, calib_data, holdout_data, batch_size=batch_size, preset=preset)
+    result = auto_table(graph, stats, source, methods, provider=provider, threads=threads)
+    result.holdout = (
+        source.description
+        if holdout_data is not None
+        else f"first {DEFAULT_HOLDOUT_SAMPLES} calibration samples (also in the statistics)"
+    )
+    return result
+
+
+def auto_table(
+    graph: Graph,
+    stats: StatsFile,
+    held_out: DataSource,
+    methods: list[str] | None = None,
+    *,
+    base: str = registry.DEFAULT_METHOD,
+    provider: str | None = None,
+    threads: int | None = None,
+) -> AutoTable:
+    """The best whole-model table among the mix and each method alone (see module doc).
+
+    Tensors no quantized op reads keep ``base``'s amax in the mix (a TensorRT cache still
+    lists them).
+    """
+    method_list = registry.expand_methods(methods or default_auto_methods())
+    if not method_list:
+        raise QuantbenchError("--method auto: no calibration method to choose from")
+    base_name = registry.canonical(base)
+    if base_name not in method_list:
+        method_list.insert(0, base_name)
+    tables = {m: build_table(stats, m) for m in method_list}
+    scores = {m: isolated_sqnr(graph, tables[m], held_out, provider, threads) for m in method_list}
+    mixed = _relabelled(tables[base_name], base_name)
+    choices: dict[str, dict[str, Any]] = {}
+    for tensor, nodes in _readers(graph, tables[base_name]).items():
+        worst = {m: min(scores[m].get(n, -math.inf) for n in nodes) for m in method_list}
+        # ties go to the earliest method in the list, i.e. base first
+        best = max(method_list, key=lambda m: (worst[m], -method_list.index(m)))
+        if tensor in tables[best]:
+            mixed.set(tensor, tables[best].amax(tensor), best)
+        choices[tensor] = {
+            "method": best,
+            "isolated_best": best,
+            "readers": nodes,
+            "isolated_sqnr_db": {m: json_float(v) for m, v in worst.items()},
+        }
+    candidates = {MIX: mixed, **tables}
+    output = output_sqnrs(graph, candidates, held_out, provider, threads)
+    # the highest output SQNR wins; ties go to the mix, then to the methods in list order
+    order = list(candidates)
+    chosen = max(order, key=lambda c: (output[c], -order.index(c)))
+    table = mixed
+    if chosen != MIX:
+        table = _relabelled(tables[chosen], chosen)
+        for choice in choices.values():
+            choice["method"] = chosen
+    return AutoTable(table, method_list, choices, output, chosen)
+
+
+def isolated_sqnr(
+    graph: Graph,
+    table: CalibrationTable,
+    held_out: DataSource,
+    provider: str | None = None,
+    threads: int | None = None,
+) -> dict[str, float]:
+    """Node name -> SQNR (dB) of that op quantized alone with FP32 inputs, over ``held_out``."""
+    # the compare package's __init__ imports calibrate, which imports this module: import
+    # the package's leaf module late
+    from quantbench.compare.isolated import build_isolated
+
+    plan = quantize_model(graph, table, allow_partial=True)
+    iso = build_isolated(graph.model, plan.model)
+    fetch = list(dict.fromkeys([*iso.twins, *iso.twins.values()]))
+    types = {
+        t: graph.elem_types.get(src, 1) for src, twin in iso.twins.items() for t in (src, twin)
+    }
+    runner = OnnxRuntimeRunner(
+        expose(iso.model, fetch, types), provider, threads, generated_from=graph.model
+    )
+    accs = {t: DriftAccumulator() for t in iso.twins}
+    for feed in held_out.batches():
+        got = runner.infer(feed, fetch)
+        for tensor, acc in accs.items():
+            acc.update(got[tensor], got[iso.twins[tensor]])
+    runner.close()
+    return {iso.ops[t]: _sqnr(acc) for t, acc in accs.items()}
+
+
+def output_sqnr(
+    graph: Graph,
+    table: CalibrationTable,
+    held_out: DataSource,
+    provider: str | None = None,
+    threads: int | None = None,
+) -> float:
+    """SQNR (dB) of one table's full Q/DQ model's outputs against FP32 over ``held_out``."""
+    return output_sqnrs(graph, {"table": table}, held_out, provider, threads)["table"]
+
+
+def output_sqnrs(
+    graph: Graph,
+    tables: dict[str, CalibrationTable],
+    held_out: DataSource,
+    provider: str | None = None,
+    threads: int | None = None,
+) -> dict[str, float]:
+    """Candidate -> SQNR (dB) of its full Q/DQ model against FP32 over ``held_out``: its worst
+    output's, as :func:`quantbench.metrics.model_metrics` judges a model (``-inf`` when an output
+    is undefined, e.g. holds NaN). One pass: each batch runs FP32 once, then every candidate."""
+    outputs = [o.name for o in graph.model.graph.output]
+    reference = OnnxRuntimeRunner(graph.model, provider, threads)
+    runners = {
+        name: OnnxRuntimeRunner(
+            quantize_model(graph, table, allow_partial=True).model, provider, threads
+        )
+        for name, table in tables.items()
+    }
+    accs = {name: {o: DriftAccumulator() for o in outputs} for name in tables}
+    for feed in held_out.batches():
+        ref = reference.infer(feed, outputs)
+        for name, runner in runners.items():
+            got = runner.infer(feed, outputs)
+            for o, acc in accs[name].items():
+                acc.update(ref[o], got[o])
+    for runner in (reference, *runners.values()):
+        runner.close()
+    return {name: min(_sqnr(acc) for acc in per.values()) for name, per in accs.items()}
+
+
+def _sqnr(acc: Any) -> float:
+    """An accumulator's SQNR as a float; undefined (None, NaN) counts as the worst."""
+    value = acc.metrics()["sqnr_db"]
+    value = math.nan if value is None else float(value)
+    return -math.inf if math.isnan(value) else value
+
+
+def _relabelled(table: CalibrationTable, method: str) -> CalibrationTable:
+    """``table`` named ``auto`` (what was asked for), every entry recording ``method``."""
+    out = CalibrationTable(
+        entries={}, method=AUTO, algorithm=table.algorithm, provenance=table.provenance
+    )
+    for name, entry in table.entries.items():
+        out.set(name, entry.amax, method)
+    return out
+
+
+def _readers(graph: Graph, table: CalibrationTable) -> dict[str, list[str]]:
+    """Runtime tensor given a Q/DQ pair -> the quantized nodes reading it."""
+    plan = quantize_model(graph, table, allow_partial=True)
+    out: dict[str, list[str]] = {}
+    for q in plan.quantized:
+        for qi in q.inputs:
+            if qi.role in _RUNTIME_ROLES and q.node not in out.get(qi.tensor, []):
+                out.setdefault(qi.tensor, []).append(q.node)
+    return out

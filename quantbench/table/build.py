@@ -1,0 +1,70 @@
+"""Statistics -> one method's :class:`CalibrationTable` (the step every command shares).
+
+Non-finite values never cost a tensor its table entry: :class:`quantbench.stats.TensorStats`
+bins only finite values and counts the rest, so a tensor that held a NaN somewhere is
+calibrated from its finite values. Only a tensor with *no* finite value has no range; it is
+left out and named by :func:`nonfinite_report`, and every command that needs it refuses the
+table through the coverage check.
+"""
+
+from __future__ import annotations
+
+from quantbench import __version__
+from quantbench import calibrators as registry
+from quantbench.stats import StatsFile
+from quantbench.table import CalibrationTable, Provenance
+
+
+def build_table(stats: StatsFile, method: str) -> CalibrationTable:
+    """``method``'s amax for every tensor of ``stats`` that holds at least one finite value."""
+    spec, _ = registry.parse_method(method)
+    name = registry.canonical(method)
+    table = CalibrationTable(
+        method=name,
+        algorithm=spec.trt_algorithm,
+        provenance=Provenance(
+            model_hash=stats.model_hash,
+            data_fingerprint=stats.data_fingerprint,
+            num_samples=stats.num_samples,
+            tool_version=__version__,
+        ),
+    )
+    for t in stats:
+        if t.count == 0 and t.has_nonfinite:
+            continue
+        table.set(t.name, registry.compute_amax(method, t), name)
+    return table
+
+
+def no_finite_tensors(stats: StatsFile) -> list[str]:
+    """Tensors that never held a finite value: no range, no table entry."""
+    return [t.name for t in stats if t.count == 0 and t.has_nonfinite]
+
+
+def nonfinite_report(stats: StatsFile, limit: int = 8) -> list[str]:
+    """One warning line per kind: tensors calibrated from their finite values only (with the
+    NaN/Inf counts), and tensors left out because no value was finite."""
+    partial = [t for t in stats if t.has_nonfinite and t.count > 0]
+    empty = no_finite_tensors(stats)
+    lines = []
+    if partial:
+        shown = ", ".join(
+            f"{t.name} ({t.nan_count} NaN, {t.inf_count} Inf of "
+            f"{t.count + t.nan_count + t.inf_count})"
+            for t in partial[:limit]
+        )
+        more = f" and {len(partial) - limit} more" if len(partial) > limit else ""
+        lines.append(
+            f"{len(partial)} tensor(s) held NaN/Inf; calibrated from their finite values only: "
+            f"{shown}{more}"
+        )
+    if empty:
+        shown = ", ".join(empty[:limit]) + (
+            f" and {len(empty) - limit} more" if len(empty) > limit else ""
+        )
+        lines.append(
+            f"{len(empty)} tensor(s) held no finite value and are left out of the tables "
+            f"(quantize/compare refuse a table that needs them): {shown}; check the data and "
+            "the ops producing them"
+        )
+    return lines
