@@ -1,8 +1,9 @@
 """The ``quantbench`` command line: a thin typer layer over the Python API.
 
-Each command parses options, calls its Python twin and formats the result. User mistakes
-(:class:`QuantbenchError`) become one line on stderr and exit code 2; Ctrl-C exits 130 and,
-because every output is written atomically, leaves no partial file.
+Each command parses options, calls its Python twin and formats the result. Exit codes
+(:mod:`quantbench.errors`): 0 success, 1 a gate missed, 2 a user mistake (one line), 3 a bug
+in quantbench (one line; the traceback is saved, or printed with ``QUANTBENCH_DEBUG=1``); Ctrl-C
+exits 130 and, because every output is written atomically, leaves no partial file.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import typer
 from rich.markup import escape
 
 from quantbench import __version__
+from quantbench.calibrators import DEFAULT_METHOD
+from quantbench.clipguard import DEFAULT_CLIP_WARN
 from quantbench.errors import QuantbenchError
 from quantbench.progress import console
 
@@ -43,6 +46,37 @@ MethodOpt = Annotated[
         "-m",
         help="Calibrator (repeatable), e.g. entropy, minmax, percentile:99.9, mse, entropy:ort, "
         "or 'all'.",
+    ),
+]
+
+HoldoutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--holdout-data",
+        help="Data --method auto judges the calibrators on (default: the first 64 calibration "
+        "samples, which are also in the statistics).",
+    ),
+]
+ClipWarnOpt = Annotated[
+    float,
+    typer.Option(
+        "--clip-warn",
+        help="Warn about tensors whose threshold clips more than this fraction of their values.",
+    ),
+]
+AllowPartialOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-partial",
+        help="Apply a table made for another model, or not covering every tensor to quantize, "
+        "to the tensors it covers.",
+    ),
+]
+MetricScriptOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Task metric script FILE.py[:NAME] (default NAME 'metric'): a function "
+        "(fp32, candidate, labels) -> dict or a class with update()/compute()."
     ),
 ]
 
@@ -108,10 +142,15 @@ def calibrate(
     report: Annotated[
         Path | None, typer.Option(help="Write a calibration-only HTML report here.")
     ] = None,
+    holdout_data: HoldoutOpt = None,
+    clip_warn: ClipWarnOpt = DEFAULT_CLIP_WARN,
 ) -> None:
     """Collect statistics in one onnxruntime pass and write calibration tables."""
     from quantbench import calibrate as cal
+    from quantbench.fileio import check_output_path
 
+    if report is not None:
+        check_output_path(report)  # before any inference
     result = cal.calibrate(
         model,
         data,
@@ -127,6 +166,8 @@ def calibrate(
         stats=stats,
         merge=merge,
         save_stats=save_stats,
+        holdout_data=holdout_data,
+        clip_warn=clip_warn,
         use_cache=not no_cache,
     )
     cal.summarize(result)
@@ -155,7 +196,9 @@ def inspect(
 
     report = inspect_path(path, model=model, methods=method)
     if as_json:
-        typer.echo(json.dumps(report, indent=2, default=float))
+        from quantbench.jsonsafe import dumps
+
+        typer.echo(dumps(report), nl=False)
     else:
         render(report, limit=limit)
 
@@ -172,7 +215,7 @@ def quantize(
     data: DataOpt = None,
     method: Annotated[
         str, typer.Option("--method", "-m", help="Calibrator when calibrating from --data.")
-    ] = "entropy",
+    ] = DEFAULT_METHOD,
     exclude: Annotated[
         list[str] | None,
         typer.Option(help="Node name or regex kept in high precision (repeatable)."),
@@ -189,9 +232,7 @@ def quantize(
     no_residual: Annotated[
         bool, typer.Option("--no-residual", help="Do not quantize residual Add inputs.")
     ] = False,
-    allow_partial: Annotated[
-        bool, typer.Option("--allow-partial", help="Quantize only what the table covers.")
-    ] = False,
+    allow_partial: AllowPartialOpt = False,
     requantize: Annotated[
         bool, typer.Option("--requantize", help="Strip existing Q/DQ nodes first.")
     ] = False,
@@ -222,6 +263,8 @@ def quantize(
     provider: Annotated[
         str | None, typer.Option(help="onnxruntime provider for calibration.")
     ] = None,
+    holdout_data: HoldoutOpt = None,
+    clip_warn: ClipWarnOpt = DEFAULT_CLIP_WARN,
 ) -> None:
     """Write a Q/DQ ONNX model placed the way TensorRT fuses it (or read one's scales back)."""
     from quantbench import quantize as qz
@@ -238,6 +281,8 @@ def quantize(
         table=table,
         data=data,
         method=method,
+        holdout_data=holdout_data,
+        clip_warn=clip_warn,
         batch_size=batch_size,
         max_samples=max_samples,
         preset=preset,
@@ -323,16 +368,21 @@ def compare(
     calib_data: Annotated[str | None, typer.Option(help="Calibration data for int8 specs.")] = None,
     method: Annotated[
         str, typer.Option("--method", "-m", help="Calibrator for plain 'int8'.")
-    ] = "entropy",
+    ] = DEFAULT_METHOD,
     table: Annotated[
         Path | None, typer.Option(help="Use this calibration table for 'int8'.")
     ] = None,
     stats: Annotated[
         Path | None, typer.Option(help="Use this statistics file for calibration.")
     ] = None,
+    holdout_data: HoldoutOpt = None,
+    allow_partial: AllowPartialOpt = False,
+    clip_warn: ClipWarnOpt = DEFAULT_CLIP_WARN,
     labels: Annotated[
-        Path | None, typer.Option(help=".npy of integer labels: reports accuracy.")
+        Path | None,
+        typer.Option(help=".npy of labels (integers: accuracy; any dtype: metric scripts)."),
     ] = None,
+    metric_script: MetricScriptOpt = None,
     exclude: Annotated[
         list[str] | None, typer.Option(help="Node names/regexes kept in FP32 (repeatable).")
     ] = None,
@@ -374,6 +424,10 @@ def compare(
         from quantbench.backends.tensorrt import import_tensorrt
 
         import_tensorrt()
+    if report is not None:
+        from quantbench.fileio import check_output_path
+
+        check_output_path(report)
     doc = run_compare(
         a,
         b,
@@ -383,7 +437,11 @@ def compare(
         method=method,
         table=table,
         stats=stats,
+        holdout_data=holdout_data,
+        allow_partial=allow_partial,
+        clip_warn=clip_warn,
         labels=labels,
+        metric_script=metric_script,
         exclude=exclude,
         batch_size=batch_size,
         max_samples=max_samples,
@@ -394,18 +452,20 @@ def compare(
         fail_below=fail_below,
         json_path=json_out,
         csv_path=csv_out,
-        report_path=report,
         command=_command_line(),
     )
+    if report is not None:
+        from quantbench.reports import write_report
+
+        write_report(doc, report)
     print_summary(doc)
     for p in (json_out, csv_out, report):
         if p is not None:
             console.print(f"wrote {p}")
     if not doc.get("passed", True):
-        failed = [t for t in doc["thresholds"] if not t["passed"]]
-        raise ThresholdFailed(
-            "gate missed: " + ", ".join(f"{t['metric']}={t['value']} < {t['min']}" for t in failed)
-        )
+        from quantbench.results import gate_failures
+
+        raise ThresholdFailed(gate_failures(doc))
 
 
 @app.command()
@@ -451,10 +511,14 @@ def build(
     workspace_mb: Annotated[
         int | None, typer.Option(help="Builder workspace limit in MiB.")
     ] = None,
+    allow_partial: AllowPartialOpt = False,
 ) -> None:
     """Build a TensorRT engine (needs TensorRT and an NVIDIA GPU)."""
     from quantbench.backends.tensorrt import build as trt_build
     from quantbench.graph import open_graph
+
+    if table is not None:
+        _check_build_table(model, table, allow_partial)
 
     batches = None
     if calib_data is not None:
@@ -477,6 +541,28 @@ def build(
     console.print(f"wrote {output} ({result})")
 
 
+def _check_build_table(model: Path, table: Path, allow_partial: bool) -> None:
+    """``build --table``: the same provenance and coverage check as quantize and compare; an
+    implicit-INT8 cache should cover every tensor TensorRT may run in INT8."""
+    from quantbench.graph import calibration_tensors, open_graph
+    from quantbench.progress import warn
+    from quantbench.table.codecs import read_table
+    from quantbench.table.coverage import check_table
+
+    graph = open_graph(model)
+    needed = calibration_tensors(graph, "all")
+    names = {o for n in graph.model.graph.node for o in n.output} | {s.name for s in graph.inputs}
+    for note in check_table(
+        read_table(table),
+        model_hash=graph.hash,
+        needed=needed,
+        model_tensors=names,
+        allow_partial=allow_partial,
+        label=str(table),
+    ):
+        warn(note)
+
+
 def _table_as_trt_cache(path: Path, trt_version: str) -> bytes:
     """Any quantbench-readable table -> TensorRT cache bytes for the running TensorRT."""
     from quantbench.table.codecs import encode_table, read_table
@@ -493,18 +579,19 @@ def sensitivity(
     calib_data: Annotated[str, typer.Option(help="Calibration data.")],
     method: Annotated[
         str, typer.Option("--method", "-m", help="Calibrator, or 'auto' (best per tensor).")
-    ] = "entropy",
+    ] = DEFAULT_METHOD,
     metric: Annotated[
         str,
-        typer.Option(help="Rank by sqnr_db | cosine | top1_agreement (| accuracy with --labels)."),
+        typer.Option(
+            help="Rank by sqnr_db | cosine | top1_agreement | sequence_agreement (| accuracy "
+            "with --labels | a --metric-script name)."
+        ),
     ] = "sqnr_db",
     labels: Annotated[
-        Path | None, typer.Option(help=".npy of integer labels: adds accuracy.")
+        Path | None, typer.Option(help=".npy of labels (integers add accuracy).")
     ] = None,
-    holdout_data: Annotated[
-        str | None,
-        typer.Option(help="Held-back data for --method auto (default: 64 calibration samples)."),
-    ] = None,
+    metric_script: MetricScriptOpt = None,
+    holdout_data: HoldoutOpt = None,
     exclude: Annotated[
         list[str] | None, typer.Option(help="Node names/regexes kept in FP32 (repeatable).")
     ] = None,
@@ -527,7 +614,7 @@ def sensitivity(
     ] = None,
 ) -> None:
     """Rank quantized ops by the output drift each causes alone in INT8 (2 x ops evaluations)."""
-    from quantbench.fileio import check_output_path, write_text_atomic
+    from quantbench.fileio import check_output_path
     from quantbench.recovery import sensitivity as run_sensitivity
 
     if json_out is not None:
@@ -540,6 +627,7 @@ def sensitivity(
         metric=metric,
         max_samples=max_samples,
         labels=labels,
+        metric_script=metric_script,
         exclude=exclude,
         holdout_data=holdout_data,
         batch_size=batch_size,
@@ -554,7 +642,12 @@ def sensitivity(
         alone, kept = row["only_quantized"][metric], row["only_fp32"][metric]
         console.print(f"{row['rank']:>4}  {escape(row['node'])}  {_num(alone)} / {_num(kept)}")
     if json_out is not None:
-        write_text_atomic(json_out, json.dumps(rows, indent=2) + "\n")
+        from quantbench.graph import open_graph
+        from quantbench.results import base_document, write_json
+
+        doc = base_document("sensitivity", open_graph(model), _command_line())
+        doc.update({"method": method, "metric": metric, "rows": rows})
+        write_json(doc, json_out)
         console.print(f"wrote {json_out}")
 
 
@@ -570,14 +663,18 @@ def recover(
     ],
     target: Annotated[
         str,
-        typer.Option(help="METRIC=VALUE: top1_agreement, cosine, sqnr_db, accuracy_drop (labels)."),
+        typer.Option(
+            help="METRIC=VALUE: top1_agreement, sequence_agreement, cosine, sqnr_db, "
+            "accuracy_drop (labels), or a --metric-script name (_drop: lower is better)."
+        ),
     ] = "top1_agreement=0.99",
     labels: Annotated[
-        Path | None, typer.Option(help=".npy of integer labels (needed for accuracy_drop).")
+        Path | None, typer.Option(help=".npy of labels (integers: needed for accuracy_drop).")
     ] = None,
+    metric_script: MetricScriptOpt = None,
     method: Annotated[
         str, typer.Option("--method", "-m", help="Calibrator, or 'auto' (best per tensor).")
-    ] = "entropy",
+    ] = DEFAULT_METHOD,
     budget: Annotated[
         int | None, typer.Option(help="Keep at most this many ops in high precision.")
     ] = None,
@@ -585,10 +682,7 @@ def recover(
     trt_version: Annotated[
         str, typer.Option(help="TensorRT version the cache header targets (<= 10.x).")
     ] = "10.16.0",
-    holdout_data: Annotated[
-        str | None,
-        typer.Option(help="Held-back data for --method auto (default: 64 calibration samples)."),
-    ] = None,
+    holdout_data: HoldoutOpt = None,
     exclude: Annotated[
         list[str] | None, typer.Option(help="Node names/regexes always kept in FP32.")
     ] = None,
@@ -623,6 +717,7 @@ def recover(
         data,
         target=target,
         labels=labels,
+        metric_script=metric_script,
         method=method,
         budget=budget,
         precision=precision,
@@ -673,8 +768,12 @@ def _command_line() -> str:
     return "quantbench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
+DEBUG_ENV = "QUANTBENCH_DEBUG"
+
+
 def main() -> None:
-    """Console entry point: one-line errors for user mistakes, exit 130 on Ctrl-C."""
+    """Console entry point; exit codes in :mod:`quantbench.errors` (0 ok, 1 gate missed, 2 user
+    input, 3 internal error, 130 Ctrl-C), each error reported as one line."""
     try:
         app()  # standalone: usage errors print click's message and exit 2
     except QuantbenchError as exc:
@@ -683,6 +782,34 @@ def main() -> None:
     except KeyboardInterrupt:
         console.print("[red]interrupted[/red]: no output was written", highlight=False)
         sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - anything else is a bug: exit 3, not a traceback
+        sys.exit(_internal_error(exc))
+
+
+def _internal_error(exc: BaseException) -> int:
+    """Report a bug as one line and where its traceback is; ``QUANTBENCH_DEBUG=1`` prints it."""
+    import os
+    import tempfile
+    import traceback
+
+    from quantbench.errors import first_line
+
+    text = "".join(traceback.format_exception(exc))
+    if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        sys.stderr.write(text)
+        where = "the traceback is above"
+    else:
+        fd, path = tempfile.mkstemp(prefix="quantbench-error-", suffix=".txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(f"{_command_line()}\nquantbench {__version__}\n\n{text}")
+        where = f"traceback saved to {path} ({DEBUG_ENV}=1 prints it)"
+    console.print(
+        f"[red]internal error[/red] (a bug in quantbench, please report it with the traceback): "
+        f"{escape(type(exc).__name__)}: {escape(first_line(exc))}; {escape(where)}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return 3
 
 
 if __name__ == "__main__":

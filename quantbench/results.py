@@ -7,10 +7,10 @@ Every field is documented in the README ("Results JSON"). ``compare`` and ``cali
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import os
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +21,19 @@ from quantbench import calibrators as registry
 from quantbench.errors import QuantbenchError
 from quantbench.fileio import atomic_path, write_text_atomic
 from quantbench.graph import Graph
+from quantbench.jsonsafe import dumps, from_json_float, json_float
+from quantbench.metrics import lower_is_better, model_metrics, nonfinite_text
 from quantbench.stats import StatsFile
 
 SCHEMA = "quantbench-results"
 SCHEMA_VERSION = 1
 HISTOGRAM_BINS = 128
 
-#: --fail-below metric names and where they are read from.
+#: --fail-below built-in metric names (a --metric-script adds its own; see apply_gates).
 GATE_METRICS = (
     "top1_agreement",
     "top5_agreement",
+    "sequence_agreement",
     "accuracy",
     "accuracy_delta",
     "cosine",
@@ -95,7 +98,7 @@ def calibration_section(
     for name in names:
         t = stats[name]
         amax = {
-            m: (None if t.has_nonfinite else _finite(registry.compute_amax(m, t)))
+            m: (None if t.count == 0 else _finite(registry.compute_amax(m, t)))
             for m in method_list
         }
         upper = t.max_abs
@@ -136,93 +139,156 @@ def calibration_results(
         "calib_samples": result.stats.num_samples,
     }
     doc["calibration"] = calibration_section(result.stats, None, methods[0] if methods else None)
+    doc["calibration"]["clip_warn"] = result.clip_warn
+    doc["calibration"]["clipping"] = [
+        {"candidate": m, **f.to_dict()} for m, flags in result.clipping.items() for f in flags
+    ]
+    if result.auto is not None:
+        doc["calibration"]["auto"] = result.auto.to_dict()
     doc["written"] = [str(p) for p in result.written]
     return doc
 
 
 def _finite(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    return v
+    """Non-finite floats as quantbench's JSON strings (see quantbench.jsonsafe)."""
+    return json_float(v) if isinstance(v, float) else v
 
 
 # --------------------------------------------------------------------------- gates
 
 
-def parse_gate(text: str) -> tuple[str, float]:
+def parse_gate(text: str, custom: bool = False) -> tuple[str, float]:
+    """``"cosine=0.999"`` -> ("cosine", 0.999). ``custom``: a metric script may add names."""
     name, sep, value = text.partition("=")
     name = name.strip()
-    if not sep or name not in GATE_METRICS:
+    known = name in GATE_METRICS or (custom and _GATE_NAME.match(name) is not None)
+    if not sep or not known:
+        extra = " or a name your --metric-script returns" if custom else ""
         raise QuantbenchError(
             f"--fail-below {text!r}: expected METRIC=VALUE with METRIC one of "
             + ", ".join(GATE_METRICS)
+            + extra
         )
     try:
-        return name, float(value)
+        number = float(value)
     except ValueError:
+        number = math.nan
+    if math.isnan(number):
         raise QuantbenchError(f"--fail-below {text!r}: {value!r} is not a number") from None
+    return name, number
 
 
 def gate_value(doc: dict[str, Any], metric: str, side: str = "B") -> float | None:
-    outputs = [o for o in doc.get("outputs", []) if o.get("candidate") == side]
-    first = outputs[0] if outputs else {}
-    acc = doc.get("task", {}).get("accuracy", {})
-    if metric == "top1_agreement":
-        return first.get("agreement")
-    if metric == "top5_agreement":
-        return first.get("top5_agreement")
-    if metric == "accuracy":
-        return acc.get(side)
-    if metric == "accuracy_delta":
-        return acc.get("delta")
-    if metric in ("cosine", "sqnr_db"):
-        v = first.get(metric)
-        return math.inf if v == "inf" else v
+    """The value a gate judges; ``None`` when undefined (NaN/Inf, not applicable): it fails.
+
+    Output metrics are the worst output's (:func:`quantbench.metrics.model_metrics`);
+    ``min_layer_sqnr_db`` is undefined when any layer is; other names are task metrics
+    (``accuracy``, a metric script's numbers).
+    """
+    if metric in ("top1_agreement", "top5_agreement", "sequence_agreement", "cosine", "sqnr_db"):
+        return model_metrics(_side_rows(doc.get("outputs"), side))[metric]
     if metric == "min_layer_sqnr_db":
-        vals = [
-            r["sqnr_db"]
-            for r in doc.get("layers", [])
-            if r.get("candidate") == side
-            and r.get("view") == "accumulated"
-            and isinstance(r.get("sqnr_db"), (int, float))
+        vals = [_metric_number(r.get("sqnr_db")) for r in _accumulated_layers(doc, side)]
+        return None if not vals or any(v is None for v in vals) else min(vals)  # type: ignore[type-var]
+    if metric == "accuracy_delta":
+        return _metric_number(_task_entry(doc, "accuracy").get("delta"))
+    return _metric_number(_task_entry(doc, metric).get(side))
+
+
+def gate_reason(doc: dict[str, Any], metric: str, side: str = "B") -> str:
+    """Why a gate's value is undefined, in words ('' when nothing specific is known)."""
+    rows = _side_rows(doc.get("outputs"), side)
+    if metric == "min_layer_sqnr_db":
+        bad = [
+            r for r in _accumulated_layers(doc, side) if _metric_number(r.get("sqnr_db")) is None
         ]
-        return min(vals) if vals else None
-    return None
+        if not bad:
+            return "no layer was compared"
+        first = bad[0]
+        what = nonfinite_text(first.get("nonfinite") or {}) or "undefined"
+        return f"{len(bad)} layer(s) undefined, first {first.get('tensor')}: {what}"
+    parts = []
+    for r in rows:
+        text = nonfinite_text(r.get("nonfinite") or {})
+        if text:
+            parts.append(f"output {r.get('name')}: {text}")
+    if metric.endswith("agreement") and not parts:
+        parts.extend(
+            f"output {r.get('name')}: {r['agreement_note']}"
+            for r in rows
+            if r.get("agreement_note")
+        )
+    if metric not in GATE_METRICS and metric not in (doc.get("task") or {}):
+        parts.append("the metric script did not return it")
+    return "; ".join(parts)
 
 
 def apply_gates(doc: dict[str, Any], gates: list[tuple[str, float]]) -> None:
+    """Judge every gate: higher is better, except names ending in ``_drop`` (a maximum). An
+    undefined value fails, with the reason."""
+    task = doc.get("task") or {}
+    for metric, _ in gates:
+        if metric not in GATE_METRICS and metric not in task:
+            returned = [k for k in task if k != "accuracy"]
+            raise QuantbenchError(
+                f"--fail-below {metric}: the metric script {doc.get('metric_script') or ''} "
+                f"returned no {metric!r} (it returned {', '.join(returned) or 'nothing'})"
+            )
     rows = []
-    for metric, minimum in gates:
+    for metric, bound in gates:
         value = gate_value(doc, metric)
-        rows.append(
-            {
-                "metric": metric,
-                "min": minimum,
-                "value": value,
-                "passed": value is not None and value >= minimum,
-            }
-        )
+        lower = lower_is_better(metric)
+        passed = value is not None and (value <= bound if lower else value >= bound)
+        row: dict[str, Any] = {"metric": metric, "max" if lower else "min": bound}
+        row.update({"value": value, "passed": passed})
+        if value is None:
+            row["reason"] = gate_reason(doc, metric) or "undefined"
+        rows.append(row)
     doc["thresholds"] = rows
     doc["passed"] = all(r["passed"] for r in rows)
+
+
+def gate_failures(doc: dict[str, Any]) -> str:
+    """One line naming every missed gate (the CLI's exit-1 message)."""
+    missed = []
+    for t in doc.get("thresholds", []):
+        if t["passed"]:
+            continue
+        bound = f"> {t['max']}" if "max" in t else f"< {t['min']}"
+        value = "undefined" if t["value"] is None else f"{t['value']:.6g}"
+        reason = f" ({t['reason']})" if t.get("reason") else ""
+        missed.append(f"{t['metric']}={value} {bound}{reason}")
+    return "gate missed: " + ", ".join(missed)
+
+
+_GATE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _metric_number(value: Any) -> float | None:
+    """A JSON metric value as a float; undefined ("nan"), null or text -> None."""
+    number = from_json_float(value)
+    return None if number is None or math.isnan(number) else number
+
+
+def _side_rows(rows: Any, side: str) -> list[dict[str, Any]]:
+    return [r for r in rows or [] if isinstance(r, dict) and r.get("candidate") == side]
+
+
+def _accumulated_layers(doc: dict[str, Any], side: str) -> list[dict[str, Any]]:
+    return [r for r in _side_rows(doc.get("layers"), side) if r.get("view") == "accumulated"]
+
+
+def _task_entry(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    entry = (doc.get("task") or {}).get(name)
+    return entry if isinstance(entry, dict) else {}
 
 
 # --------------------------------------------------------------------------- files
 
 
 def write_json(doc: dict[str, Any], path: str | Path) -> Path:
-    return write_text_atomic(
-        path, json.dumps(doc, indent=2, default=_json_default, allow_nan=False) + "\n"
-    )
-
-
-def _json_default(v: Any) -> Any:
-    if isinstance(v, (np.floating,)):
-        return float(v)
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, Path):
-        return str(v)
-    raise TypeError(type(v).__name__)
+    """Strict JSON, atomically; infinities and NaN anywhere become "inf"/"-inf"/"nan"."""
+    return write_text_atomic(path, dumps(doc))
 
 
 def write_layers_csv(doc: dict[str, Any], path: str | Path) -> Path:

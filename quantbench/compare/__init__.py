@@ -7,14 +7,19 @@ from typing import Any
 
 import numpy as np
 
-from quantbench.calibrate import obtain_stats
+from quantbench import calibrators as registry
+from quantbench.calibrate import check_methods, obtain_stats
+from quantbench.clipguard import DEFAULT_CLIP_WARN, check_clip_warn
 from quantbench.compare.candidates import CalibrationContext
 from quantbench.compare.run import run_comparison
 from quantbench.data import open_data
 from quantbench.errors import QuantbenchError
 from quantbench.fileio import check_output_path
 from quantbench.graph import calibration_tensors, open_graph
+from quantbench.metrics import MODEL_METRICS, declared_output_shapes, metric_support, output_kinds
+from quantbench.progress import info
 from quantbench.results import (
+    GATE_METRICS,
     apply_gates,
     base_document,
     calibration_section,
@@ -23,21 +28,38 @@ from quantbench.results import (
     write_layers_csv,
 )
 from quantbench.table.codecs import read_table
+from quantbench.task_metrics import load_metric_script
 
-__all__ = ["compare", "load_labels"]
+__all__ = ["compare", "labels_for_samples", "load_labels"]
 
 
 def load_labels(labels: str | Path | np.ndarray | None) -> np.ndarray | None:
-    """Integer labels from a ``.npy`` (or an array, from Python), checked to be 1-D."""
+    """Labels from a plain ``.npy`` (or an array, from Python): any dtype such a file holds
+    (integers, floats, unicode strings...), one entry per sample along axis 0. Built-in accuracy
+    uses them only when they are integers and an output holds class scores; every label reaches
+    a ``--metric-script``."""
     if labels is None:
         return None
     where = "labels" if isinstance(labels, np.ndarray) else str(labels)
     array = labels if isinstance(labels, np.ndarray) else _read_labels(Path(labels))
-    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+    if array.ndim == 0 or array.dtype.hasobject:
         raise QuantbenchError(
-            f"{where}: labels must be a 1-D integer array, got {array.dtype}{list(array.shape)}"
+            f"{where}: labels need one entry per sample (axis 0) of a plain dtype, got "
+            f"{array.dtype}{list(array.shape)}"
         )
     return array
+
+
+def labels_for_samples(
+    labels: np.ndarray, max_samples: int | None, where: object = "labels"
+) -> np.ndarray:
+    """The labels of the samples evaluated, in order: ``--max-samples N`` uses the first N
+    samples, so it uses the first N labels too (said on the console). compare, sensitivity and
+    recover share this rule; the count must then equal the number of samples evaluated."""
+    if max_samples is not None and len(labels) > max_samples:
+        info(f"{where}: using the first {max_samples} of {len(labels)} labels (--max-samples)")
+        return labels[:max_samples]
+    return labels
 
 
 def _read_labels(path: Path) -> np.ndarray:
@@ -56,10 +78,14 @@ def compare(
     model: str | Path,
     data: object,
     calib_data: object | None = None,
-    method: str = "entropy",
+    method: str = registry.DEFAULT_METHOD,
     table: str | Path | None = None,
     stats: str | Path | None = None,
-    labels: str | Path | None = None,
+    holdout_data: object | None = None,
+    allow_partial: bool = False,
+    clip_warn: float = DEFAULT_CLIP_WARN,
+    labels: str | Path | np.ndarray | None = None,
+    metric_script: str | Path | None = None,
     exclude: list[str] | None = None,
     batch_size: int | None = None,
     max_samples: int | None = None,
@@ -72,17 +98,28 @@ def compare(
     fail_below: list[str] | None = None,
     json_path: str | Path | None = None,
     csv_path: str | Path | None = None,
-    report_path: str | Path | None = None,
     command: str = "",
     show_progress: bool = True,
 ) -> dict[str, Any]:
-    """Compare precision ``a`` against ``b`` on ``data``; returns the results document."""
-    gates = [parse_gate(g) for g in fail_below or []]
-    for p in (json_path, csv_path, report_path):
+    """Compare precision ``a`` against ``b`` on ``data``; returns the results document (its HTML
+    page: :func:`quantbench.reports.write_report`; the core does not import the reports)."""
+    gates = [parse_gate(g, custom=metric_script is not None) for g in fail_below or []]
+    script = (
+        None
+        if metric_script is None
+        else load_metric_script(metric_script, reserved=(*GATE_METRICS, *MODEL_METRICS))
+    )
+    for p in (json_path, csv_path):
         if p is not None:
             check_output_path(p)
     graph = open_graph(model)
     label_array = load_labels(labels)
+    if label_array is not None:
+        label_array = labels_for_samples(label_array, max_samples, labels)
+    kinds = output_kinds(declared_output_shapes(graph.model))
+    for metric, _ in gates:
+        if reason := metric_support(metric, kinds, label_array):
+            raise QuantbenchError(f"--fail-below {metric}: {reason}")
     source = open_data(
         data, graph.inputs, batch_size=batch_size, max_samples=max_samples, preset=preset
     )
@@ -95,7 +132,21 @@ def compare(
             f"{labels}: {len(label_array)} labels for {source.num_samples} evaluation samples"
         )
     needs_int8 = any(s.lower().startswith("int8") for s in (a, b))
-    ctx = CalibrationContext(default_method=method, exclude=list(exclude or []), holdout=calib_data)
+    check_clip_warn(clip_warn)
+    for spec in (a, b):  # every int8 method is checked before any inference
+        if spec.lower().startswith("int8:") and spec.partition(":")[2].strip():
+            check_methods([spec.partition(":")[2]])
+    ctx = CalibrationContext(
+        default_method=check_methods([method])[0],
+        exclude=list(exclude or []),
+        calib_data=calib_data,
+        holdout_data=holdout_data,
+        batch_size=batch_size,
+        preset=preset,
+        provider=provider,
+        allow_partial=allow_partial,
+        clip_warn=clip_warn,
+    )
     stats_file = None
     if table is not None:
         ctx.table = read_table(table)
@@ -118,6 +169,7 @@ def compare(
         (a, b),
         ctx,
         labels=label_array,
+        metric_script=script,
         provider=provider,
         threads=threads,
         latency=latency,
@@ -139,13 +191,10 @@ def compare(
         doc["calibration"] = calibration_section(
             stats_file, calibration_tensors(graph, "quantizable"), method_used
         )
+        doc["calibration"].update(ctx.findings_section())
     apply_gates(doc, gates)
     if json_path is not None:
         write_json(doc, json_path)
     if csv_path is not None:
         write_layers_csv(doc, csv_path)
-    if report_path is not None:
-        from quantbench.reports import write_report
-
-        write_report(doc, report_path)
     return doc
