@@ -56,16 +56,25 @@ def collect_stats(
     *,
     provider: str | None = None,
     threads: int | None = None,
+    binning_threads: int | None = None,
     show_progress: bool = True,
 ) -> StatsFile:
-    """Run the data through the model once and return statistics of ``tensors``."""
+    """Run the data through the model once and return statistics of ``tensors``.
+
+    ``binning_threads`` (default: the usable cores) bin different tensors at once; each tensor
+    is binned by one task at a time, so the statistics do not depend on the thread count.
+    """
     input_names = {s.name for s in graph.inputs}
     plan = derivation_plan(graph, tensors)
     measured = [t for t in tensors if t not in plan]
     from_feed = [t for t in measured if t in input_names]
     from_outputs = [t for t in measured if t not in input_names]
     runner = OnnxRuntimeRunner(
-        expose(graph.model, from_outputs, graph.elem_types), provider, threads, spin=False
+        expose(graph.model, from_outputs, graph.elem_types),
+        provider,
+        threads,
+        spin=False,
+        generated_from=graph.model,
     )
     stats = {name: TensorStats(name) for name in tensors}
     binner = _Binner(stats, [(t, src) for t, (kind, src) in plan.items() if kind == "relu"])
@@ -73,23 +82,21 @@ def collect_stats(
     num_samples = 0
     with (
         progress_bar("Calibrating", total=source.num_samples, show=show_progress) as advance,
-        _stats_worker() as submit,
+        _stats_workers(binning_threads) as pool,
     ):
-        pending: Future[None] | None = None
+        pending: list[Future[None]] = []
         for feed in _nonempty(source.batches(), source):
             if fingerprint is not None:
                 fingerprint.update(feed)
             outputs = runner.infer(feed, from_outputs) if from_outputs else {}
-            if pending is not None:
-                pending.result()
+            _wait(pending)  # batch k is binned while onnxruntime computes batch k+1
             values = {**{t: feed[t] for t in from_feed}, **outputs}
-            pending = submit(binner.add, values)
+            pending = binner.submit(pool, values)
             n = feed_num_samples(feed, graph.inputs)
             num_samples += n
             advance(n)
-        if pending is not None:
-            pending.result()
-        binner.finish()
+        _wait(pending)
+        _wait(binner.submit_flush(pool))
     for name, (kind, src) in plan.items():
         if kind == "same":
             stats[name] = stats[src].renamed(name)
@@ -131,12 +138,13 @@ def derivation_plan(graph: Graph, tensors: list[str]) -> dict[str, tuple[str, st
 
 
 class _Binner:
-    """Bins batches into their TensorStats, pooling small batches first.
+    """Bins batches into their TensorStats, one task per tensor, pooling small batches first.
 
-    A histogram update has a fixed cost (a 32768-bin bincount and add: ~0.5 MB of memory
-    traffic) that exceeds binning a small activation (7x7x512 at batch 1); pooling up to
-    ``POOL`` values per tensor keeps memory bounded and, binning being exact and
-    order-independent, gives bit-identical statistics.
+    A histogram update has a fixed cost (a 32768-bin count and add: ~0.5 MB of memory traffic)
+    that exceeds binning a small activation (7x7x512 at batch 1); pooling up to ``POOL`` values
+    per tensor keeps memory bounded and, binning being exact and order-independent, gives
+    bit-identical statistics. A tensor and the Relu outputs derived from it are one task, so no
+    two threads ever touch the same TensorStats.
     """
 
     POOL = 1 << 18
@@ -149,35 +157,53 @@ class _Binner:
         self.pool: dict[str, list[np.ndarray]] = {}
         self.pooled: dict[str, int] = {}
 
-    def add(self, values: dict[str, np.ndarray]) -> None:
+    def submit(self, pool: ThreadPoolExecutor, values: dict[str, np.ndarray]) -> list[Future]:
+        """Queue one batch: tensors whose pool fills are binned by the workers."""
+        due = []
         for name, value in values.items():
             self.pool.setdefault(name, []).append(np.asarray(value).reshape(-1))
             self.pooled[name] = self.pooled.get(name, 0) + value.size
             if self.pooled[name] >= self.POOL:
-                self._flush(name)
+                due.append(self._take(name))
+        return [pool.submit(self._bin, name, parts) for name, parts in due]
 
-    def finish(self) -> None:
-        for name in list(self.pool):
-            self._flush(name)
+    def submit_flush(self, pool: ThreadPoolExecutor) -> list[Future]:
+        """Queue what is left in every pool (the end of the data)."""
+        due = [self._take(name) for name in list(self.pool)]
+        return [pool.submit(self._bin, name, parts) for name, parts in due if parts]
 
-    def _flush(self, name: str) -> None:
-        parts = self.pool.pop(name, [])
+    def _take(self, name: str) -> tuple[str, list[np.ndarray]]:
         self.pooled.pop(name, None)
-        if not parts:
-            return
+        return name, self.pool.pop(name, [])
+
+    def _bin(self, name: str, parts: list[np.ndarray]) -> None:
         x = parts[0] if len(parts) == 1 else np.concatenate(parts)
         added = self.stats[name].update(x)
         for relu in self.relus_of.get(name, ()):
             self.stats[relu].update_relu(added, x)
 
 
-@contextmanager
-def _stats_worker() -> Iterator:
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-stats")
+def usable_cores() -> int:
+    """Cores this process may run on (affinity-aware where the platform tells)."""
     try:
-        yield pool.submit
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def _stats_workers(threads: int | None) -> Iterator[ThreadPoolExecutor]:
+    count = threads if threads and threads > 0 else usable_cores()
+    pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="quantbench-stats")
+    try:
+        yield pool
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _wait(futures: list[Future]) -> None:
+    for f in futures:
+        f.result()
 
 
 def _nonempty(batches: Iterator[Feed], source: DataSource) -> Iterator[Feed]:

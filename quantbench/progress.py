@@ -23,7 +23,7 @@ console = Console(stderr=True)
 
 @contextmanager
 def progress_bar(
-    description: str, total: int | None, show: bool = True
+    description: str, total: int | None, show: bool = True, unit: str = "samples"
 ) -> Iterator[Callable[[int], None]]:
     """Yield ``advance(n)``; draws a bar on a terminal, nothing otherwise."""
     if not show or not console.is_terminal:
@@ -34,7 +34,7 @@ def progress_bar(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("samples"),
+        TextColumn(unit),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     ]
