@@ -200,8 +200,18 @@ def test_int8_rejects_reductions_that_could_overflow_int32(lib: KernelLibrary) -
 @pytest.mark.parametrize(
     ("spec", "path"),
     [
-        (ConvSpec(2, 32, 16, 16, 32, (3, 3), pads=(1, 1, 1, 1), group=32), "depthwise_tiled"),
-        (ConvSpec(2, 16, 16, 16, 32, (3, 3), group=16), "depthwise_tiled"),  # multiplier 2
+        (ConvSpec(2, 32, 16, 16, 32, (3, 3), pads=(1, 1, 1, 1), group=32), "depthwise_rows"),
+        (ConvSpec(2, 16, 16, 16, 32, (3, 3), pads=(1,) * 4, group=16), "depthwise_rows"),  # x2
+        (ConvSpec(32, 240, 56, 56, 240, (5, 5), (2, 2), (2,) * 4, group=240), "depthwise_rows"),
+        (ConvSpec(1, 8, 28, 28, 8, (7, 7), pads=(3, 3, 0, 5), group=8), "depthwise_rows"),
+        # rows of a 1000-wide fp32 plane: several bands, each block under 48 KiB
+        (ConvSpec(1, 2, 1000, 1000, 2, (3, 3), pads=(1,) * 4, group=2), "depthwise_rows"),
+        (ConvSpec(2, 16, 16, 16, 32, (3, 3), group=16), "depthwise_tiled"),  # left pad 0, not 1
+        (ConvSpec(1, 8, 15, 15, 8, (3, 3), pads=(1,) * 4, group=8), "depthwise_tiled"),  # W % 4
+        (ConvSpec(1, 8, 16, 16, 8, (3, 3), (2, 2), (0, 0, 1, 1), group=8), "depthwise_tiled"),
+        (ConvSpec(1, 8, 16, 16, 8, (3, 3), (1, 1), (2,) * 4, (2, 2), 8), "depthwise_tiled"),
+        (ConvSpec(1, 8, 16, 16, 8, (9, 9), pads=(4,) * 4, group=8), "depthwise_tiled"),
+        (ConvSpec(1, 8, 24, 24, 8, (3, 3), (3, 3), (1,) * 4, group=8), "depthwise_tiled"),
         (ConvSpec(1, 8, 12, 12, 8, (1, 7), group=8, bias_mode=BIAS_PER_BATCH), "depthwise_tiled"),
         # a 41x41 kernel with dilation 3 spans 121 rows: no patch fits in 48 KiB of shared memory
         (ConvSpec(1, 8, 64, 64, 8, (41, 41), pads=(60,) * 4, dilations=(3, 3), group=8), "direct"),

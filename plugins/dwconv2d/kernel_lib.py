@@ -53,7 +53,13 @@ BIAS_NONE = 0
 BIAS_SHARED = 1
 BIAS_PER_BATCH = 2
 
-KERNEL_PATHS = {-1: "invalid", 0: "depthwise_tiled", 1: "direct", 2: "implicit_gemm"}
+KERNEL_PATHS = {
+    -1: "invalid",
+    0: "depthwise_tiled",
+    1: "direct",
+    2: "implicit_gemm",
+    3: "depthwise_rows",
+}
 
 
 class DWConv2DParams(ctypes.Structure):

@@ -1,7 +1,10 @@
 // DWConv2D CUDA kernels: convolution with runtime ("dynamic") weights, ONNX Conv semantics plus
-// per-batch weights and bias. See dwconv2d.h for the contract; this file holds three kernel paths:
+// per-batch weights and bias. See dwconv2d.h for the contract; this file holds four kernel paths:
 //
-//   depthwise_tiled  C/group == 1 (depthwise, with or without a channel multiplier). Each block
+//   depthwise_rows   C/group == 1, 3x3/5x5/7x7, stride 1 or 2, dilation 1, left pad k/2, W % 4 == 0:
+//                    the memory-bandwidth path (whole rows by cp.async into persistent blocks two
+//                    to four buffers deep, dp4a for INT8); see its section below.
+//   depthwise_tiled  other C/group == 1 shapes (with or without a channel multiplier). Each block
 //                    stages the input patch of an output tile of one or more (n, k) planes in
 //                    shared memory; each thread computes 8 vertically adjacent outputs. Square
 //                    kernels of size 1, 3, 5, 7 are compile-time unrolled with the filter in
@@ -14,7 +17,8 @@
 //                    input value loaded is used 4 times.
 //
 // All paths accumulate in float32 (f32, f16 inputs) or int32 (int8 inputs) and share the same
-// epilogues, so the numerics do not depend on the path.
+// epilogues (depthwise_rows through exact equivalents, see StoreI8ToI8::store4), so the numerics
+// do not depend on the path.
 
 #include "dwconv2d.h"
 
@@ -25,6 +29,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace
 {
@@ -79,12 +84,39 @@ __device__ inline float bias_to_float(__half v)
     return __half2float(v);
 }
 
+// int32 -> float32 without the quarter-rate I2F instruction: exact for |v| < 2^22, which holds for
+// every sum the depthwise_rows path forms (at most 7 * 7 products of magnitude <= 2^14).
+__device__ inline float small_int_to_float(int32_t v)
+{
+    return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0F);
+}
+
+// Each store functor has operator() (one element, every path) and store4() (4 adjacent outputs of
+// one row, depthwise_rows path): `vec` says the 4 outputs exist and the address allows one vector
+// store; otherwise the first `count` outputs are stored one by one.
 struct StoreF32
 {
     float* y;
     __device__ void operator()(int64_t i, float acc, float bias) const
     {
         y[i] = acc + bias;
+    }
+    __device__ void store4(int64_t i, float const (&a)[4], float bias, bool vec, int count) const
+    {
+        float const v[4] = {a[0] + bias, a[1] + bias, a[2] + bias, a[3] + bias};
+        if (vec)
+        {
+            *reinterpret_cast<float4*>(y + i) = make_float4(v[0], v[1], v[2], v[3]);
+            return;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+        {
+            if (j < count)
+            {
+                y[i + j] = v[j];
+            }
+        }
     }
 };
 
@@ -94,6 +126,29 @@ struct StoreF16
     __device__ void operator()(int64_t i, float acc, float bias) const
     {
         y[i] = __float2half_rn(acc + bias);
+    }
+    __device__ void store4(int64_t i, float const (&a)[4], float bias, bool vec, int count) const
+    {
+        // __floats2half2_rn rounds each half to nearest even, exactly as __float2half_rn.
+        __half2 const lo = __floats2half2_rn(a[0] + bias, a[1] + bias);
+        __half2 const hi = __floats2half2_rn(a[2] + bias, a[3] + bias);
+        if (vec)
+        {
+            uint2 packed;
+            packed.x = *reinterpret_cast<uint32_t const*>(&lo);
+            packed.y = *reinterpret_cast<uint32_t const*>(&hi);
+            *reinterpret_cast<uint2*>(y + i) = packed;
+            return;
+        }
+        __half const h[4] = {__low2half(lo), __high2half(lo), __low2half(hi), __high2half(hi)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+        {
+            if (j < count)
+            {
+                y[i + j] = h[j];
+            }
+        }
     }
 };
 
@@ -107,6 +162,28 @@ struct StoreI8ToF32
     {
         y[i] = __fadd_rn(__fmul_rn(__int2float_rn(acc), acc_scale), bias);
     }
+    __device__ void store4(int64_t i, int32_t const (&a)[4], float bias, bool vec, int count) const
+    {
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+        {
+            v[j] = __fadd_rn(__fmul_rn(small_int_to_float(a[j]), acc_scale), bias);
+        }
+        if (vec)
+        {
+            *reinterpret_cast<float4*>(y + i) = make_float4(v[0], v[1], v[2], v[3]);
+            return;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+        {
+            if (j < count)
+            {
+                y[i + j] = v[j];
+            }
+        }
+    }
 };
 
 struct StoreI8ToI8
@@ -114,12 +191,61 @@ struct StoreI8ToI8
     int8_t* y;
     float acc_scale;
     float output_scale;
-    __device__ void operator()(int64_t i, int32_t acc, float bias) const
+    // fl(1 / output_scale), and whether the multiply below may stand in for the division (host:
+    // the reciprocal is a normal float far from overflow, see fast_requant_ok()).
+    float inv_output_scale;
+    int32_t fast;
+    __device__ int8_t exact(float v) const
     {
-        float const v = __fadd_rn(__fmul_rn(__int2float_rn(acc), acc_scale), bias);
         float q = rintf(__fdiv_rn(v, output_scale)); // rintf: round half to even
         q = fminf(fmaxf(q, -128.0F), 127.0F);
-        y[i] = static_cast<int8_t>(static_cast<int32_t>(q));
+        return static_cast<int8_t>(static_cast<int32_t>(q));
+    }
+    __device__ void operator()(int64_t i, int32_t acc, float bias) const
+    {
+        y[i] = exact(__fadd_rn(__fmul_rn(__int2float_rn(acc), acc_scale), bias));
+    }
+    // fl(v * inv) is within 2 ulp of fl(v / output_scale), so both round to the same integer
+    // unless the quotient lies within 2^-12 of a half-integer (or the clamp decides it): only
+    // those outputs take the exact division. Clamping first keeps |t| < 2^22, so adding
+    // 1.5 * 2^23 rounds to an integer (half to even) whose low byte is the int8 result.
+    __device__ void store4(int64_t i, int32_t const (&a)[4], float bias, bool vec, int count) const
+    {
+        float v[4];
+        uint32_t q[4]; // the int8 result in the low byte
+        bool slow = fast == 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+        {
+            v[j] = __fadd_rn(__fmul_rn(small_int_to_float(a[j]), acc_scale), bias);
+            float const t = fminf(fmaxf(__fmul_rn(v[j], inv_output_scale), -128.0F), 127.0F);
+            float const r = __fadd_rn(t, 12582912.0F);
+            float const d = fabsf(__fsub_rn(t, __fsub_rn(r, 12582912.0F)));
+            slow = slow || d > 0.5F - 1.0F / 4096.0F;
+            q[j] = __float_as_uint(r);
+        }
+        if (slow)
+        {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+            {
+                q[j] = static_cast<uint32_t>(static_cast<uint8_t>(exact(v[j])));
+            }
+        }
+        if (vec)
+        {
+            *reinterpret_cast<uint32_t*>(y + i)
+                = __byte_perm(__byte_perm(q[0], q[1], 0x0040U), __byte_perm(q[2], q[3], 0x0040U), 0x5410U);
+            return;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+        {
+            if (j < count)
+            {
+                y[i + j] = static_cast<int8_t>(q[j]);
+            }
+        }
     }
 };
 
@@ -358,6 +484,371 @@ __global__ void __launch_bounds__(kMaxThreads) depthwise_tiled_kernel(TIn const*
             store(y0 + static_cast<int64_t>(i) * s.Wo, acc[i], bias);
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Path 1b: depthwise_rows (memory-bandwidth path)
+// ---------------------------------------------------------------------------------------------
+//
+// For C/group == 1, square 3x3, 5x5 or 7x7 filters, stride 1 or 2 (same both ways), dilation 1,
+// left pad kernel/2 and W % 4 == 0 (the usual depthwise layers of MobileNet, EfficientNet,
+// ConvNeXt). Full-width rows of an NCHW plane are contiguous, so a block copies the input rows of
+// PPB planes into shared memory with 16-byte (or 8/4-byte) asynchronous copies (cp.async, no
+// registers held), zero columns on both sides and zero rows above/below the image, so the stencil
+// needs no bounds checks. Blocks are persistent with 2-4 buffers per plane slot: the next planes
+// are in flight while the current ones are computed. Each thread computes 4 adjacent outputs of
+// 7 rows (filter in registers, each input row read once per thread with vector shared loads) and
+// writes them with one vector store per row. INT8 keeps the bytes packed and forms each output's
+// 4-tap windows with byte permutes, so one dp4a does 4 multiply-adds (filter rows padded with zero
+// taps to a multiple of 4); its epilogue avoids the quarter-rate conversions and the division
+// (StoreI8ToI8::store4). FP16 is widened to float32 as it is read from shared memory.
+
+constexpr int kRowsV = 4;            // adjacent outputs along W per thread
+constexpr int kRowsR = 7;            // output rows per thread (7 * 2^k is a common plane size)
+constexpr int kRowsMaxThreads = 512; // per block
+constexpr int kRowsMinBlocks = 264;  // keep at least 2 blocks per multiprocessor of an H100/H200
+constexpr int kRowsSmemMax = 96 * 1024; // per block, for wide planes (opt-in above 48 KiB)
+#ifndef DWCONV2D_ROWS_AHEAD_BYTES
+#define DWCONV2D_ROWS_AHEAD_BYTES (4 * 1024)
+#endif
+constexpr int kRowsAheadBytes = DWCONV2D_ROWS_AHEAD_BYTES; // input bytes in flight per plane slot
+
+__host__ __device__ constexpr int floor_div4(int v)
+{
+    return v >= 0 ? v / 4 : -((-v + 3) / 4);
+}
+
+// Last 4-element group (float/half) or 4-byte word (int8) of an input row a thread reads,
+// relative to the group of its first output column.
+__host__ __device__ constexpr int rows_hi_word(int ks, int stride, bool packed_int8)
+{
+    return packed_int8 ? floor_div4((kRowsV - 1) * stride - ks / 2 + 4 * ((ks + 3) / 4 - 1) + 3)
+                       : floor_div4((kRowsV - 1) * stride + ks - 1 - ks / 2);
+}
+
+struct RowsPlan
+{
+    int32_t TX, TY, TXY; // threads per plane along W (4 outputs each) and H (kRowsR rows each)
+    int32_t PPB;         // planes per block and buffer
+    int32_t groups;      // ceil(planes / PPB)
+    int32_t bands;       // blocks along H per plane (TY * kRowsR output rows each), gridDim.y
+    int32_t NRS;         // shared-memory rows per plane
+    int32_t P;           // their pitch in elements (16-byte multiple)
+    int32_t slice_bytes; // per plane and buffer
+    int32_t NV;          // copies per input row
+    int32_t rstep;       // TXY / NV: rows apart of one thread's copies
+    int32_t load_bytes;  // 16, 8 or 4
+    int32_t out_vec;     // output rows allow 4-wide vector stores
+    int32_t planes;      // N * K
+    int32_t stages;      // buffers per plane slot (2..4): stages - 1 groups of planes in flight
+};
+
+template <int LB>
+__device__ inline void cp_async(void* smem, void const* gmem)
+{
+    auto const saddr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    if constexpr (LB == 16)
+    {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr), "l"(gmem) : "memory");
+    }
+    else
+    {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(saddr), "l"(gmem), "n"(LB) : "memory");
+    }
+}
+
+__device__ inline void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+__device__ inline void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Waits until this thread's copies of the group being computed have landed: the stages - 1
+// groups committed after it may still be in flight.
+__device__ inline void rows_wait(int32_t stages)
+{
+    switch (stages)
+    {
+    case 2: cp_async_wait<1>(); break;
+    case 3: cp_async_wait<2>(); break;
+    default: cp_async_wait<3>(); break;
+    }
+}
+
+// This thread's share of the copies of one plane's rows that lie inside the image.
+template <int LB, class T>
+__device__ inline void rows_issue(T const* xp, T* tile, ConvShape const& s, RowsPlan const& pl,
+    int32_t r0, int32_t vc, int32_t ih_start)
+{
+    constexpr int NE = LB / static_cast<int>(sizeof(T));
+    constexpr int LPAD = 16 / static_cast<int>(sizeof(T));
+    int32_t const rlo = max(0, -ih_start);
+    int32_t const rhi = min(pl.NRS, s.H - ih_start);
+    T const* const src = xp + vc * NE;
+    T* const dst = tile + LPAD + vc * NE;
+    for (int32_t r = r0; r < rhi; r += pl.rstep)
+    {
+        if (r >= rlo)
+        {
+            cp_async<LB>(dst + r * pl.P, src + (ih_start + r) * s.W);
+        }
+    }
+}
+
+// 4 consecutive elements of shared memory (8- or 16-byte aligned) as float.
+__device__ inline void load4(float const* p, float* f)
+{
+    float4 const q = *reinterpret_cast<float4 const*>(p);
+    f[0] = q.x;
+    f[1] = q.y;
+    f[2] = q.z;
+    f[3] = q.w;
+}
+
+__device__ inline void load4(__half const* p, float* f)
+{
+    uint2 const q = *reinterpret_cast<uint2 const*>(p);
+    float2 const a = __half22float2(*reinterpret_cast<__half2 const*>(&q.x));
+    float2 const c = __half22float2(*reinterpret_cast<__half2 const*>(&q.y));
+    f[0] = a.x;
+    f[1] = a.y;
+    f[2] = c.x;
+    f[3] = c.y;
+}
+
+// 3x3: at most 64 registers, so that registers do not cap the planes in flight below what shared
+// memory allows (the larger filters need their registers).
+#ifndef DWCONV2D_ROWS_MIN_BLOCKS_3X3
+#define DWCONV2D_ROWS_MIN_BLOCKS_3X3 2
+#endif
+template <int KS, int S, class TIn, class TB, class Store>
+__global__ void __launch_bounds__(kRowsMaxThreads, KS == 3 ? DWCONV2D_ROWS_MIN_BLOCKS_3X3 : 1)
+    depthwise_rows_kernel(TIn const* __restrict__ x,
+    TIn const* __restrict__ w, TB const* __restrict__ b, Store store, ConvShape s, RowsPlan pl)
+{
+    using Acc = typename Traits<TIn>::Acc;
+    constexpr bool kInt8 = std::is_same<TIn, int8_t>::value;
+    constexpr int V = kRowsV;
+    constexpr int R = kRowsR;
+    constexpr int PAD = KS / 2;
+    constexpr int LPAD = 16 / static_cast<int>(sizeof(TIn));
+    constexpr int G = (KS + 3) / 4;      // 4-tap groups per filter row (INT8)
+    constexpr int NR = (R - 1) * S + KS; // input rows per thread
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+
+    int32_t const t = static_cast<int32_t>(threadIdx.x);
+    int32_t const p = t / pl.TXY;
+    int32_t const lt = t - p * pl.TXY;
+    int32_t const oh0 = static_cast<int32_t>(blockIdx.y) * pl.TY * R;
+    int32_t const ih_start = oh0 * S - s.pt;
+    int32_t const buf_bytes = pl.PPB * pl.slice_bytes;
+    int32_t const stages = pl.stages;
+    int32_t const stride = static_cast<int32_t>(gridDim.x);
+
+    // Zero all buffers once: side columns and rows outside the image are never written again
+    // (the band, blockIdx.y, is the same for every plane this block handles).
+    for (int32_t i = t; i < stages * buf_bytes / 16; i += static_cast<int32_t>(blockDim.x))
+    {
+        reinterpret_cast<uint4*>(smem_raw)[i] = make_uint4(0U, 0U, 0U, 0U);
+    }
+    __syncthreads();
+
+    // This thread's copies: column vc of rows r0, r0 + rstep, ... (none when lt >= rstep * NV).
+    int32_t const r0 = lt < pl.rstep * pl.NV ? lt / pl.NV : INT32_MAX;
+    int32_t const vc = lt - (r0 == INT32_MAX ? 0 : r0) * pl.NV;
+    auto issue = [&](int32_t group, int32_t buf) {
+        int32_t const plane = group * pl.PPB + p;
+        if (group < pl.groups && plane < pl.planes && r0 != INT32_MAX)
+        {
+            int32_t const n = plane / s.K;
+            int32_t const k = plane - n * s.K;
+            int32_t const c = s.Kg == 1 ? k : k / s.Kg;
+            TIn const* const xp = x + (static_cast<int64_t>(n) * s.C + c) * (static_cast<int64_t>(s.H) * s.W);
+            TIn* const tile = reinterpret_cast<TIn*>(smem_raw + buf * buf_bytes + p * pl.slice_bytes);
+            switch (pl.load_bytes)
+            {
+            case 16: rows_issue<16>(xp, tile, s, pl, r0, vc, ih_start); break;
+            case 8: rows_issue<8>(xp, tile, s, pl, r0, vc, ih_start); break;
+            default: rows_issue<4>(xp, tile, s, pl, r0, vc, ih_start); break;
+            }
+        }
+        cp_async_commit(); // one group per call in every thread, empty or not
+    };
+
+    int32_t const ty = lt / pl.TX;
+    int32_t const tx = lt - ty * pl.TX;
+    int32_t const col0 = tx * V;
+    int32_t const orow0 = oh0 + ty * R;
+    int const count = min(V, s.Wo - col0);
+    bool const vec = pl.out_vec != 0 && count == V;
+
+    // Groups of planes g0, g0 + stride, ... go through buffers 0, 1, .., stages - 1, 0, ...;
+    // stages - 1 of them are in flight while one is computed.
+    int32_t buf = 0;
+    for (int32_t ahead = 0; ahead < stages - 1; ++ahead)
+    {
+        issue(static_cast<int32_t>(blockIdx.x) + ahead * stride, ahead);
+    }
+    for (int32_t group = static_cast<int32_t>(blockIdx.x); group < pl.groups; group += stride)
+    {
+        issue(group + (stages - 1) * stride, buf == 0 ? stages - 1 : buf - 1);
+
+        int32_t const plane = group * pl.PPB + p;
+        bool const active = plane < pl.planes && orow0 < s.Ho;
+        int32_t const n = plane < pl.planes ? plane / s.K : 0;
+        int32_t const k = plane < pl.planes ? plane - n * s.K : 0;
+        TIn const* const wp = w + (s.weight_per_batch ? static_cast<int64_t>(n) * s.K * (KS * KS) : 0)
+            + static_cast<int64_t>(k) * (KS * KS);
+        TIn const* const tile = reinterpret_cast<TIn const*>(smem_raw + buf * buf_bytes + p * pl.slice_bytes);
+
+        Acc acc[R][V];
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+        {
+#pragma unroll
+            for (int j = 0; j < V; ++j)
+            {
+                acc[i][j] = Acc(0);
+            }
+        }
+
+        if constexpr (kInt8)
+        {
+            constexpr int WLO = floor_div4(-PAD);
+            constexpr int WHI = rows_hi_word(KS, S, true);
+            constexpr int NW = WHI - WLO + 1;
+            // The filter rows packed into 4-tap words (zero taps past KS), loaded while the
+            // copies are in flight.
+            uint32_t wk[KS * G];
+#pragma unroll
+            for (int kh = 0; kh < KS; ++kh)
+            {
+#pragma unroll
+                for (int g = 0; g < G; ++g)
+                {
+                    uint32_t word = 0U;
+#pragma unroll
+                    for (int u = 0; u < 4; ++u)
+                    {
+                        if (active && 4 * g + u < KS)
+                        {
+                            word |= static_cast<uint32_t>(static_cast<uint8_t>(wp[kh * KS + 4 * g + u])) << (8 * u);
+                        }
+                    }
+                    wk[kh * G + g] = word;
+                }
+            }
+            rows_wait(stages);
+            __syncthreads();
+            if (active)
+            {
+                unsigned char const* const base
+                    = reinterpret_cast<unsigned char const*>(tile) + (ty * R * S) * pl.P + LPAD + col0 * S;
+#pragma unroll
+                for (int r = 0; r < NR; ++r)
+                {
+                    uint32_t const* const rw = reinterpret_cast<uint32_t const*>(base + r * pl.P) + WLO;
+                    uint32_t wd[NW];
+#pragma unroll
+                    for (int i = 0; i < NW; ++i)
+                    {
+                        wd[i] = rw[i];
+                    }
+#pragma unroll
+                    for (int j = 0; j < V; ++j)
+                    {
+#pragma unroll
+                        for (int g = 0; g < G; ++g)
+                        {
+                            int const o = j * S - PAD + 4 * g; // first byte of the window
+                            int const a = floor_div4(o) - WLO;
+                            int const sh = o - 4 * floor_div4(o);
+                            uint32_t const win
+                                = sh == 0 ? wd[a] : __byte_perm(wd[a], wd[a + 1], 0x3210U + 0x1111U * sh);
+#pragma unroll
+                            for (int i = 0; i < R; ++i)
+                            {
+                                int const kh = r - i * S;
+                                if (kh >= 0 && kh < KS)
+                                {
+                                    acc[i][j] = __dp4a(
+                                        static_cast<int>(win), static_cast<int>(wk[kh * G + g]), acc[i][j]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        else
+        {
+            constexpr int CLO = floor_div4(-PAD);
+            constexpr int CHI = rows_hi_word(KS, S, false);
+            constexpr int NCH = CHI - CLO + 1;
+            float wr[KS * KS]; // loaded while the copies are in flight
+#pragma unroll
+            for (int i = 0; i < KS * KS; ++i)
+            {
+                wr[i] = active ? Traits<TIn>::load(wp[i]) : 0.0F;
+            }
+            rows_wait(stages);
+            __syncthreads();
+            if (active)
+            {
+                TIn const* const base = tile + (ty * R * S) * pl.P + LPAD + col0 * S;
+#pragma unroll
+                for (int r = 0; r < NR; ++r)
+                {
+                    TIn const* const rw = base + r * pl.P + 4 * CLO;
+                    float f[NCH * 4];
+#pragma unroll
+                    for (int i = 0; i < NCH; ++i)
+                    {
+                        load4(rw + 4 * i, f + 4 * i);
+                    }
+#pragma unroll
+                    for (int i = 0; i < R; ++i)
+                    {
+                        int const kh = r - i * S;
+                        if (kh >= 0 && kh < KS)
+                        {
+#pragma unroll
+                            for (int j = 0; j < V; ++j)
+                            {
+#pragma unroll
+                                for (int q = 0; q < KS; ++q)
+                                {
+                                    acc[i][j] = fmaf(f[j * S + q - PAD - 4 * CLO], wr[kh * KS + q], acc[i][j]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        if (active)
+        {
+            float const bias = load_bias(b, s, n, k);
+            int64_t const y0 = (static_cast<int64_t>(plane) * s.Ho + orow0) * s.Wo + col0;
+#pragma unroll
+            for (int i = 0; i < R; ++i)
+            {
+                if (orow0 + i < s.Ho)
+                {
+                    store.store4(y0 + static_cast<int64_t>(i) * s.Wo, acc[i], bias, vec, count);
+                }
+            }
+        }
+        __syncthreads(); // every read of this buffer is done before it is refilled
+        buf = buf + 1 == stages ? 0 : buf + 1;
+    }
+    cp_async_wait<0>();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -788,6 +1279,107 @@ bool plan_depthwise(ConvShape const& s, DwPlan* plan)
     return true;
 }
 
+// depthwise_rows: the shapes it takes (see its kernel), independent of the element type.
+bool rows_shape_ok(ConvShape const& s)
+{
+    return s.Cg == 1 && s.kH == s.kW && (s.kH == 3 || s.kH == 5 || s.kH == 7) && s.sh == s.sw
+        && (s.sh == 1 || s.sh == 2) && s.dh == 1 && s.dw == 1 && s.pl == s.kH / 2 && s.W % 4 == 0;
+}
+
+int64_t round_up(int64_t v, int64_t m)
+{
+    return (v + m - 1) / m * m;
+}
+
+int64_t pl_rows(int64_t ty, int64_t stride, int64_t ks)
+{
+    return (ty * kRowsR - 1) * stride + ks;
+}
+
+// Block shape of depthwise_rows: all output rows of a plane in one block when two buffers of its
+// input rows fit in 48 KiB of shared memory (else bands of TY * kRowsR rows, up to 96 KiB for
+// wide planes), then as many planes per block as threads and 48 KiB allow while leaving enough
+// blocks to fill the GPU.
+// elem: the element size (shared memory holds the input type); load_bytes: copy width.
+bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out)
+{
+    if (!rows_shape_ok(s))
+    {
+        return false;
+    }
+    int64_t const planes = static_cast<int64_t>(s.N) * s.K;
+    if (planes < 1 || planes > INT32_MAX / 2)
+    {
+        return false;
+    }
+    int const ks = s.kH;
+    int const st = s.sh;
+    int64_t const TX = ceil_div(s.Wo, kRowsV);
+    if (TX > kRowsMaxThreads)
+    {
+        return false;
+    }
+    int64_t const lpad = 16 / elem;
+    int64_t const hi = rows_hi_word(ks, st, elem == 1);
+    int64_t const need = lpad + (TX - 1) * kRowsV * st + 4 * (hi + 1);
+    int64_t const P = round_up(std::max<int64_t>(need, lpad + s.W), 16 / elem);
+    auto slice = [&](int64_t ty) {
+        int64_t const nrs = (ty * kRowsR - 1) * st + ks;
+        return round_up(nrs * P * elem, 16);
+    };
+    int64_t TY = std::min<int64_t>(ceil_div(s.Ho, kRowsR), kRowsMaxThreads / TX);
+    while (TY > 1 && 2 * slice(TY) > kSmemBudget)
+    {
+        --TY;
+    }
+    if (TY < 1 || 2 * slice(TY) > kRowsSmemMax)
+    {
+        return false;
+    }
+    int64_t const TXY = TX * TY;
+    int64_t const NV = static_cast<int64_t>(s.W) * elem / load_bytes;
+    if (NV > TXY)
+    {
+        return false;
+    }
+    int64_t const bands = ceil_div(s.Ho, TY * kRowsR);
+    if (bands > 65535) // gridDim.y
+    {
+        return false;
+    }
+    // Enough stages that kRowsAheadBytes per plane slot are in flight (small planes, narrow types).
+    int64_t const plane_bytes = std::min<int64_t>(pl_rows(TY, st, ks), s.H) * s.W * elem;
+    int64_t stages = std::min<int64_t>(4, 1 + ceil_div(kRowsAheadBytes, std::max<int64_t>(plane_bytes, 1)));
+    while (stages > 2 && stages * slice(TY) > kRowsSmemMax)
+    {
+        --stages;
+    }
+    int64_t PPB = std::max<int64_t>(
+        1, std::min<int64_t>({kRowsMaxThreads / TXY, kSmemBudget / (stages * slice(TY)), planes}));
+    while (PPB > 1 && (planes + PPB - 1) / PPB * bands < kRowsMinBlocks)
+    {
+        --PPB;
+    }
+    RowsPlan pl{};
+    pl.TX = static_cast<int32_t>(TX);
+    pl.TY = static_cast<int32_t>(TY);
+    pl.TXY = static_cast<int32_t>(TXY);
+    pl.PPB = static_cast<int32_t>(PPB);
+    pl.groups = static_cast<int32_t>((planes + PPB - 1) / PPB);
+    pl.bands = static_cast<int32_t>(bands);
+    pl.NRS = static_cast<int32_t>((TY * kRowsR - 1) * st + ks);
+    pl.P = static_cast<int32_t>(P);
+    pl.slice_bytes = static_cast<int32_t>(slice(TY));
+    pl.NV = static_cast<int32_t>(NV);
+    pl.rstep = static_cast<int32_t>(TXY / NV);
+    pl.load_bytes = load_bytes;
+    pl.out_vec = 0;
+    pl.planes = static_cast<int32_t>(planes);
+    pl.stages = static_cast<int32_t>(stages);
+    *out = pl;
+    return true;
+}
+
 int select_path(DWConv2DParams const& p)
 {
     if (!valid(p))
@@ -797,6 +1389,13 @@ int select_path(DWConv2DParams const& p)
     ConvShape const s = make_shape(p);
     if (s.Cg == 1)
     {
+        RowsPlan rows{};
+        // float rows and W / 4 loads per row: the largest plan of any element type (16-byte
+        // aligned tensors assumed, as CUDA allocations are; see run()).
+        if (plan_rows(s, 4, 16, &rows))
+        {
+            return DWCONV2D_PATH_DEPTHWISE_ROWS;
+        }
         DwPlan plan{};
         if (plan_depthwise(s, &plan))
         {
@@ -814,6 +1413,77 @@ int select_path(DWConv2DParams const& p)
         }
     }
     return DWCONV2D_PATH_DIRECT;
+}
+
+template <int KS, int S, class TIn, class TB, class Store>
+int launch_rows_ks(TIn const* x, TIn const* w, TB const* b, Store store, ConvShape const& s,
+    RowsPlan const& pl, cudaStream_t stream)
+{
+    auto kernel = depthwise_rows_kernel<KS, S, TIn, TB, Store>;
+    int const threads = pl.PPB * pl.TXY;
+    size_t const smem = static_cast<size_t>(pl.stages) * pl.PPB * pl.slice_bytes;
+    // Persistent blocks: as many as fit on the GPU at once (per band), each looping over groups of
+    // planes. Without the device's numbers, one block per group.
+    if (smem > static_cast<size_t>(kSmemBudget))
+    {
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    }
+    int64_t blocks = pl.groups;
+    int device = 0;
+    int sms = 0;
+    int per_sm = 0;
+    if (cudaGetDevice(&device) == cudaSuccess
+        && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess
+        && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) == cudaSuccess
+        && sms > 0 && per_sm > 0)
+    {
+        blocks = std::min<int64_t>(pl.groups, std::max<int64_t>(1, int64_t{sms} * per_sm / pl.bands));
+    }
+    (void) cudaGetLastError(); // a failed query above must not be reported as the launch's error
+    kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(pl.bands)), static_cast<unsigned>(threads),
+        smem, stream>>>(x, w, b, store, s, pl);
+    return static_cast<int>(cudaGetLastError());
+}
+
+// Plans and launches depthwise_rows for these pointers; false (nothing launched) when the shape or
+// the pointers' alignment does not allow it, and the caller takes the tiled path.
+template <class TIn, class TB, class Store>
+bool launch_rows(TIn const* x, TIn const* w, TB const* b, Store store, void const* y, int out_elem,
+    ConvShape const& s, cudaStream_t stream, int* status)
+{
+    if (!rows_shape_ok(s))
+    {
+        return false;
+    }
+    constexpr int in_elem = static_cast<int>(sizeof(TIn));
+    auto const xa = reinterpret_cast<uintptr_t>(x);
+    int load_bytes = 0;
+    for (int lb : {16, 8, 4})
+    {
+        if ((static_cast<int64_t>(s.W) * in_elem) % lb == 0 && xa % lb == 0)
+        {
+            load_bytes = lb;
+            break;
+        }
+    }
+    RowsPlan pl{};
+    if (load_bytes == 0 || !plan_rows(s, in_elem, load_bytes, &pl))
+    {
+        return false;
+    }
+    pl.out_vec = s.Wo % kRowsV == 0 && reinterpret_cast<uintptr_t>(y) % (kRowsV * out_elem) == 0 ? 1 : 0;
+    int const key = s.kH * 10 + s.sh;
+    switch (key)
+    {
+    case 31: *status = launch_rows_ks<3, 1>(x, w, b, store, s, pl, stream); break;
+    case 32: *status = launch_rows_ks<3, 2>(x, w, b, store, s, pl, stream); break;
+    case 51: *status = launch_rows_ks<5, 1>(x, w, b, store, s, pl, stream); break;
+    case 52: *status = launch_rows_ks<5, 2>(x, w, b, store, s, pl, stream); break;
+    case 71: *status = launch_rows_ks<7, 1>(x, w, b, store, s, pl, stream); break;
+    case 72: *status = launch_rows_ks<7, 2>(x, w, b, store, s, pl, stream); break;
+    default: return false;
+    }
+    return true;
 }
 
 template <int KS, class TIn, class TB, class Store>
@@ -889,7 +1559,8 @@ bool pointers_ok(void const* x, void const* w, void const* b, void const* y, DWC
 }
 
 template <class TIn, class TB, class Store>
-int run(TIn const* x, TIn const* w, TB const* b, Store store, DWConv2DParams const& p, cudaStream_t stream)
+int run(TIn const* x, TIn const* w, TB const* b, Store store, void const* y, int out_elem,
+    DWConv2DParams const& p, cudaStream_t stream)
 {
     int const path = select_path(p);
     if (path == DWCONV2D_PATH_INVALID)
@@ -901,6 +1572,18 @@ int run(TIn const* x, TIn const* w, TB const* b, Store store, DWConv2DParams con
         return static_cast<int>(cudaSuccess);
     }
     ConvShape const s = make_shape(p);
+    if (path == DWCONV2D_PATH_DEPTHWISE_ROWS)
+    {
+        int status = 0;
+        if (launch_rows(x, w, b, store, y, out_elem, s, stream, &status))
+        {
+            return status;
+        }
+        // Pointers too poorly aligned for its loads: same results from the tiled path.
+        DwPlan plan{};
+        return plan_depthwise(s, &plan) ? launch_depthwise(x, w, b, store, s, stream)
+                                        : launch_direct(x, w, b, store, s, stream);
+    }
     switch (path)
     {
     case DWCONV2D_PATH_DEPTHWISE_TILED: return launch_depthwise(x, w, b, store, s, stream);
@@ -957,7 +1640,7 @@ int dwconv2d_forward_f32(
     {
         return kInvalid;
     }
-    return run(x, w, b, StoreF32{y}, *params, stream);
+    return run(x, w, b, StoreF32{y}, y, 4, *params, stream);
 }
 
 int dwconv2d_forward_f16(
@@ -968,7 +1651,7 @@ int dwconv2d_forward_f16(
         return kInvalid;
     }
     return run(static_cast<__half const*>(x), static_cast<__half const*>(w), static_cast<__half const*>(b),
-        StoreF16{static_cast<__half*>(y)}, *params, stream);
+        StoreF16{static_cast<__half*>(y)}, y, 2, *params, stream);
 }
 
 int dwconv2d_forward_int8(
@@ -996,9 +1679,13 @@ int dwconv2d_forward_int8(
     }
     if (p.output_scale > 0.0F)
     {
-        return run(x, w, b, StoreI8ToI8{static_cast<int8_t*>(y), acc_scale, p.output_scale}, p, stream);
+        float const inv = 1.0F / p.output_scale;
+        // The multiply stands in for the division only while both stay normal floats.
+        int32_t const fast = std::isnormal(inv) && inv < 0x1p100F && inv > 0x1p-100F ? 1 : 0;
+        return run(x, w, b, StoreI8ToI8{static_cast<int8_t*>(y), acc_scale, p.output_scale, inv, fast}, y, 1, p,
+            stream);
     }
-    return run(x, w, b, StoreI8ToF32{static_cast<float*>(y), acc_scale}, p, stream);
+    return run(x, w, b, StoreI8ToF32{static_cast<float*>(y), acc_scale}, y, 4, p, stream);
 }
 
 } // extern "C"

@@ -64,6 +64,9 @@ extern "C" {
 #define DWCONV2D_PATH_DEPTHWISE_TILED 0 /* C/group == 1: shared-memory tiles, one plane per z */
 #define DWCONV2D_PATH_DIRECT 1          /* any shape: one thread per pixel and 4 output channels */
 #define DWCONV2D_PATH_IMPLICIT_GEMM 2   /* K/group >= 32: 64x64 tiles of (channel x pixel) */
+#define DWCONV2D_PATH_DEPTHWISE_ROWS 3  /* C/group == 1, 3x3/5x5/7x7, stride 1 or 2, pad_left == k/2,
+                                           W % 4 == 0: whole rows staged with vector loads (the
+                                           tiled path runs instead if x is not 4-byte aligned) */
 
 typedef struct DWConv2DParams
 {
