@@ -15,7 +15,6 @@ numpy and :mod:`quantbench.errors`, so any layer may use it.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import math
 import numbers
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from quantbench.errors import QuantbenchError, first_line
+from quantbench.userscript import load_user_object
 
 DEFAULT_NAME = "metric"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -137,21 +137,7 @@ def load_metric_script(spec: str | Path, reserved: Collection[str] = ()) -> Metr
     """Import ``FILE.py[:NAME]`` and check that NAME is a metric function or class."""
     path, name = split_spec(spec)
     where = f"{path}:{name}"
-    if not path.is_file():
-        raise QuantbenchError(f"{path}: metric script not found")
-    module_spec = importlib.util.spec_from_file_location(f"quantbench_metric_{path.stem}", path)
-    if module_spec is None or module_spec.loader is None:
-        raise QuantbenchError(f"{path}: cannot import the metric script (is it a .py file?)")
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - the user's script failed
-        raise QuantbenchError(
-            f"{path}: metric script failed on import: {type(exc).__name__}: {first_line(exc)}"
-        ) from None
-    target = getattr(module, name, None)
-    if target is None:
-        raise QuantbenchError(f"{path}: defines no {name!r} (use {path}:NAME)")
+    target = load_user_object(path, name, "metric script")
     if inspect.isclass(target):
         missing = [m for m in ("update", "compute") if not callable(getattr(target, m, None))]
         if missing:

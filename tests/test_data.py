@@ -75,7 +75,7 @@ def test_loader_script(graph, tmp_path):
     assert (
         sum(b["input"].shape[0] for b in _all(open_data(script, graph.inputs, max_samples=3))) == 3
     )
-    with pytest.raises(QuantbenchError, match="no function 'nope'"):
+    with pytest.raises(QuantbenchError, match="defines no 'nope'"):
         open_data(f"{script}:nope", graph.inputs)
 
 
