@@ -17,12 +17,37 @@ from markupsafe import Markup
 
 from quantbench.reports import svg
 from quantbench.reports.charts import HISTOGRAM_LAYOUT, HistogramView, histogram_chart
-from quantbench.reports.formatting import as_finite, fmt_db, fmt_int, fmt_num
+from quantbench.reports.formatting import as_finite, as_number, fmt_db, fmt_int, fmt_num
 from quantbench.reports.layers import WorstLayer
 from quantbench.reports.results import as_dict, as_records
 from quantbench.reports.tables import Cell, Column, number_cell, text_cell
 
 PICK_COUNT = 4
+#: Said wherever the report names the default ``entropy`` (README, "Calibrators"): it is not
+#: TensorRT's calibrator as documented, and no real TensorRT cache has confirmed it yet.
+ENTROPY_NOTE = (
+    "entropy is quantbench's variant of TensorRT's EntropyCalibration2: the zero spike of "
+    "ReLU-like tensors is left out of the KL search (entropy:slides keeps it, as the slide "
+    "pseudocode does), so on ReLU outputs it may differ from TensorRT's own calibration"
+)
+
+
+def method_note(methods: Sequence[str | None]) -> str:
+    """:data:`ENTROPY_NOTE` when one of ``methods`` is the default ``entropy``, else ''."""
+    return ENTROPY_NOTE if any(m in ("entropy", "entropy:trt") for m in methods) else ""
+
+
+@dataclass(frozen=True)
+class AutoSection:
+    """``--method auto``'s record: every whole-model candidate's output SQNR on the judging
+    slice, the one chosen, and the per-tensor choices of the mix."""
+
+    holdout: str
+    chosen: str
+    fallback: bool
+    candidates: tuple[tuple[Cell, ...], ...]
+    tensor_columns: tuple[Column, ...]
+    tensors: tuple[tuple[Cell, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -46,6 +71,8 @@ class CalibrationSection:
     columns: tuple[Column, ...]
     rows: tuple[tuple[Cell, ...], ...]
     warnings: tuple[str, ...]
+    note: str = ""
+    auto: AutoSection | None = None
 
 
 def _methods(calibration: dict[str, Any], tensors: Sequence[dict[str, Any]]) -> list[str]:
@@ -84,9 +111,20 @@ def _range_cut(view: HistogramView) -> float:
 
 
 def _picks(
-    views: Mapping[str, HistogramView], worst: Sequence[WorstLayer], ranked_view: str
+    views: Mapping[str, HistogramView],
+    worst: Sequence[WorstLayer],
+    ranked_view: str,
+    flagged: Sequence[tuple[str, str]] = (),
 ) -> list[HistogramPick]:
+    """Flagged tensors first (the clipping guard's), then the worst layers' tensors, then the
+    tensors whose range the calibrator cut most."""
     picks: list[HistogramPick] = []
+    for name, reason in flagged:
+        view = views.get(name)
+        if view is not None and all(p.name != view.name for p in picks):
+            picks.append(HistogramPick(view.name, reason, histogram_chart(view)))
+        if len(picks) == PICK_COUNT:
+            return picks
     for layer in worst:
         view = views.get(layer.tensor)
         if view is not None and all(p.name != view.name for p in picks):
@@ -147,7 +185,7 @@ def _amax_row(tensor: dict[str, Any], methods: Sequence[str], default_used: str 
         number_cell(tensor.get("min"), fmt_num),
         number_cell(tensor.get("max"), fmt_num),
         number_cell(bad, fmt_int, "sev-bad" if bad else ""),
-        text_cell(used),
+        text_cell(tensor.get("used_label") or used),
     ]
     cells.extend(number_cell(amax.get(m), fmt_num, "used" if m == used else "") for m in methods)
     return tuple(cells)
@@ -166,10 +204,88 @@ def _warnings(tensors: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _resolve_auto(
+    tensors: list[dict[str, Any]], method_used: str | None, auto: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """With ``--method auto`` every tensor records "auto" as its method; the amax it got is the
+    one of the method auto chose for it (the mix's per-tensor choice, or the single method that
+    won), so charts and the amax table mark that method. Copies: the document is not changed."""
+    if not auto:
+        return tensors
+    chosen = auto.get("chosen") if isinstance(auto.get("chosen"), str) else None
+    per_tensor = {
+        str(r.get("tensor")): r["method"]
+        for r in as_records(auto.get("tensors"))
+        if isinstance(r.get("method"), str)
+    }
+    out = []
+    for tensor in tensors:
+        used = tensor.get("used_method") or method_used
+        if used == "auto":
+            pick = chosen if chosen and chosen != "mix" else per_tensor.get(str(tensor.get("name")))
+            if pick:
+                tensor = {**tensor, "used_method": pick, "used_label": f"auto → {pick}"}
+        out.append(tensor)
+    return out
+
+
+def auto_section(auto: dict[str, Any]) -> AutoSection | None:
+    """The ``calibration.auto`` record laid out, or None when absent."""
+    scores = as_dict(auto.get("output_sqnr_db"))
+    if not auto or not scores:
+        return None
+    chosen = str(auto.get("chosen") or "")
+    best_first = sorted(scores, key=lambda k: -(as_number(scores[k]) or -math.inf))
+    candidates = tuple(
+        (
+            text_cell(
+                f"{name} (per-tensor mix)" if name == "mix" else name,
+                "name" + (" used" if name == chosen else ""),
+            ),
+            number_cell(scores[name], fmt_db, "used" if name == chosen else ""),
+            Cell("chosen", css="good") if name == chosen else Cell(""),
+        )
+        for name in best_first
+    )
+    records = as_records(auto.get("tensors"))
+    methods = [m for m in auto.get("methods") or [] if isinstance(m, str)]
+    tensor_columns = (
+        Column("Tensor", "str"),
+        Column("Mix uses", "str", "the method the per-tensor mix gives this tensor"),
+        Column("Readers", "str", "quantized ops reading the tensor (they share its scale)"),
+        *(Column(m, "num", f"worst isolated SQNR of the readers with {m}") for m in methods),
+    )
+    rows = []
+    for r in records:
+        sqnr = as_dict(r.get("isolated_sqnr_db"))
+        used = r.get("method")
+        readers = r.get("readers") if isinstance(r.get("readers"), list) else []
+        rows.append(
+            (
+                text_cell(r.get("tensor"), "name"),
+                text_cell(used),
+                text_cell(", ".join(str(x) for x in readers) or None, "name"),
+                *(number_cell(sqnr.get(m), fmt_db, "used" if m == used else "") for m in methods),
+            )
+        )
+    return AutoSection(
+        holdout=str(auto.get("holdout") or ""),
+        chosen=chosen,
+        fallback=bool(auto.get("fallback")),
+        candidates=candidates,
+        tensor_columns=tensor_columns,
+        tensors=tuple(rows),
+    )
+
+
 def calibration_section(
-    calibration: dict[str, Any], worst: Sequence[WorstLayer], ranked_view: str
+    calibration: dict[str, Any],
+    worst: Sequence[WorstLayer],
+    ranked_view: str,
+    flagged: Sequence[tuple[str, str]] = (),
 ) -> CalibrationSection | None:
-    """The calibration section, or None when the document has no calibration data."""
+    """The calibration section, or None when the document has no calibration data.
+    ``flagged``: (tensor, why) of the clipping guard's flags, whose histograms come first."""
     tensors = as_records(calibration.get("tensors"))
     if not calibration or not tensors:
         return None
@@ -177,12 +293,13 @@ def calibration_section(
     colours = {m: svg.PALETTE[i % len(svg.PALETTE)] for i, m in enumerate(methods)}
     method_used = calibration.get("method_used")
     method_used = method_used if isinstance(method_used, str) else None
+    tensors = _resolve_auto(tensors, method_used, as_dict(calibration.get("auto")))
     views: dict[str, HistogramView] = {}
     for tensor in tensors:
         view = _histogram(tensor, method_used, colours)
         if view is not None and view.name not in views:
             views[view.name] = view
-    picks = _picks(views, worst, ranked_view)
+    picks = _picks(views, worst, ranked_view, flagged)
     columns = (
         Column("Tensor", "str"),
         Column("Values", "num", "number of values the statistics saw"),
@@ -206,4 +323,6 @@ def calibration_section(
         columns=columns,
         rows=tuple(_amax_row(t, methods, method_used) for t in tensors),
         warnings=tuple(_warnings(tensors)),
+        note=method_note([method_used, *methods]),
+        auto=auto_section(as_dict(calibration.get("auto"))),
     )

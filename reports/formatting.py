@@ -13,6 +13,9 @@ from typing import Any
 from quantbench.jsonsafe import from_json_float
 
 MISSING = "—"
+#: A metric quantbench could not define (NaN/Inf in the tensor: "nan" in the JSON); MISSING is
+#: for what does not apply or was not measured (null).
+UNDEFINED = "undefined"
 MINUS = "−"  # U+2212: a real minus sign lines up with digits in tables, a hyphen does not.
 
 
@@ -38,7 +41,7 @@ def _special(value: Any) -> str | None:
     if number is None:
         return MISSING if value is None else str(value)
     if math.isnan(number):
-        return "NaN"
+        return UNDEFINED
     if math.isinf(number):
         return "∞" if number > 0 else MINUS + "∞"
     return None
@@ -165,6 +168,41 @@ def fmt_metric_delta(name: str, value: Any) -> str:
     if number is not None and is_fraction_metric(name) and -1.0 <= number <= 1.0:
         return fmt_delta_pp(number)
     return fmt_delta(value)
+
+
+def nonfinite_counts(value: Any) -> tuple[int, int, int] | None:
+    """A ``nonfinite: {fp32, candidate, elements}`` field as three counts; None when absent."""
+    if not isinstance(value, dict):
+        return None
+    return tuple(  # type: ignore[return-value]
+        max(int(as_finite(value.get(k)) or 0), 0) for k in ("fp32", "candidate", "elements")
+    )
+
+
+def fmt_nonfinite(value: Any, side: str = "B") -> str:
+    """NaN/Inf counts as a short cell ("0", "FP32 3 · B 120"); MISSING when not counted."""
+    counts = nonfinite_counts(value)
+    if counts is None:
+        return MISSING
+    fp32, candidate, _ = counts
+    if not fp32 and not candidate:
+        return "0"
+    parts = [f"FP32 {fp32:,}"] if fp32 else []
+    return " · ".join(parts + ([f"{side} {candidate:,}"] if candidate else []))
+
+
+def nonfinite_sentence(value: Any, side: str = "B") -> str:
+    """The counts in words ("3 of 1,000 values NaN/Inf in FP32 itself; ..."); '' when none."""
+    counts = nonfinite_counts(value)
+    if counts is None:
+        return ""
+    fp32, candidate, elements = counts
+    parts = []
+    if fp32:
+        parts.append(f"{fp32:,} of {elements:,} values NaN/Inf in FP32 itself")
+    if candidate:
+        parts.append(f"{candidate:,} of {elements:,} values NaN/Inf in {side}")
+    return "; ".join(parts)
 
 
 def shorten(text: str, limit: int) -> str:

@@ -3,7 +3,8 @@
 A results document lists one entry per (layer, view). "accumulated" compares a tensor with every
 earlier layer quantized; "isolated" compares it with only this layer quantized, so it points at
 the layer that causes the error rather than the ones that inherit it. The worst layers are ranked
-by isolated SQNR when it was measured, by accumulated SQNR otherwise.
+by isolated SQNR when it was measured, by accumulated SQNR otherwise; a layer whose SQNR is
+undefined (NaN/Inf in the tensor, "nan" in the JSON) ranks worst of all.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from quantbench.reports.charts import DriftPoint, drift_chart
 from quantbench.reports.formatting import (
     as_number,
     fmt_fixed,
+    fmt_nonfinite,
     fmt_num,
     fmt_sig,
     fmt_small_pct,
+    nonfinite_counts,
+    nonfinite_sentence,
 )
-from quantbench.reports.tables import Cell, Column, number_cell, text_cell
+from quantbench.reports.tables import Cell, Column, number_cell, sort_key, text_cell
 
 VIEWS = ("accumulated", "isolated")
 WORST_COUNT = 5
@@ -31,15 +35,18 @@ WORST_COUNT = 5
 #: layer's INT8 error is usually visible in the output. Display only: no result depends on it.
 SQNR_WARN_DB = 25.0
 SQNR_BAD_DB = 15.0
+#: the NaN/Inf column closes the drift metrics, before the calibration ones (clipped, amax)
+_NONFINITE_BEFORE = "clip_fraction"
+NONFINITE_TIP = "NaN/Inf values seen in FP32 and in B: any makes the tensor's metrics undefined"
 
-_IDENTITY_KEYS = ("index", "tensor", "node", "op_type", "view")
+_IDENTITY_KEYS = ("index", "tensor", "node", "op_type", "view", "nonfinite")
 #: (key, header, formatter, tooltip) for the metrics the producer writes, in display order.
 _METRICS: tuple[tuple[str, str, Callable[[Any], str], str], ...] = (
     ("sqnr_db", "SQNR dB", lambda v: fmt_fixed(v, 1), "signal-to-quantization-noise ratio"),
     ("cosine", "Cosine", lambda v: fmt_fixed(v, 6), "cosine similarity of B's tensor to A's"),
-    ("rel_l2", "Rel. L2", lambda v: fmt_sig(v, 3), "‖B − A‖ / ‖A‖"),
-    ("max_abs", "Max |Δ|", lambda v: fmt_sig(v, 3), "largest absolute difference"),
-    ("mean_abs", "Mean |Δ|", lambda v: fmt_sig(v, 3), "mean absolute difference"),
+    ("rel_l2", "Rel.\u00a0L2", lambda v: fmt_sig(v, 3), "‖B − A‖ / ‖A‖"),
+    ("max_abs", "Max\u00a0|Δ|", lambda v: fmt_sig(v, 3), "largest absolute difference"),
+    ("mean_abs", "Mean\u00a0|Δ|", lambda v: fmt_sig(v, 3), "mean absolute difference"),
     ("clip_fraction", "Clipped", fmt_small_pct, "fraction of values beyond the INT8 range"),
     ("amax", "amax", lambda v: fmt_num(v, 4), "calibrated range of the tensor"),
 )
@@ -54,6 +61,7 @@ class WorstLayer:
     op_type: str
     sqnr: float | None
     other_sqnr: float | None
+    candidate: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,8 @@ class LayerSection:
     columns: tuple[Column, ...]
     rows: tuple[tuple[dict[str, str], tuple[Cell, ...]], ...]
     row_count: int
+    #: both sides (A and B) were compared against FP32: rows say which
+    both: bool = False
     sqnr_warn_db: float = SQNR_WARN_DB
     sqnr_bad_db: float = SQNR_BAD_DB
 
@@ -82,18 +92,34 @@ def _index(entry: dict[str, Any], fallback: int) -> int:
 
 
 def _sqnr(entry: dict[str, Any]) -> float | None:
+    """The SQNR a chart can place (undefined and missing are gaps)."""
     number = as_number(entry.get("sqnr_db"))
     return None if number is None or math.isnan(number) else number
 
 
+def _measured(entry: dict[str, Any]) -> float | None:
+    """The SQNR for ranking: NaN when undefined, None when not measured."""
+    return as_number(entry.get("sqnr_db"))
+
+
+def _rank_key(entry: dict[str, Any]) -> tuple[bool, float]:
+    """Undefined first, then by SQNR (-inf before any number)."""
+    number = _measured(entry)
+    assert number is not None
+    return (not math.isnan(number), -math.inf if math.isnan(number) else number)
+
+
 def rank_worst(entries: Sequence[dict[str, Any]], count: int = WORST_COUNT) -> tuple[str, list]:
-    """The view used for ranking and its ``count`` lowest-SQNR entries, worst first."""
-    has_isolated = any(_view(e) == "isolated" and _sqnr(e) is not None for e in entries)
+    """The view used for ranking and its ``count`` lowest-SQNR entries, worst first; undefined
+    SQNR (NaN/Inf in the tensor) is worse than any number, -inf included."""
+    has_isolated = any(_view(e) == "isolated" and _measured(e) is not None for e in entries)
     ranked_view = "isolated" if has_isolated else "accumulated"
     candidates = [
-        (i, e) for i, e in enumerate(entries) if _view(e) == ranked_view and _sqnr(e) is not None
+        (i, e)
+        for i, e in enumerate(entries)
+        if _view(e) == ranked_view and _measured(e) is not None
     ]
-    candidates.sort(key=lambda item: (_sqnr(item[1]), _index(item[1], item[0])))
+    candidates.sort(key=lambda item: (*_rank_key(item[1]), _index(item[1], item[0])))
     return ranked_view, [e for _, e in candidates[:count]]
 
 
@@ -132,15 +158,20 @@ def _extra_metric_keys(entries: Sequence[dict[str, Any]]) -> list[str]:
 
 def _sqnr_css(value: Any) -> str:
     number = as_number(value)
-    if number is None or math.isnan(number):
+    if number is None:
         return ""
-    if number < SQNR_BAD_DB:
+    if math.isnan(number) or number < SQNR_BAD_DB:
         return "sev-bad"
     return "sev-warn" if number < SQNR_WARN_DB else ""
 
 
 def _row(
-    entry: dict[str, Any], position: int, extra: Sequence[str], worst_rank: dict[int, int]
+    entry: dict[str, Any],
+    position: int,
+    extra: Sequence[str],
+    worst_rank: dict[int, int],
+    counted: bool,
+    both: bool = False,
 ) -> tuple[dict[str, str], tuple[Cell, ...]]:
     index = _index(entry, position)
     rank = worst_rank.get(id(entry))
@@ -151,7 +182,11 @@ def _row(
         text_cell(entry.get("op_type")),
         text_cell(_view(entry)),
     ]
+    if both:
+        cells.append(text_cell(entry.get("candidate")))
     for key, _header, formatter, _tip in _METRICS:
+        if key == _NONFINITE_BEFORE and counted:
+            cells.append(nonfinite_cell(entry.get("nonfinite")))
         css = _sqnr_css(entry.get(key)) if key == "sqnr_db" else ""
         cells.append(number_cell(entry.get(key), formatter, css))
     cells.extend(number_cell(entry.get(key), fmt_num) for key in extra)
@@ -159,6 +194,19 @@ def _row(
     if rank is not None:
         attrs["data-worst"] = str(rank)
     return attrs, tuple(cells)
+
+
+def nonfinite_cell(value: Any) -> Cell:
+    """NaN/Inf counts (FP32 and candidate side apart), sorted by their total, red when any."""
+    counts = nonfinite_counts(value)
+    total = None if counts is None else counts[0] + counts[1]
+    return Cell(
+        fmt_nonfinite(value),
+        sort_key(total),
+        "sev-bad" if total else "",
+        nonfinite_sentence(value),
+        numeric=True,
+    )
 
 
 def _table_order(entry: dict[str, Any], position: int) -> tuple[int, int, int]:
@@ -173,7 +221,7 @@ def layer_section(entries: Sequence[dict[str, Any]]) -> LayerSection | None:
         return None
     ranked_view, worst_entries = rank_worst(entries)
     points = _points(entries)
-    by_index = {p.index: p for p in points}
+    measured = {(_index(e, i), _view(e)): _measured(e) for i, e in enumerate(entries)}
     other_view = "accumulated" if ranked_view == "isolated" else "isolated"
     worst = tuple(
         WorstLayer(
@@ -182,27 +230,44 @@ def layer_section(entries: Sequence[dict[str, Any]]) -> LayerSection | None:
             tensor=str(entry.get("tensor") or ""),
             node=str(entry.get("node") or ""),
             op_type=str(entry.get("op_type") or ""),
-            sqnr=_sqnr(entry),
-            other_sqnr=getattr(by_index.get(_index(entry, 0)), other_view, None),
+            sqnr=_measured(entry),
+            other_sqnr=measured.get((_index(entry, 0), other_view)),
+            candidate=str(entry.get("candidate") or ""),
         )
         for rank, entry in enumerate(worst_entries, 1)
     )
     has_sqnr = any(_sqnr(e) is not None for e in entries)
     chart = drift_chart(points, [w.index for w in worst], ranked_view) if has_sqnr else None
     extra = _extra_metric_keys(entries)
+    counted = any(isinstance(e.get("nonfinite"), dict) for e in entries)
+    both = len({e.get("candidate") for e in entries if e.get("candidate") is not None}) > 1
     columns = (
         Column("#"),
         Column("Tensor", "str"),
         Column("Node", "str"),
         Column("Op", "str"),
         Column("View", "str"),
-        *(Column(header, "num", tip) for _key, header, _fmt, tip in _METRICS),
+        *(
+            (Column("Side", "str", "A or B: both sides were compared against FP32"),)
+            if both
+            else ()
+        ),
+        *(
+            column
+            for key, header, _fmt, tip in _METRICS
+            for column in (
+                (Column("NaN/Inf", "num", NONFINITE_TIP),)
+                if key == _NONFINITE_BEFORE and counted
+                else ()
+            )
+            + (Column(header, "num", tip),)
+        ),
         *(Column(key) for key in extra),
     )
     worst_rank = {id(entry): rank for rank, entry in enumerate(worst_entries, 1)}
     ordered = sorted(enumerate(entries), key=lambda item: _table_order(item[1], item[0]))
-    rows = tuple(_row(entry, i, extra, worst_rank) for i, entry in ordered)
+    rows = tuple(_row(entry, i, extra, worst_rank, counted, both) for i, entry in ordered)
     views = tuple(v for v in VIEWS if any(_view(e) == v for e in entries)) + tuple(
         sorted({_view(e) for e in entries} - set(VIEWS))
     )
-    return LayerSection(ranked_view, views, worst, chart, columns, rows, len(rows))
+    return LayerSection(ranked_view, views, worst, chart, columns, rows, len(rows), both=both)

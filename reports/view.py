@@ -6,18 +6,26 @@ percentages) lives here in Python where it is tested; the template only lays it 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from markupsafe import Markup
 
+from quantbench.metrics import lower_is_better
 from quantbench.reports import svg
-from quantbench.reports.calibration import CalibrationSection, calibration_section
+from quantbench.reports.calibration import (
+    CalibrationSection,
+    calibration_section,
+    method_note,
+)
 from quantbench.reports.charts import bar_chart, recovery_chart
 from quantbench.reports.formatting import (
     MISSING,
+    UNDEFINED,
     as_finite,
+    as_number,
     fmt_db,
     fmt_fixed,
     fmt_int,
@@ -28,8 +36,11 @@ from quantbench.reports.formatting import (
     fmt_pct,
     fmt_ratio,
     fmt_sig,
+    nonfinite_counts,
+    nonfinite_sentence,
 )
-from quantbench.reports.layers import LayerSection, layer_section
+from quantbench.reports.guard import flagged_tensors, guard_section
+from quantbench.reports.layers import LayerSection, layer_section, nonfinite_cell
 from quantbench.reports.results import as_dict, as_records
 from quantbench.reports.tables import Cell, Column, number_cell, text_cell
 
@@ -52,6 +63,7 @@ class ThresholdRow:
     rule: str
     value: str
     passed: bool | None
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -97,11 +109,12 @@ def side_label(side: dict[str, Any], fallback: str) -> str:
 
 
 def overall_status(results: dict[str, Any], thresholds: list[dict[str, Any]]) -> str:
-    """ "pass", "fail", or "none" when no gate was set (the report then claims no verdict)."""
+    """ "pass", "fail", or "none" when no gate was set: the report then claims no verdict, even
+    though ``compare`` records ``passed: true`` for a run without gates (nothing was judged)."""
     passed = results.get("passed")
-    if isinstance(passed, bool):
-        return "pass" if passed else "fail"
     flags = [t.get("passed") for t in thresholds if isinstance(t.get("passed"), bool)]
+    if passed is False:
+        return "fail"
     if not flags:
         return "none"
     return "pass" if all(flags) else "fail"
@@ -117,13 +130,23 @@ def _rule(threshold: dict[str, Any]) -> str:
     return " and ".join(parts) or MISSING
 
 
+def _threshold_value(threshold: dict[str, Any]) -> str:
+    """The measured value; a gate judged on an undefined value (null with a ``reason``, or
+    "nan") reads "undefined", not as if nothing had been measured."""
+    value = threshold.get("value")
+    if value is None and threshold.get("reason"):
+        return UNDEFINED
+    return fmt_metric(str(threshold.get("metric", "")), value)
+
+
 def threshold_rows(thresholds: list[dict[str, Any]]) -> tuple[ThresholdRow, ...]:
     return tuple(
         ThresholdRow(
             metric=str(t.get("metric", MISSING)),
             rule=_rule(t),
-            value=fmt_metric(str(t.get("metric", "")), t.get("value")),
+            value=_threshold_value(t),
             passed=t.get("passed") if isinstance(t.get("passed"), bool) else None,
+            reason=str(t.get("reason") or ""),
         )
         for t in thresholds
     )
@@ -139,7 +162,11 @@ def task_rows(task: dict[str, Any]) -> tuple[TaskRow, ...]:
         if delta is None and as_finite(a) is not None and as_finite(b) is not None:
             delta = b - a
         change = as_finite(delta)
+        if change is not None and lower_is_better(name):  # *_drop: a loss, lower is better
+            change = -change
         tone = "" if change is None or change == 0 else ("good" if change > 0 else "bad")
+        if as_number(b) is not None and as_finite(b) is None:  # B undefined (NaN/Inf)
+            tone = "bad"
         rows.append(
             TaskRow(
                 name.replace("_", " "),
@@ -152,32 +179,87 @@ def task_rows(task: dict[str, Any]) -> tuple[TaskRow, ...]:
     return tuple(rows)
 
 
-def output_rows(outputs: list[dict[str, Any]]) -> tuple[tuple[Cell, ...], ...]:
-    return tuple(
-        (
-            text_cell(o.get("name"), "name"),
-            number_cell(o.get("agreement"), fmt_pct),
-            number_cell(o.get("top5_agreement"), fmt_pct),
-            number_cell(o.get("cosine"), lambda v: fmt_fixed(v, 6)),
-            number_cell(o.get("sqnr_db"), lambda v: fmt_fixed(v, 1)),
-            number_cell(o.get("rel_l2"), lambda v: fmt_sig(v, 3)),
-            number_cell(o.get("max_abs"), lambda v: fmt_sig(v, 3)),
-            number_cell(o.get("mean_abs"), lambda v: fmt_sig(v, 3)),
-        )
+def _undefined_css(value: Any) -> str:
+    number = as_number(value)
+    return "sev-bad" if number is not None and math.isnan(number) else ""
+
+
+#: (key, column, formatter) of the output table's metrics, in display order.
+_OUTPUT_METRICS = (
+    (
+        "agreement",
+        Column(
+            "Top-1",
+            "num",
+            "argmax(B) = argmax(A): per sample for class scores, per position for rank ≥ 3",
+        ),
+        fmt_pct,
+    ),
+    (
+        "top5_agreement",
+        Column("Top-5", "num", "argmax(A) in B's top 5 (per sample or position)"),
+        fmt_pct,
+    ),
+    (
+        "sequence_agreement",
+        Column("Sequence", "num", "rank ≥ 3: samples whose every position agrees"),
+        fmt_pct,
+    ),
+    ("cosine", Column("Cosine"), lambda v: fmt_fixed(v, 6)),
+    ("sqnr_db", Column("SQNR dB"), lambda v: fmt_fixed(v, 1)),
+    ("rel_l2", Column("Rel. L2"), lambda v: fmt_sig(v, 3)),
+    ("max_abs", Column("Max |Δ|"), lambda v: fmt_sig(v, 3)),
+    ("mean_abs", Column("Mean |Δ|"), lambda v: fmt_sig(v, 3)),
+)
+NONFINITE_COLUMN = Column("NaN/Inf", "num", "NaN/Inf values in FP32 and in B: metrics undefined")
+NOTE_COLUMN = Column("Note", "str", "why agreement is not defined for this output")
+
+
+def _has_sequences(outputs: list[dict[str, Any]]) -> bool:
+    return any(
+        o.get("agreement_kind") == "position" or o.get("sequence_agreement") is not None
         for o in outputs
     )
 
 
-OUTPUT_COLUMNS = (
-    Column("Output", "str"),
-    Column("Top-1 agreement", "num", "share of samples where A and B pick the same class"),
-    Column("Top-5 agreement", "num", "share of samples where A's top class is in B's top 5"),
-    Column("Cosine"),
-    Column("SQNR dB"),
-    Column("Rel. L2"),
-    Column("Max |Δ|"),
-    Column("Mean |Δ|"),
-)
+def _sides(rows: list[dict[str, Any]]) -> set[str]:
+    """The candidates (A, B) rows belong to: two when both sides were quantized/converted."""
+    return {str(r["candidate"]) for r in rows if r.get("candidate") is not None}
+
+
+def output_columns(outputs: list[dict[str, Any]]) -> tuple[Column, ...]:
+    """The output table's columns: the side only when both were compared, sequence agreement
+    only when an output has positions, the NaN/Inf counts and the agreement note only when the
+    document carries them."""
+    columns = [Column("Side", "str")] if len(_sides(outputs)) > 1 else []
+    columns.append(Column("Output", "str"))
+    sequences = _has_sequences(outputs)
+    columns += [c for k, c, _ in _OUTPUT_METRICS if k != "sequence_agreement" or sequences]
+    if any(isinstance(o.get("nonfinite"), dict) for o in outputs):
+        columns.append(NONFINITE_COLUMN)
+    if any(o.get("agreement_note") for o in outputs):
+        columns.append(NOTE_COLUMN)
+    return tuple(columns)
+
+
+def output_rows(outputs: list[dict[str, Any]]) -> tuple[tuple[Cell, ...], ...]:
+    sequences = _has_sequences(outputs)
+    counted = any(isinstance(o.get("nonfinite"), dict) for o in outputs)
+    noted = any(o.get("agreement_note") for o in outputs)
+    rows = []
+    both = len(_sides(outputs)) > 1
+    for o in outputs:
+        cells = [text_cell(o.get("candidate"))] if both else []
+        cells.append(text_cell(o.get("name"), "name"))
+        for key, _column, formatter in _OUTPUT_METRICS:
+            if key != "sequence_agreement" or sequences:
+                cells.append(number_cell(o.get(key), formatter, _undefined_css(o.get(key))))
+        if counted:
+            cells.append(nonfinite_cell(o.get("nonfinite")))
+        if noted:
+            cells.append(text_cell(o.get("agreement_note"), "note"))
+        rows.append(tuple(cells))
+    return tuple(rows)
 
 
 def speedup(latency: dict[str, Any]) -> float | None:
@@ -422,12 +504,42 @@ def provenance(results: dict[str, Any]) -> dict[str, Any]:
             ),
         ),
         "sides": sides if (a or b) else [],
+        "method_note": method_note([a.get("method"), b.get("method")]),
         "command": results.get("command") if isinstance(results.get("command"), str) else None,
     }
 
 
 def _first_output(outputs: list[dict[str, Any]]) -> dict[str, Any]:
-    return next((o for o in outputs if as_finite(o.get("agreement")) is not None), {})
+    """The first output with an agreement value, undefined ("nan") included."""
+    return next((o for o in outputs if as_number(o.get("agreement")) is not None), {})
+
+
+def _output_name(output: dict[str, Any], outputs: list[dict[str, Any]]) -> str:
+    """An output's name, with its side when both sides were compared."""
+    name = str(output.get("name", "?"))
+    return f"{name} ({output.get('candidate')})" if len(_sides(outputs)) > 1 else name
+
+
+def nonfinite_findings(results: dict[str, Any]) -> tuple[str, ...]:
+    """One line per output, and one for the layers, that held NaN/Inf: their metrics are
+    undefined and every gate reading them fails."""
+    lines = []
+    for o in as_records(results.get("outputs")):
+        if text := nonfinite_sentence(o.get("nonfinite"), str(o.get("candidate") or "B")):
+            lines.append(f"output {o.get('name', '?')}: {text}")
+    bad = [
+        e
+        for e in as_records(results.get("layers"))
+        if e.get("view", "accumulated") == "accumulated"
+        and sum((nonfinite_counts(e.get("nonfinite")) or (0, 0, 0))[:2])
+    ]
+    if bad:
+        first = bad[0]
+        lines.append(
+            f"{len(bad)} layer(s) hold NaN/Inf, first {first.get('tensor') or first.get('node')}: "
+            + nonfinite_sentence(first.get("nonfinite"), str(first.get("candidate") or "B"))
+        )
+    return tuple(lines)
 
 
 def verdict_cards(
@@ -438,12 +550,29 @@ def verdict_cards(
 ) -> tuple[Card, ...]:
     """The few numbers a reviewer reads first: agreement, task metric, worst layer, speed."""
     cards = []
-    output = _first_output(as_records(results.get("outputs")))
+    outputs = as_records(results.get("outputs"))
+    output = _first_output(outputs)
     if output:
-        detail = f"output {output.get('name', '?')}"
+        detail = f"output {_output_name(output, outputs)}"
         if as_finite(output.get("top5_agreement")) is not None:
             detail += f" · top-5 {fmt_pct(output['top5_agreement'])}"
-        cards.append(Card("Top-1 agreement", fmt_pct(output["agreement"]), detail))
+        if as_number(output.get("sequence_agreement")) is not None:
+            detail += f" · sequence {fmt_pct(output['sequence_agreement'])}"
+        undefined = as_finite(output.get("agreement")) is None
+        cards.append(
+            Card(
+                "Top-1 agreement",
+                fmt_pct(output["agreement"]),
+                detail,
+                "bad" if undefined else "",
+            )
+        )
+    nonfinite = nonfinite_findings(results)
+    if nonfinite:
+        cards.append(Card("NaN/Inf", f"{len(nonfinite)} finding(s)", nonfinite[0], "bad"))
+    guard = guard_section(results, labels)
+    if guard is not None and guard.count:
+        cards.append(Card("Clipping guard", f"{guard.count} flag(s)", guard.headline, "bad"))
     for row in task_rows(as_dict(results.get("task")))[:2]:
         cards.append(
             Card(row.metric.capitalize(), row.b, f"{row.delta} vs {labels[0]} ({row.a})", row.tone)
@@ -469,7 +598,9 @@ def verdict_cards(
             Card(
                 f"Worst layer ({layers.ranked_view})",
                 fmt_db(worst.sqnr),
+                f"{worst.candidate + ' · ' if layers.both else ''}"
                 f"{worst.tensor or worst.node} · {worst.op_type}",
+                "bad" if worst.sqnr is None or math.isnan(worst.sqnr) else "",
             )
         )
     return tuple(cards)
@@ -498,15 +629,22 @@ def calibration_cards(
         )
         bad = len(calibration.warnings)
         cards.append(Card("Tensors with NaN/Inf", fmt_int(bad), "", "bad" if bad else "good"))
+    guard = guard_section(results)
+    if guard is not None and guard.count:
+        cards.append(Card("Clipping guard", f"{guard.count} flag(s)", guard.headline, "bad"))
     return tuple(cards)
 
 
 def headline(results: dict[str, Any], labels: tuple[str, str], latency: LatencySection | None):
     """One sentence a reviewer can paste: what was compared and how B fared against A."""
     parts = []
-    output = _first_output(as_records(results.get("outputs")))
+    outputs = as_records(results.get("outputs"))
+    output = _first_output(outputs)
     if output:
-        parts.append(f"top-1 agreement {fmt_pct(output['agreement'])} on {output.get('name', '?')}")
+        name = _output_name(output, outputs)
+        parts.append(f"top-1 agreement {fmt_pct(output['agreement'])} on {name}")
+    if nonfinite_findings(results):
+        parts.append("NaN/Inf seen: some metrics are undefined")
     for row in task_rows(as_dict(results.get("task")))[:1]:
         parts.append(f"{row.metric} {row.a} → {row.b} ({row.delta})")
     if latency and latency.speedup is not None:
@@ -546,6 +684,7 @@ def build_view(results: dict[str, Any]) -> dict[str, Any]:
         as_dict(results.get("calibration")),
         layers.worst if layers else (),
         layers.ranked_view if layers else "isolated",
+        flagged_tensors(results),
     )
     model_name = model.get("name") or model.get("path") or "model"
     cards = (
@@ -567,8 +706,10 @@ def build_view(results: dict[str, Any]) -> dict[str, Any]:
         "cards": cards,
         "thresholds": gates,
         "task": task_rows(as_dict(results.get("task"))),
-        "output_columns": OUTPUT_COLUMNS,
+        "output_columns": output_columns(as_records(results.get("outputs"))),
         "outputs": output_rows(as_records(results.get("outputs"))),
+        "nonfinite": nonfinite_findings(results),
+        "guard": guard_section(results, labels),
         "layers": layers,
         "calibration": calibration,
         "special": special_ops(results, recovery),

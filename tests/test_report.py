@@ -384,7 +384,7 @@ def test_render_does_not_mutate_the_document():
         (None, "—"),
         (math.inf, "∞"),
         (-math.inf, "−∞"),
-        (math.nan, "NaN"),
+        (math.nan, "undefined"),
         (0.0, "0"),
         (123456, "123,456"),
         (-0.004, "−0.004"),
@@ -426,5 +426,225 @@ def test_speed_card_and_headline_state_one_quantity_one_direction():
 
 def test_nonfinite_json_strings_render_as_symbols():
     """The JSON writes infinite SQNR as "inf" and undefined as "nan" (quantbench.jsonsafe)."""
-    assert fmt_num("inf") == "∞" and fmt_num("-inf") == "−∞" and fmt_num("nan") == "NaN"
+    assert fmt_num("inf") == "∞" and fmt_num("-inf") == "−∞" and fmt_num("nan") == "undefined"
     assert fmt_num("n/a") == "n/a"
+
+
+# --------------------------------------------------------------------------- issue 16 / 10
+
+
+def undefined_document() -> dict:
+    """A compare document as quantbench writes it when NaN/Inf reach the compared tensors: one
+    isolated layer undefined ("nan") while the others are exact ("inf"), an undefined output, a
+    sequence output, an output without agreement, a gate failed on an undefined value."""
+    doc = example()
+    isolated = [r for r in doc["layers"] if r["view"] == "isolated"]
+    for r in isolated:
+        r["sqnr_db"] = "inf"
+    bad = isolated[2]
+    bad.update(sqnr_db="nan", cosine="nan", nonfinite={"fp32": 0, "candidate": 7, "elements": 100})
+    for r in doc["layers"]:
+        r.setdefault("nonfinite", {"fp32": 0, "candidate": 0, "elements": 100})
+    base = {"rel_l2": 0.01, "max_abs": 0.1, "mean_abs": 0.01, "top5_agreement": None}
+    doc["outputs"] = [
+        {**base, "candidate": "B", "name": "logits", "agreement": "nan", "top5_agreement": "nan",
+         "sequence_agreement": None, "cosine": "nan", "sqnr_db": "nan", "rel_l2": "nan",
+         "agreement_kind": "class", "agreement_note": None,
+         "nonfinite": {"fp32": 0, "candidate": 58, "elements": 120}},
+        {**base, "candidate": "B", "name": "ctc", "agreement": 0.9, "top5_agreement": 0.99,
+         "sequence_agreement": 0.5, "cosine": 0.99, "sqnr_db": 21.0, "agreement_kind": "position",
+         "agreement_note": None, "nonfinite": {"fp32": 0, "candidate": 0, "elements": 500}},
+        {**base, "candidate": "B", "name": "boxes", "agreement": None, "sequence_agreement": None,
+         "cosine": 0.995, "sqnr_db": 23.0, "agreement_kind": None,
+         "agreement_note": "boxes/coordinates: argmax means nothing",
+         "nonfinite": {"fp32": 0, "candidate": 0, "elements": 40}},
+    ]  # fmt: skip
+    doc["thresholds"] = [
+        {"metric": "cosine", "min": 0.999, "value": None, "passed": False,
+         "reason": "output logits: 58 of 120 values NaN/Inf in candidate"},
+    ]  # fmt: skip
+    doc["passed"] = False
+    doc["task"] = {
+        "cer_drop": {"A": 0.0, "B": 0.05, "delta": 0.05},
+        "wer_drop": {"A": 0.2, "B": 0.1, "delta": -0.1},
+        "line_accuracy": {"A": 0.95, "B": "nan", "delta": "nan"},
+    }
+    return doc
+
+
+def test_undefined_values_read_undefined_and_rank_worst():
+    """Issue 16: "nan" (undefined) must not read as "—" (not applicable), and the worst-layer
+    card picked an exact (∞ dB) layer while another layer was undefined."""
+    doc = undefined_document()
+    bad = next(r for r in doc["layers"] if r["view"] == "isolated" and r["sqnr_db"] == "nan")
+    html = render_report(doc)
+    cards = dict(_cards(html))
+    assert cards["Worst layer (isolated)"] == "undefined"
+    cards_text = re.sub("<[^>]+>", "", html.split('class="cards"')[1].split('class="grid-2"')[0])
+    assert f"{bad['tensor']} · {bad['op_type']}" in cards_text
+    assert cards["Top-1 agreement"] == "undefined"
+    worst = re.search(r'id="worst">.*?</table>', html, re.S).group(0)
+    first = re.search(r"<tbody>\s*<tr>(.*?)</tr>", worst, re.S).group(1)
+    assert bad["tensor"] in first and ">undefined<" in first
+    outputs = re.search(r'id="outputs">.*?</table>', html, re.S).group(0)
+    assert outputs.count(">undefined<") >= 4 and "—" in outputs  # null stays a dash
+
+
+def test_nonfinite_counts_in_tables_and_verdict():
+    html = render_report(undefined_document())
+    callout = re.search(r'id="nonfinite">.*?</div>', html, re.S).group(0)
+    assert "output logits: 58 of 120 values NaN/Inf in B" in callout
+    assert "1 layer(s) hold NaN/Inf" not in callout  # the bad layer is isolated-only here
+    layer_table = re.search(r'id="layer-table">.*?</table>', html, re.S).group(0)
+    assert ">NaN/Inf<" in layer_table and 'data-v="7"' in layer_table and ">B 7<" in layer_table
+    outputs = re.search(r'id="outputs">.*?</table>', html, re.S).group(0)
+    assert ">NaN/Inf<" in outputs and ">B 58<" in outputs
+    assert "NaN/Inf" in dict(_cards(html))
+
+
+def test_threshold_reason_and_undefined_value_are_shown():
+    html = render_report(undefined_document())
+    table = re.search(r'id="thresholds">.*?</table>', html, re.S).group(0)
+    assert ">Why<" in table
+    assert "output logits: 58 of 120 values NaN/Inf in candidate" in table
+    assert '<td class="num">undefined</td>' in table
+    assert '<span class="badge badge-fail" id="verdict-badge">FAIL</span>' in html
+
+
+def test_outputs_table_has_sequence_agreement_and_the_note():
+    html = render_report(undefined_document())
+    outputs = re.search(r'id="outputs">.*?</table>', html, re.S).group(0)
+    assert ">Sequence<" in outputs and ">50.00%<" in outputs
+    assert "boxes/coordinates: argmax means nothing" in outputs
+    # a document without rank-3 outputs keeps the old columns
+    assert ">Sequence<" not in render_report(example())
+
+
+def test_task_metrics_ending_in_drop_are_lower_is_better():
+    html = render_report(undefined_document())
+    rows = dict(
+        re.findall(r'<tr><td>([a-z ]+)</td>.*?<td class="num delta ?([a-z]*)">', html, re.S)
+    )
+    assert rows["cer drop"] == "bad"  # the loss went up
+    assert rows["wer drop"] == "good"  # the loss went down
+    assert rows["line accuracy"] == "bad"  # B undefined
+
+
+def guard_document() -> dict:
+    doc = example()
+    doc["sqnr_floor_db"] = 20.0
+    doc["flags"] = [
+        {"candidate": "B", "rule": "sqnr_floor", "node": "Conv_7", "op_type": "Conv",
+         "output": "conv3/out", "tensor": "pool2:0", "isolated_sqnr_db": 6.9, "floor_db": 20.0,
+         "method": "entropy", "amax": 0.061, "clip_fraction": 0.123, "suggestion": "mse",
+         "suggestion_amax": 0.41, "suggestion_clip_fraction": 1e-5},
+        {"candidate": "B", "rule": "sqnr_floor", "node": "Gemm_9", "op_type": "Gemm",
+         "output": "fc/out", "tensor": "flat", "isolated_sqnr_db": 17.5, "floor_db": 20.0,
+         "method": "entropy", "amax": 3.0, "clip_fraction": 0.0, "suggestion": None,
+         "suggestion_amax": None, "suggestion_clip_fraction": None},
+    ]  # fmt: skip
+    doc["calibration"]["clip_warn"] = 0.001
+    doc["calibration"]["clipping"] = [
+        {"candidate": "int8:entropy", "tensor": "pool2:0", "method": "entropy", "amax": 0.061,
+         "clip_fraction": 0.118, "suggestion": "mse", "suggestion_amax": 0.41,
+         "suggestion_clip_fraction": 1e-5},
+    ]  # fmt: skip
+    names = [t["name"] for t in doc["calibration"]["tensors"]]
+    doc["calibration"]["method_used"] = "auto"
+    for t in doc["calibration"]["tensors"]:
+        t["used_method"] = "auto"
+    doc["calibration"]["auto"] = {
+        "methods": ["minmax", "entropy", "mse"],
+        "holdout": "first 64 calibration samples (also in the statistics)",
+        "output_sqnr_db": {"mix": 30.4, "minmax": 29.3, "entropy": 21.5, "mse": 29.4},
+        "chosen": "mix",
+        "fallback": False,
+        "tensors": [
+            {"tensor": names[0], "method": "minmax", "isolated_best": "minmax",
+             "readers": ["Conv_0"], "isolated_sqnr_db": {"minmax": 40.7, "entropy": 38.0,
+                                                         "mse": 40.1}},
+        ],
+    }  # fmt: skip
+    return doc
+
+
+def test_clipping_guard_flags_are_shown():
+    html = render_report(guard_document())
+    assert 'href="#clipping"' in html and 'id="clipping"' in html
+    floor = re.search(r'id="floor-flags">.*?</table>', html, re.S).group(0).replace("<wbr>", "")
+    assert ">Conv_7<" in floor and ">pool2:0<" in floor and ">6.9 dB<" in floor
+    assert ">12.3%<" in floor and ">mse<" in floor and ">none better<" in floor
+    clip = re.search(r'id="clip-flags">.*?</table>', html, re.S).group(0).replace("<wbr>", "")
+    assert ">11.8%<" in clip and ">mse<" in clip
+    # one candidate: named once in the summary ("B" and its spec are the same side)
+    assert "INT8 (entropy): 1 tensor(s) clip more than 0.1% of their values" in html
+    assert "2 quantized op(s) below 20.0 dB isolated SQNR (--sqnr-floor)" in html
+    assert ">Side<" not in floor
+    assert dict(_cards(html))["Clipping guard"] == "3 flag(s)"
+    assert "Conv_7: 6.9 dB isolated (mse does better)" in html
+    # the flagged tensor's histogram is drawn first, saying why
+    captions = re.findall(r"<figcaption><code>(.*?)</code><span>(.*?)</span>", html)
+    assert captions[0] == ("flat", "flagged: Gemm_9 at 17.5 dB")
+
+
+def test_auto_record_and_method_note_are_shown():
+    doc = guard_document()
+    html = render_report(doc)
+    candidates = re.search(r'id="auto-candidates">.*?</table>', html, re.S).group(0)
+    names = re.findall(r'<td class="name[^"]*">([^<]+)</td>', candidates)
+    assert names == ["mix (per-tensor mix)", "mse", "minmax", "entropy"]  # best first
+    assert ">chosen<" in candidates
+    tensors = re.search(r'id="auto-tensors">.*?</table>', html, re.S).group(0).replace("<wbr>", "")
+    assert ">40.7 dB<" in tensors and ">Conv_0<" in tensors
+    # the amax table marks the method auto gave the tensor, not a column named "auto"
+    amax = re.search(r'id="amax-table">.*?</table>', html, re.S).group(0)
+    first = re.search(r"<tbody>\s*<tr>(.*?)</tr>", amax, re.S).group(1)
+    assert ">auto → minmax<" in first and first.count('class="used"') == 1
+    assert "quantbench&#39;s variant of TensorRT&#39;s EntropyCalibration2" in html
+    assert 'id="method-note"' in html
+
+
+def test_no_threshold_means_no_verdict_even_if_passed_is_true():
+    """compare writes passed: true when no gate was set; the badge must not claim PASS."""
+    doc = example()
+    doc["thresholds"], doc["passed"] = [], True
+    html = render_report(doc)
+    assert ">NO GATE<" in html and ">PASS<" not in html
+
+
+def test_layers_csv_keeps_its_columns_and_adds_the_nonfinite_counts(tmp_path):
+    import csv
+
+    from quantbench.results import write_layers_csv
+
+    doc = undefined_document()
+    path = write_layers_csv(doc, tmp_path / "layers.csv")
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    kept = [
+        "candidate", "index", "tensor", "node", "op_type", "view", "quantized", "cosine",
+        "sqnr_db", "rel_l2", "max_abs", "mean_abs", "clip_fraction", "amax",
+    ]  # fmt: skip
+    header = list(rows[0])
+    assert [c for c in header if c in kept] == kept  # every earlier column, in its order
+    assert {"nonfinite_fp32", "nonfinite_candidate"} <= set(header)
+    assert len(rows) == len(doc["layers"])
+    bad = [r for r in rows if r["nonfinite_candidate"] != "0"]
+    undefined = next(x["tensor"] for x in doc["layers"] if x["sqnr_db"] == "nan")
+    got = [(r["tensor"], r["view"], r["nonfinite_fp32"], r["nonfinite_candidate"]) for r in bad]
+    assert got == [(undefined, "isolated", "0", "7")]
+    assert bad[0]["sqnr_db"] == "nan"  # undefined stays "nan", as in the JSON
+
+
+def test_calibration_report_shows_the_clipping_flags_of_each_table():
+    doc = calibration_only()
+    doc["calibration"]["clip_warn"] = 0.001
+    doc["calibration"]["clipping"] = [
+        {"candidate": m, "tensor": "relu1:0", "method": m, "amax": 0.1, "clip_fraction": 0.1,
+         "suggestion": "mse", "suggestion_amax": 1.0, "suggestion_clip_fraction": 0.0}
+        for m in ("entropy", "entropy:slides")
+    ]  # fmt: skip
+    html = render_report(doc)
+    clip = re.search(r'id="clip-flags">.*?</table>', html, re.S).group(0)
+    assert ">Table<" in clip and ">entropy:slides<" in clip and clip.count(">mse<") == 2
+    assert dict(_cards(html))["Clipping guard"] == "2 flag(s)"

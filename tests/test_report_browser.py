@@ -6,6 +6,7 @@ Needs Debian's chromium (/usr/bin/chromium) and the playwright Python client; ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -52,12 +53,14 @@ class Session:
         self.requests: list[str] = []
         self.blocked: list[str] = []
         self.errors: list[str] = []
+        #: the only URLs the page may load: the reports under test
+        self.allowed = {url}
 
 
-@pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("report")
-    report = write_report(json.loads(EXAMPLE.read_text(encoding="utf-8")), folder / "report.html")
+@contextlib.contextmanager
+def open_report(document: dict, folder: Path):
+    """Write ``document``'s report into ``folder`` and open it offline; yields the Session."""
+    report = write_report(document, folder / "report.html")
     url = report.resolve().as_uri()
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
@@ -66,7 +69,7 @@ def session(tmp_path_factory):
         state = Session(page, url, folder)
 
         def route(request_route) -> None:
-            if request_route.request.url == url:
+            if request_route.request.url in state.allowed:
                 request_route.continue_()
             else:
                 state.blocked.append(request_route.request.url)
@@ -80,6 +83,13 @@ def session(tmp_path_factory):
         yield state
         context.close()
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    document = json.loads(EXAMPLE.read_text(encoding="utf-8"))
+    with open_report(document, tmp_path_factory.mktemp("report")) as state:
+        yield state
 
 
 def column_values(page, table_id: str, header: str) -> list[float | None]:
@@ -200,3 +210,44 @@ def test_full_page_screenshot(session):
     with Image.open(shot) as image:
         width, height = image.size
     assert width == 1280 and height > 3000  # every section laid out, none collapsed
+
+
+@contextlib.contextmanager
+def open_another(session: Session, document: dict, folder: Path):
+    """Another report in a new tab of the same offline browser; yields (page, errors)."""
+    url = write_report(document, folder / "report.html").resolve().as_uri()
+    session.allowed.add(url)
+    page = session.page.context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(url, wait_until="load")
+    try:
+        yield page, errors
+    finally:
+        page.close()
+
+
+def test_flags_and_undefined_values_in_a_browser(session, tmp_path):
+    """Issues 10 and 16: the clipping guard's tables sort like the others, undefined values
+    read "undefined", and the page still opens offline without errors."""
+    from test_report import guard_document, undefined_document
+
+    document = undefined_document()
+    guard = guard_document()
+    document.update(flags=guard["flags"], sqnr_floor_db=guard["sqnr_floor_db"])
+    with open_another(session, document, tmp_path) as (page, errors):
+        assert errors == [] and session.blocked == []
+        assert page.locator("#nonfinite").is_visible()
+        assert page.locator("#floor-flags").is_visible()
+        header = page.locator("#floor-flags thead th", has_text="Isolated SQNR")
+        header.click()
+        assert column_values(page, "floor-flags", "Isolated SQNR") == [6.9, 17.5]
+        header.click()
+        assert column_values(page, "floor-flags", "Isolated SQNR") == [17.5, 6.9]
+        nonfinite = page.locator("#layer-table thead th", has_text="NaN/Inf")
+        nonfinite.click()
+        nonfinite.click()  # descending: the layer that held NaN/Inf first
+        assert column_values(page, "layer-table", "NaN/Inf")[0] == 7
+        worst = page.locator("#worst tbody tr").first.inner_text()
+        assert "undefined" in worst
