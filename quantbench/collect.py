@@ -191,9 +191,15 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def default_binning_threads() -> int:
+    """``$QUANTBENCH_BINNING_THREADS``, else the usable cores."""
+    env = os.environ.get("QUANTBENCH_BINNING_THREADS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else usable_cores()
+
+
 @contextmanager
 def _stats_workers(threads: int | None) -> Iterator[ThreadPoolExecutor]:
-    count = threads if threads and threads > 0 else usable_cores()
+    count = threads if threads and threads > 0 else default_binning_threads()
     pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="quantbench-stats")
     try:
         yield pool

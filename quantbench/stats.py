@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from quantbench.binning import HALF_BINS, signed_counts
+from quantbench import binning
+from quantbench.binning import HALF_BINS
 from quantbench.errors import QuantbenchError
 from quantbench.fileio import atomic_path
 from quantbench.jsonsafe import json_float as _json_float
@@ -68,12 +69,6 @@ def _coarsen(half: np.ndarray, shift: int) -> np.ndarray:
     return out
 
 
-def _signed_counts(x: np.ndarray, exponent: int) -> np.ndarray:
-    """Bin finite float values on the signed grid (:mod:`quantbench.binning`: compiled, or
-    numpy with identical counts)."""
-    return signed_counts(x, exponent)
-
-
 @dataclass(frozen=True)
 class BatchCounts:
     """What one batch added to a TensorStats: its bins (at ``exponent``) and range."""
@@ -100,26 +95,26 @@ class TensorStats:
 
     # ---------------------------------------------------------------- collection
     def update(self, values: np.ndarray) -> BatchCounts | None:
-        """Add a batch of values (any shape, any float dtype); returns what the batch added."""
+        """Add a batch of values (any shape, any float dtype); returns what the batch added.
+
+        One read of the values when they fit the current grid; otherwise the grid widens to
+        the batch's range and the finite values are binned on it (NaN/Inf are counted only).
+        """
         x = np.asarray(values)
         if x.size == 0:
             return None
-        x = x.reshape(-1)
-        lo, hi = float(x.min()), float(x.max())
-        finite_only = math.isfinite(lo) and math.isfinite(hi)
-        if not finite_only:
-            finite = np.isfinite(x)
-            self.nan_count += int(np.isnan(x).sum())
-            self.inf_count += int(x.size - finite.sum()) - int(np.isnan(x).sum())
-            x = x[finite]
-            if x.size == 0:
-                return None
-            lo, hi = float(x.min()), float(x.max())
-        self._grow(exponent_for(max(abs(lo), abs(hi))))
-        counts = _signed_counts(x, self.exponent)
+        seen = binning.scan(x, self.exponent)
+        self.nan_count += seen.nan
+        self.inf_count += seen.inf
+        if seen.finite == 0:
+            return None
+        counts = seen.counts
+        if counts is None:
+            self._grow(exponent_for(max(abs(seen.lo), abs(seen.hi))))
+            counts = binning.finite_counts(x, self.exponent)
         self.counts += counts
-        self._add_range(int(x.size), lo, hi)
-        return BatchCounts(counts, self.exponent, lo, hi, finite_only)
+        self._add_range(seen.finite, seen.lo, seen.hi)
+        return BatchCounts(counts, self.exponent, seen.lo, seen.hi, seen.nan + seen.inf == 0)
 
     def update_relu(self, source: BatchCounts | None, values: np.ndarray) -> None:
         """Add ``max(values, 0)`` reusing the source batch's bins when the grids coincide.
@@ -138,9 +133,7 @@ class TensorStats:
             self.counts[HALF_BINS:] += source.counts[HALF_BINS:]
             self.counts[HALF_BINS] += source.counts[:HALF_BINS].sum()
         else:
-            self.counts += _signed_counts(
-                np.maximum(np.asarray(values).reshape(-1), 0), self.exponent
-            )
+            self.counts += binning.finite_counts(np.maximum(values, 0), self.exponent)
         self._add_range(int(source.counts.sum()), lo, hi)
 
     def _add_range(self, n: int, lo: float, hi: float) -> None:

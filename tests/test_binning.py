@@ -14,7 +14,7 @@ from quantbench import binning, collect
 from quantbench.collect import collect_stats
 from quantbench.data import open_data
 from quantbench.graph import calibration_tensors, open_graph
-from quantbench.stats import exponent_for
+from quantbench.stats import TensorStats, exponent_for
 
 
 def _exact_bins(values: np.ndarray, exponent: int) -> np.ndarray:
@@ -37,11 +37,41 @@ def _edge_values() -> np.ndarray:
 
 
 def test_edge_values_land_in_the_exact_bins() -> None:
-    x = _edge_values()
+    x = _edge_values()[:-1]  # without -HALF_BINS * 2**e, which is off the grid
     e = -10
     expected = _exact_bins(x, e)
-    assert np.array_equal(binning.numpy_signed_counts(x, e), expected)
-    assert np.array_equal(binning.signed_counts(x, e), expected)
+    assert np.array_equal(binning.numpy_finite_counts(x, e), expected)
+    assert np.array_equal(binning.finite_counts(x, e), expected)
+    for scan in (binning.scan, binning.numpy_scan):
+        seen = scan(x, e)
+        assert seen.counts is not None and np.array_equal(seen.counts, expected)
+        assert (seen.lo, seen.hi, seen.finite) == (float(x.min()), float(x.max()), x.size)
+
+
+def test_a_value_on_the_grid_edge_is_off_the_grid() -> None:
+    """|v| == HALF_BINS * 2**e needs the next exponent (stats.exponent_for agrees)."""
+    e = -10
+    edge = np.float32(-binning.HALF_BINS * 2.0**e)
+    assert exponent_for(abs(float(edge))) == e + 1
+    for scan in (binning.scan, binning.numpy_scan):
+        seen = scan(np.array([0.5, edge], np.float32), e)
+        assert seen.counts is None and seen.lo == float(edge) and seen.finite == 2
+
+
+def test_non_finite_values_are_counted_not_binned() -> None:
+    x = np.array([1.0, np.nan, -np.inf, 2.5, np.inf, np.nan, -3.0], np.float32)
+    e = -4
+    expected = _exact_bins(np.array([1.0, 2.5, -3.0], np.float32), e)
+    for scan, counts in (
+        (binning.scan, binning.finite_counts),
+        (binning.numpy_scan, binning.numpy_finite_counts),
+    ):
+        seen = scan(x, e)
+        assert (seen.lo, seen.hi, seen.finite, seen.nan, seen.inf) == (-3.0, 2.5, 3, 2, 2)
+        assert np.array_equal(seen.counts, expected)
+        assert np.array_equal(counts(x, e), expected)
+        empty = scan(np.array([np.nan, np.inf], np.float32), e)
+        assert (empty.finite, empty.nan, empty.inf, empty.counts) == (0, 1, 1, None)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
@@ -55,15 +85,19 @@ def test_compiled_and_numpy_bins_are_identical(dtype: type, shape: str) -> None:
         x = np.clip(rng.standard_cauchy(x.size), -6e4, 6e4)  # finite in float16 too
     x = x.astype(dtype)
     e = exponent_for(float(np.abs(x.astype(np.float64)).max()))
-    got = binning.signed_counts(x, e)
+    got = binning.finite_counts(x, e)
     assert got.dtype == np.int64 and got.sum() == x.size
-    assert np.array_equal(got, binning.numpy_signed_counts(x, e))
+    assert np.array_equal(got, binning.numpy_finite_counts(x, e))
+    fast, slow = binning.scan(x, e), binning.numpy_scan(x, e)
+    assert (fast.lo, fast.hi, fast.finite) == (slow.lo, slow.hi, slow.finite)
+    assert np.array_equal(fast.counts, got) and np.array_equal(slow.counts, got)
+    assert binning.scan(x, e - 1).counts is None  # one exponent finer: max|x| is off the grid
 
 
 def test_sample_matches_exact_arithmetic() -> None:
     x = np.random.default_rng(3).laplace(size=2000).astype(np.float32)
     e = exponent_for(float(np.abs(x).max()))
-    assert np.array_equal(binning.signed_counts(x, e), _exact_bins(x, e))
+    assert np.array_equal(binning.finite_counts(x, e), _exact_bins(x, e))
 
 
 def test_statistics_do_not_depend_on_binning_threads_or_batch_size(
@@ -87,3 +121,35 @@ def test_statistics_do_not_depend_on_binning_threads_or_batch_size(
         a, b = one[name], many[name]
         assert (a.count, a.min, a.max, a.exponent) == (b.count, b.min, b.max, b.exponent), name
         assert np.array_equal(a.counts, b.counts), name
+
+
+def _reference_update(stats: TensorStats, x: np.ndarray) -> None:
+    """The statistics update as released before the compiled path (numpy only): the contract
+    the fused scan must keep bit for bit."""
+    x = x.reshape(-1).astype(np.float64)
+    finite = x[np.isfinite(x)]
+    stats.nan_count += int(np.isnan(x).sum())
+    stats.inf_count += int(np.isinf(x).sum())
+    if finite.size == 0:
+        return
+    lo, hi = float(finite.min()), float(finite.max())
+    stats._grow(exponent_for(max(abs(lo), abs(hi))))
+    idx = np.floor(finite * 2.0**-stats.exponent).astype(np.int64) + binning.HALF_BINS
+    stats.counts += np.bincount(idx, minlength=binning.NUM_BINS)
+    stats._add_range(int(finite.size), lo, hi)
+
+
+def test_streamed_statistics_equal_the_released_algorithm() -> None:
+    """Batches whose range grows and shrinks (the grid widens mid-stream), with NaN/Inf."""
+    rng = np.random.default_rng(11)
+    new, old = TensorStats("t"), TensorStats("t")
+    for scale in (0.01, 0.5, 0.02, 40.0, 3.0, 1e-5, 900.0, 1.0):
+        x = (rng.standard_normal(5000) * scale).astype(np.float32)
+        x[rng.integers(0, x.size, 3)] = np.nan
+        x[rng.integers(0, x.size, 2)] = np.inf
+        new.update(x)
+        _reference_update(old, x)
+        assert new.exponent == old.exponent
+        assert np.array_equal(new.counts, old.counts)
+        assert (new.count, new.min, new.max) == (old.count, old.min, old.max)
+        assert (new.nan_count, new.inf_count) == (old.nan_count, old.inf_count)
