@@ -107,8 +107,9 @@ def test_onnxruntime_failing_on_a_generated_model_is_internal(tmp_path):
 def test_compare_fp16_that_onnxruntime_rejects_is_exit_3(run_cli, cnn_path, cnn_data, monkeypatch):
     """Issue 16 item 6: onnxruntime failing on a model quantbench generated was exit 2."""
     import quantbench.compare.candidates as candidates
+    from quantbench.fp16 import Fp16Model
 
-    monkeypatch.setattr(candidates, "_to_fp16", _type_clash)
+    monkeypatch.setattr(candidates, "fp16_model", lambda m, **_: Fp16Model(_type_clash(m)))
     code, out, err = run_cli(
         "compare", "fp32", "fp16", "--model", cnn_path, "--data", cnn_data, "--no-latency",
         "--max-samples", "4",

@@ -50,19 +50,40 @@ def resolve_provider(provider: str | None) -> str:
 def expose(
     model: onnx.ModelProto, tensors: Iterable[str], elem_types: Mapping[str, int]
 ) -> onnx.ModelProto:
-    """Copy of ``model`` whose graph also outputs ``tensors`` (types from shape inference)."""
+    """Copy of ``model`` whose graph also outputs ``tensors``.
+
+    Each exposed tensor's type is the one it has in ``model`` itself (ONNX shape inference on
+    that model): a model quantbench derived (FP16, Q/DQ, isolated twins) may type a tensor
+    differently from the FP32 original. ``elem_types`` only fills in where inference has
+    nothing (contrib ops it does not know)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     present = {o.name for o in out.graph.output} | {i.name for i in out.graph.input}
-    for name in tensors:
-        if name in present:
-            continue
-        vi = onnx.helper.make_tensor_value_info(
-            name, elem_types.get(name, onnx.TensorProto.FLOAT), None
-        )
+    wanted = [t for t in dict.fromkeys(tensors) if t not in present]
+    inferred = _inferred_types(out, wanted)
+    for name in wanted:
+        elem = inferred.get(name) or elem_types.get(name, onnx.TensorProto.FLOAT)
+        vi = onnx.helper.make_tensor_value_info(name, elem, None)
         out.graph.output.append(vi)
         present.add(name)
     return out
+
+
+def _inferred_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
+    """Element types of ``names`` in ``model`` by ONNX shape inference (best effort)."""
+    if not names:
+        return {}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - inference is best effort (custom ops, > 2 GiB)
+        inferred = model
+    g = inferred.graph
+    types = {i.name: i.data_type for i in g.initializer}
+    for v in [*g.input, *g.value_info, *g.output]:
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
+            types[v.name] = v.type.tensor_type.elem_type
+    wanted = set(names)
+    return {k: t for k, t in types.items() if k in wanted}
 
 
 def _runnable(model: str | Path | onnx.ModelProto) -> bytes | str:

@@ -1,6 +1,7 @@
 """Precision specs -> runnable candidates.
 
-``fp32`` (the model as is), ``fp16`` (onnxruntime's float16 converter, I/O kept FP32),
+``fp32`` (the model as is), ``fp16`` (:func:`quantbench.fp16.fp16_model`: onnxruntime's FP16
+kernels where the provider has them, else FP16 storage emulated; I/O kept FP32),
 ``int8`` / ``int8:<method>`` (quantbench's Q/DQ model from calibration statistics or a
 ``--table``), a path to an ONNX model, or a TensorRT engine (``.plan``/``.engine``, needs the
 TensorRT backend).
@@ -15,9 +16,11 @@ from typing import Any
 import onnx
 
 from quantbench import calibrators as registry
+from quantbench.backends.onnxruntime import resolve_provider
 from quantbench.calibrate import method_table
 from quantbench.clipguard import DEFAULT_CLIP_WARN, ClipFlag, clip_flags, clip_warning
 from quantbench.errors import QuantbenchError
+from quantbench.fp16 import FP32, NATIVE, Fp16Model, declared_precisions, fp16_model
 from quantbench.graph import Graph, calibration_tensors, load_model, node_labels
 from quantbench.progress import warn
 from quantbench.qdq import quantize_model
@@ -48,6 +51,22 @@ class Candidate:
     clipping: list[dict[str, Any]] = field(default_factory=list)
     #: ``int8:auto``: every candidate's output score and the per-tensor choices
     auto: dict[str, Any] | None = None
+    #: ``fp16``: how FP16 was computed, per-node precision and the nodes left in FP32
+    fp16: Fp16Model | None = None
+    #: node label -> "fp32" | "fp16" | "fp16-emulated" | "int8" (compute nodes only)
+    precisions: dict[str, str] = field(default_factory=dict)
+    #: the onnxruntime provider the candidate was made for
+    provider: str = "CPUExecutionProvider"
+
+    def precision_record(self) -> dict[str, Any]:
+        """The candidate record's precision part: FP16 mode/share/ops left in FP32, counts."""
+        counts: dict[str, int] = {}
+        for p in self.precisions.values():
+            counts[p] = counts.get(p, 0) + 1
+        record: dict[str, Any] = {"op_precisions": counts}
+        if self.fp16 is not None:
+            record["fp16"] = self.fp16.to_dict(self.provider)
+        return record
 
     @property
     def is_reference(self) -> bool:
@@ -88,9 +107,20 @@ def resolve(spec: str, graph: Graph, ctx: CalibrationContext) -> Candidate:
     s = spec.strip()
     low = s.lower()
     if low == "fp32":
-        return Candidate("fp32", "FP32", model=graph.model)
+        precisions = {n: FP32 for n in declared_precisions(graph.model)}
+        return Candidate("fp32", "FP32", model=graph.model, precisions=precisions)
     if low == "fp16":
-        return Candidate("fp16", "FP16", model=_to_fp16(graph.model))
+        provider = resolve_provider(ctx.provider)
+        converted = fp16_model(graph.model, provider=provider, types=graph.elem_types)
+        label = "FP16" if converted.mode == NATIVE else "FP16 (emulated)"
+        return Candidate(
+            "fp16",
+            label,
+            model=converted.model,
+            fp16=converted,
+            precisions=dict(converted.precision),
+            provider=provider,
+        )
     if low == "int8" or low.startswith("int8:"):
         method = s.partition(":")[2] or None
         return _int8(graph, ctx, method)
@@ -102,17 +132,12 @@ def resolve(spec: str, graph: Graph, ctx: CalibrationContext) -> Candidate:
     if path.suffix == ".onnx" or path.is_file():
         model = load_model(path)
         has_qdq = any(n.op_type == "QuantizeLinear" for n in model.graph.node)
-        return Candidate(s, path.name, model=model, quantized=has_qdq)
+        precisions = declared_precisions(model)
+        return Candidate(s, path.name, model=model, quantized=has_qdq, precisions=precisions)
     raise QuantbenchError(
         f"unknown precision {spec!r}: use fp32, fp16, int8, int8:<method>, a .onnx model or a "
         "TensorRT engine (.plan/.engine)"
     )
-
-
-def _to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
-    return convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
 
 
 def _int8(graph: Graph, ctx: CalibrationContext, method: str | None) -> Candidate:
@@ -159,6 +184,7 @@ def _int8(graph: Graph, ctx: CalibrationContext, method: str | None) -> Candidat
         warnings=list(result.warnings),
         clipping=[f.to_dict() for f in flags],
         auto=None if auto is None else auto.to_dict(),
+        precisions=declared_precisions(result.model),
     )
     ctx.findings[candidate.spec] = candidate
     return candidate

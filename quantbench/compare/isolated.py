@@ -1,184 +1,20 @@
-"""The *isolated* view in one pass: every quantized op re-run beside the FP32 graph.
+"""Re-export of :mod:`quantbench.isolated` (the isolated-view builder lives below ``compare`` so
+that ``autocalib`` can use it without importing the compare package)."""
 
-For each op that the candidate (a Q/DQ model) quantizes, a copy of the op is appended to the
-FP32 reference graph. The copy reads the *FP32* tensors of the reference, passes them through
-the candidate's own QuantizeLinear/DequantizeLinear parameters, and writes ``<tensor>::isolated``.
-One run of this model therefore yields, for every quantized op, the error it adds by itself
-(quantize only that layer, with FP32 inputs) next to the accumulated error of the candidate —
-no per-layer models, no second pass over the data per layer.
-"""
+from quantbench.isolated import (
+    QDQ_OPS,
+    SUFFIX,
+    IsolatedModel,
+    build_isolated,
+    build_isolated_fp16,
+    quantized_ops,
+)
 
-from __future__ import annotations
-
-from dataclasses import dataclass, field
-
-import onnx
-from onnx import version_converter
-
-QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
-SUFFIX = "::isolated"
-_PREFIX = "qb_iso/"
-
-
-@dataclass
-class IsolatedModel:
-    model: onnx.ModelProto
-    #: reference tensor -> its isolated twin
-    twins: dict[str, str] = field(default_factory=dict)
-    #: reference tensor -> name of the quantized op that produces it
-    ops: dict[str, str] = field(default_factory=dict)
-
-
-def _opset(m: onnx.ModelProto) -> int:
-    return next((i.version for i in m.opset_import if i.domain in ("", "ai.onnx")), 0)
-
-
-class _Builder:
-    def __init__(self, reference: onnx.ModelProto, candidate: onnx.ModelProto, prefix: str):
-        self.prefix = prefix
-        self.ref = reference
-        self.cand = candidate
-        self.cand_producer = {o: n for n in candidate.graph.node for o in n.output}
-        self.cand_inits = {i.name: i for i in candidate.graph.initializer}
-        self.ref_tensors = (
-            {i.name for i in reference.graph.input}
-            | {i.name for i in reference.graph.initializer}
-            | {o for n in reference.graph.node for o in n.output}
-        )
-        self.ref_producer = {o: n for n in reference.graph.node for o in n.output}
-        self.nodes: list[onnx.NodeProto] = []
-        self.rebuilt: dict[str, str] = {}  # candidate DQ output -> its rebuilt twin (fan-out)
-        self.inits: dict[str, onnx.TensorProto] = {}
-        self.const_nodes: dict[str, onnx.NodeProto] = {
-            o: n for n in candidate.graph.node if n.op_type == "Constant" for o in n.output
-        }
-
-    def constant(self, name: str) -> str | None:
-        """Copy a candidate initializer/Constant under a private name; None if not constant."""
-        if name == "":
-            return ""
-        if name in self.cand_inits:
-            new = self.prefix + name
-            if new not in self.inits:
-                t = onnx.TensorProto()
-                t.CopyFrom(self.cand_inits[name])
-                t.name = new
-                self.inits[new] = t
-            return new
-        if name in self.const_nodes:
-            new = self.prefix + name
-            if new not in self.inits:
-                node = onnx.NodeProto()
-                node.CopyFrom(self.const_nodes[name])
-                node.output[0] = new
-                node.name = self.prefix + (node.name or new)
-                self.nodes.append(node)
-                self.inits[new] = onnx.TensorProto()  # marker: already emitted
-            return new
-        return None
-
-    def source(self, name: str) -> str | None:
-        """A tensor the isolated copy can read: the reference's FP32 tensor or a constant."""
-        if name in self.ref_tensors:
-            return name
-        return self.constant(name)
-
-    def dequantized(self, tensor: str) -> str | None:
-        """Rebuild ``Q -> DQ`` (or ``DQ`` of a constant) of the candidate on reference inputs."""
-        if tensor in self.rebuilt:
-            return self.rebuilt[tensor]
-        dq = self.cand_producer[tensor]
-        q = self.cand_producer.get(dq.input[0])
-        if q is not None and q.op_type == "QuantizeLinear":
-            src = self.source(q.input[0])
-            if src is None:
-                return None
-            q_out = self.prefix + q.output[0]
-            q_inputs = [src] + [self.constant(i) for i in q.input[1:]]
-            if None in q_inputs:
-                return None
-            self.nodes.append(_clone(q, q_inputs, [q_out], self.prefix))
-            dq_in = q_out
-        else:
-            dq_in = self.constant(dq.input[0])
-            if dq_in is None:
-                return None
-        dq_inputs = [dq_in] + [self.constant(i) for i in dq.input[1:]]
-        if None in dq_inputs:
-            return None
-        out = self.prefix + dq.output[0]
-        self.nodes.append(_clone(dq, dq_inputs, [out], self.prefix))
-        self.rebuilt[tensor] = out
-        return out
-
-    def isolate(self, node: onnx.NodeProto) -> str | None:
-        """Append the isolated copy of one quantized op; returns its reference output."""
-        out = node.output[0]
-        ref = self.ref_producer.get(out)
-        if ref is None or ref.op_type != node.op_type:
-            return None
-        mark = len(self.nodes)
-        inputs: list[str] = []
-        for name in node.input:
-            producer = self.cand_producer.get(name)
-            if producer is not None and producer.op_type == "DequantizeLinear":
-                new = self.dequantized(name)
-            else:
-                new = self.source(name) if name else ""
-            if new is None:
-                del self.nodes[mark:]
-                self.rebuilt = {k: v for k, v in self.rebuilt.items() if v in self._emitted()}
-                return None
-            inputs.append(new)
-        outputs = [o + SUFFIX if o else "" for o in node.output]
-        self.nodes.append(_clone(node, inputs, outputs, self.prefix))
-        return out
-
-    def _emitted(self) -> set[str]:
-        return {o for n in self.nodes for o in n.output}
-
-
-def _clone(
-    node: onnx.NodeProto, inputs: list[str], outputs: list[str], prefix: str
-) -> onnx.NodeProto:
-    new = onnx.NodeProto()
-    new.CopyFrom(node)
-    del new.input[:]
-    new.input.extend(inputs)
-    del new.output[:]
-    new.output.extend(outputs)
-    new.name = prefix + (node.name or outputs[0])
-    return new
-
-
-def quantized_ops(candidate: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """Ops of the candidate that read at least one DequantizeLinear output."""
-    dq_outputs = {
-        o for n in candidate.graph.node if n.op_type == "DequantizeLinear" for o in n.output
-    }
-    return [
-        n
-        for n in candidate.graph.node
-        if n.op_type not in QDQ_OPS and any(i in dq_outputs for i in n.input)
-    ]
-
-
-def build_isolated(
-    reference: onnx.ModelProto, candidate: onnx.ModelProto, prefix: str = _PREFIX
-) -> IsolatedModel:
-    """Reference graph plus an isolated copy of every quantized op of ``candidate``."""
-    ref = reference
-    if _opset(candidate) > _opset(reference):
-        ref = version_converter.convert_version(reference, _opset(candidate))
-    b = _Builder(ref, candidate, prefix)
-    twins, ops = {}, {}
-    for node in quantized_ops(candidate):
-        out = b.isolate(node)
-        if out is not None:
-            twins[out] = out + SUFFIX
-            ops[out] = node.name or node.op_type
-    model = onnx.ModelProto()
-    model.CopyFrom(ref)
-    model.graph.node.extend(b.nodes)
-    model.graph.initializer.extend(t for t in b.inits.values() if t.name)
-    return IsolatedModel(model, twins, ops)
+__all__ = [
+    "QDQ_OPS",
+    "SUFFIX",
+    "IsolatedModel",
+    "build_isolated",
+    "build_isolated_fp16",
+    "quantized_ops",
+]

@@ -1,12 +1,16 @@
 """What ``recover`` writes: the Q/DQ model, a TensorRT cache and the trtexec line to use them.
 
 * ``<name>.recovered.onnx``: the Q/DQ model with the kept ops unquantized (explicit
-  quantization, any TensorRT that reads Q/DQ).
+  quantization, any TensorRT that reads Q/DQ). With ``--precision fp16`` it is strongly typed:
+  every unquantized op FP16, FP16 Q/DQ scales (opset 19), built as given by
+  ``trtexec --stronglyTyped`` (TensorRT 10.x; always on in 11.x), which takes no precision
+  flags.
 * ``<name>.recovered.cache``: for TensorRT <= 10 implicit quantization, the calibration cache
   without the input tensors of the kept ops (a tensor another INT8 op still reads keeps its
   scale: removing it would push that op out of INT8 too).
-* ``<name>.trtexec.txt``: the matching ``trtexec`` lines with
-  ``--precisionConstraints=obey --layerPrecisions=<op>:fp32,...``.
+* ``<name>.trtexec.txt``: the matching ``trtexec`` lines: the cache path with
+  ``--int8 [--fp16] --precisionConstraints=obey --layerPrecisions=<op>:fp32|fp16,...``; the
+  Q/DQ model with the same flags (fp32) or ``--stronglyTyped`` alone (fp16).
 * ``<name>.recovery.json``: a results document whose ``recovery`` section the HTML report
   renders.
 
@@ -23,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from quantbench.errors import QuantbenchError
-from quantbench.fileio import write_text_atomic
+from quantbench.fileio import write_bytes_atomic, write_text_atomic
 from quantbench.graph import node_labels
-from quantbench.qdq import write_quantized
 from quantbench.recovery.search import RecoveryResult
 from quantbench.results import base_document, write_json
 from quantbench.table import CalibrationTable
@@ -72,20 +75,42 @@ def layer_precisions(result: RecoveryResult) -> str:
 
 
 def trtexec_lines(result: RecoveryResult, onnx_path: Path, qdq_path: Path, cache: Path) -> str:
-    """Both ways to build the recovered engine, as shell lines with a comment each."""
+    """Both ways to build the recovered engine, as shell lines with a comment each.
+
+    A strongly-typed model (``fp16``) takes ``--stronglyTyped`` and no precision flag: TensorRT
+    refuses layer precisions in a strongly-typed network, and 11.x has no precision flags."""
     flags = ["--int8"] + (["--fp16"] if result.precision == "fp16" else [])
     constraint = layer_precisions(result)
     if constraint:
         flags += ["--precisionConstraints=obey", constraint]
     quoted = " ".join(shlex.quote(f) for f in flags)
-    return (
+    cache_line = (
         "# TensorRT <= 10, implicit quantization from the calibration cache\n"
         "# (layer names = ONNX node names; exact only for layers TensorRT does not fuse)\n"
         f"trtexec --onnx={shlex.quote(str(onnx_path))} {quoted} "
         f"--calib={shlex.quote(str(cache))}\n"
+    )
+    if result.precision == "fp16":
+        return cache_line + (
+            "# explicit quantization, strongly typed: INT8 where Q/DQ, FP16 elsewhere, as the\n"
+            "# model's types say (TensorRT 10.x; on 11.x strong typing is always on: drop the "
+            "flag)\n"
+            f"trtexec --onnx={shlex.quote(str(qdq_path))} --stronglyTyped\n"
+        )
+    return cache_line + (
         "# explicit quantization: the kept ops already have no Q/DQ in this model\n"
         f"trtexec --onnx={shlex.quote(str(qdq_path))} {quoted}\n"
     )
+
+
+def _serialized(result: RecoveryResult) -> bytes:
+    model = result.artefact if result.artefact is not None else result.final.model
+    try:
+        return model.SerializeToString()
+    except ValueError as exc:  # protobuf refuses messages over 2 GiB
+        raise QuantbenchError(
+            f"recovered model too large to serialize in one file ({exc})"
+        ) from None
 
 
 def recovery_document(result: RecoveryResult, command: str = "") -> dict[str, Any]:
@@ -95,11 +120,16 @@ def recovery_document(result: RecoveryResult, command: str = "") -> dict[str, An
     doc["recovery"] = result.section()
     kept = len(result.kept)
     doc["a"] = {"spec": "fp32", "label": "FP32", "backend": "onnxruntime", "method": None}
+    counts: dict[str, int] = {}
+    for p in result.op_precisions.values():
+        counts[p] = counts.get(p, 0) + 1
+    mixed = " + FP16, strongly typed" if result.precision == "fp16" else ""
     doc["b"] = {
         "spec": f"int8:{ctx.method}",
-        "label": f"INT8 ({ctx.method}), {kept} op(s) kept in {result.precision}",
+        "label": f"INT8 ({ctx.method}){mixed}, {kept} op(s) kept in {result.precision}",
         "backend": "onnxruntime",
         "method": ctx.method,
+        "op_precisions": counts,
     }
     doc["excluded"] = [s.to_dict() for s in result.final.skipped]
     doc["data"] = {
@@ -143,7 +173,7 @@ def write_artefacts(
         "results": out / f"{name}.recovery.json",
     }
     table, removed, shared = trimmed_table(result)
-    write_quantized(result.final, paths["model"])
+    write_bytes_atomic(paths["model"], _serialized(result))
     write_table(table, paths["cache"], "trt", trt_version=trt_version)
     source = Path(model_path or result.context.graph.path or f"{name}.onnx")
     write_text_atomic(

@@ -1,0 +1,162 @@
+"""FP16 and mixed INT8/FP16 from the command line on the bundled example (issue 14): compare
+with an FP16 side, ``quantize --high-precision fp16`` and ``recover --precision fp16``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import require_example
+from onnx import TensorProto
+
+
+def _types(model: onnx.ModelProto) -> dict[str, int]:
+    g = onnx.shape_inference.infer_shapes(model).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*g.value_info, *g.input, *g.output]}
+    types.update({i.name: i.data_type for i in g.initializer})
+    return types
+
+
+def _op_precisions(model: onnx.ModelProto) -> dict[str, str]:
+    """Independently of quantbench: INT8 = reads a DQ output, FP16 = FP16 output."""
+    types = _types(model)
+    dq = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    out = {}
+    for n in model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear", "Cast", "Flatten", "Reshape"):
+            continue
+        if any(i in dq for i in n.input):
+            out[n.name] = "int8"
+        else:
+            fp16 = all(types.get(o) == TensorProto.FLOAT16 for o in n.output)
+            out[n.name] = "fp16" if fp16 else "fp32"
+    return out
+
+
+def _check_strongly_typed(model: onnx.ModelProto) -> None:
+    onnx.checker.check_model(model, full_check=True)
+    types = _types(model)
+    inits = {i.name: i.data_type for i in model.graph.initializer}
+    dqs = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    assert dqs
+    for dq in dqs:
+        assert inits[dq.input[1]] == TensorProto.FLOAT16, dq.name
+        assert types[dq.output[0]] == TensorProto.FLOAT16, dq.name
+    assert [o.type.tensor_type.elem_type for o in model.graph.output] == [TensorProto.FLOAT]
+
+
+def _eval(example) -> dict[str, np.ndarray]:
+    return dict(np.load(example / "eval.npz"))
+
+
+def test_compare_fp32_fp16_on_the_bundled_example(run_cli, tmp_path):
+    """Failed with an internal error (exposed tensors kept their FP32 type after FP16)."""
+    example = require_example()
+    out = tmp_path / "r.json"
+    args = ["--model", example / "tinycnn.onnx", "--data", example / "eval.npz"]
+    code, _, err = run_cli(
+        "compare", "fp32", "fp16", *args, "--max-samples", "64", "--no-latency", "--json", out
+    )
+    assert code == 0, err
+    assert "B: FP16 emulated" in " ".join(err.split())  # says how FP16 was computed
+    doc = json.loads(out.read_text())
+    record = doc["b"]["fp16"]
+    assert record["mode"] == "emulated" and record["fp16_share"] == 1.0
+    assert record["fp32_ops"] == []
+    conv_rows = [r for r in doc["layers"] if r["op_type"] == "Conv"]
+    assert {r["view"] for r in conv_rows} == {"accumulated", "isolated"}
+    assert {r["precision"] for r in conv_rows} == {"fp16-emulated"}
+    first = [r for r in conv_rows if r["node"] == "/stem/Conv"]
+    # the first op reads the (FP16-rounded) input itself: isolated = accumulated
+    assert first[0]["sqnr_db"] == pytest.approx(first[1]["sqnr_db"], abs=0.01)
+    out_row = doc["outputs"][0]
+    assert out_row["agreement"] > 0.95 and 40 < float(out_row["sqnr_db"]) < 120
+
+
+def test_compare_fp16_against_int8_reports_each_ops_precision(run_cli, tmp_path):
+    example = require_example()
+    out = tmp_path / "r.json"
+    code, _, err = run_cli(
+        "compare", "fp16", "int8", "--model", example / "tinycnn.onnx",
+        "--data", example / "eval.npz", "--calib-data", example / "calib.npz",
+        "--max-samples", "32", "--no-latency", "--json", out,
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    by_side = {
+        side: {r["node"]: r["precision"] for r in doc["layers"] if r["candidate"] == side}
+        for side in ("A", "B")
+    }
+    assert by_side["A"]["/stem/Conv"] == "fp16-emulated"
+    assert by_side["B"]["/stem/Conv"] == "int8" and by_side["B"]["/Relu"] == "fp32"
+    assert doc["b"]["op_precisions"]["int8"] >= 5
+
+
+def test_quantize_high_precision_fp16_writes_the_strongly_typed_model(run_cli, tmp_path):
+    example = require_example()
+    out = tmp_path / "mixed.onnx"
+    code, _, err = run_cli(
+        "quantize", example / "tinycnn.onnx", "--data", example / "calib.npz",
+        "--max-samples", "64", "--high-precision", "fp16", "-o", out,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "--stronglyTyped" in " ".join(err.split())
+    model = onnx.load(str(out))
+    _check_strongly_typed(model)
+    precisions = _op_precisions(model)
+    assert set(precisions.values()) == {"int8", "fp16"}
+    feed = {k: v[:1] for k, v in _eval(example).items()}
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert np.isfinite(session.run(None, feed)[0]).all()
+    code, _, err = run_cli(
+        "quantize", example / "tinycnn.onnx", "--data", example / "calib.npz",
+        "--high-precision", "fp8", "-o", tmp_path / "x.onnx",
+    )  # fmt: skip
+    assert code == 2 and "--high-precision 'fp8'" in err and not (tmp_path / "x.onnx").exists()
+
+
+def test_recover_precision_fp16_end_to_end(run_cli, tmp_path):
+    example = require_example()
+    out = tmp_path / "rec"
+    code, _, err = run_cli(
+        "recover", example / "tinycnn.onnx", "--data", example / "eval.npz",
+        "--calib-data", example / "calib.npz", "--max-samples", "200",
+        "--calib-max-samples", "100", "--target", "sqnr_db=30",
+        "--precision", "fp16", "-o", out,
+    )  # fmt: skip
+    assert code in (0, 1), err
+    doc = json.loads((out / "tinycnn.recovery.json").read_text())["recovery"]
+    artefact = onnx.load(str(out / "tinycnn.recovered.onnx"))
+    _check_strongly_typed(artefact)
+    # op by op: the kept ops and every unquantized op FP16, every other planned op INT8
+    precisions = _op_precisions(artefact)
+    kept = doc["kept_high_precision"]
+    assert kept and all(precisions[n] == "fp16" for n in kept)
+    assert "fp32" not in precisions.values()
+    assert {n: p for n, p in precisions.items()} == doc["op_precisions"]
+    assert sum(p == "int8" for p in precisions.values()) == doc["steps"][-1]["quantized_ops"]
+    assert "emulated" in doc["verified_on"]
+    # the trtexec line matches the artefact: strongly typed, no precision flag
+    lines = (out / "tinycnn.trtexec.txt").read_text().splitlines()
+    explicit = [x for x in lines if "recovered.onnx" in x]
+    assert len(explicit) == 1 and explicit[0].endswith("--stronglyTyped")
+    assert "--int8" not in explicit[0] and "--fp16" not in explicit[0]
+    cache = [x for x in lines if "--calib=" in x]
+    assert "--int8 --fp16 --precisionConstraints=obey" in cache[0]
+    assert all(f"{n}:fp16" in cache[0] for n in kept)
+    # the recorded metrics are those of the artefact (up to onnxruntime's own FP16 kernels)
+    data = _eval(example)
+    name = next(iter(data))
+    x = data[name][:200]
+    fp32 = ort.InferenceSession(str(example / "tinycnn.onnx"), providers=["CPUExecutionProvider"])
+    mixed = ort.InferenceSession(artefact.SerializeToString(), providers=["CPUExecutionProvider"])
+    a = np.concatenate([fp32.run(None, {name: x[i : i + 1]})[0] for i in range(len(x))])
+    b = np.concatenate([mixed.run(None, {name: x[i : i + 1]})[0] for i in range(len(x))])
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    sqnr = 10 * np.log10((a64**2).sum() / ((a64 - b64) ** 2).sum())
+    final = doc["steps"][-1]["metrics"]
+    assert sqnr == pytest.approx(final["sqnr_db"], abs=1.5)
+    assert np.mean(a.argmax(1) == b.argmax(1)) == pytest.approx(final["top1_agreement"], abs=0.011)
