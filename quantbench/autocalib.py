@@ -1,7 +1,7 @@
 """``--method auto``: the calibrator choice per tensor, judged on a held-back slice at the outputs.
 
 Step 1, per tensor. For each candidate method: its table, its Q/DQ model, and the isolated model
-of :mod:`quantbench.compare.isolated` (every quantized op re-run beside FP32 on FP32 inputs), run
+of :mod:`quantbench.isolated` (every quantized op re-run beside FP32 on FP32 inputs), run
 once over the held-back slice. That gives, per method and op, the SQNR the op loses by itself.
 Each activation tensor takes the method that maximises the *worst* isolated SQNR among the
 quantized ops reading it (a tensor shared by several ops has one scale): the *mix*.
@@ -17,23 +17,32 @@ the calibration statistics: they are a judging slice, not held-out data, unless
 ``--holdout-data`` is given.
 
 Cost: one table, one Q/DQ model and one isolated pass over the slice per method, then one pass
-over the slice in which each batch runs FP32 once and every candidate (methods + the mix).
+over the slice in which each batch runs FP32 once and every candidate (methods + the mix). With
+``--executor`` each method's isolated pass and each candidate's output pass is one task on the
+workers (the slice's FP32 outputs computed once here and sent along); the scores are the same.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from quantbench import calibrators as registry
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
 from quantbench.data import DataSource, open_data
 from quantbench.errors import QuantbenchError
+from quantbench.executors import ExecutorSpec, run_tasks, task_threads
 from quantbench.graph import Graph
+from quantbench.isolated import build_isolated
 from quantbench.jsonsafe import json_float
 from quantbench.metrics import DriftAccumulator
+from quantbench.progress import warn
 from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
+from quantbench.sharded import worker_graph
 from quantbench.stats import StatsFile
 from quantbench.table import CalibrationTable
 from quantbench.table.build import build_table
@@ -122,10 +131,41 @@ def choose_auto(
     provider: str | None = None,
     threads: int | None = None,
     methods: list[str] | None = None,
+    executor: ExecutorSpec | None = None,
 ) -> AutoTable:
-    """``--method auto`` as every command runs it: build the slice, then :func:`auto_table`."""
+    """``--method auto`` as every command runs it: build the slice, then :func:`auto_table`
+    (with ``executor``, its candidate evaluations are tasks on the workers)."""
     source = holdout_source(graph, calib_data, holdout_data, batch_size=batch_size, preset=preset)
-    result = auto_table(graph, stats, source, methods, provider=provider, threads=threads)
+    slice_path = holdout_data if holdout_data is not None else calib_data
+    job = None
+    if executor is not None and not executor.is_local:
+        if isinstance(slice_path, (str, Path)) and source.splittable:
+            job = AutoJob(
+                model=graph.model.SerializeToString(),
+                model_hash=graph.hash,
+                model_path=str(graph.path or ""),
+                data=str(Path(slice_path).resolve()),
+                batch_size=batch_size,
+                max_samples=None if holdout_data is not None else DEFAULT_HOLDOUT_SAMPLES,
+                preset=str(Path(preset).resolve()) if preset and Path(preset).suffix else preset,
+                provider=provider,
+                threads=threads or task_threads(executor),
+            )
+        else:
+            warn(
+                f"{source.description}: a data-loader script or Python reader cannot be "
+                f"reopened by the workers; --method auto is judged here"
+            )
+    result = auto_table(
+        graph,
+        stats,
+        source,
+        methods,
+        provider=provider,
+        threads=threads,
+        executor=executor,
+        job=job,
+    )
     result.holdout = (
         source.description
         if holdout_data is not None
@@ -143,11 +183,15 @@ def auto_table(
     base: str = registry.DEFAULT_METHOD,
     provider: str | None = None,
     threads: int | None = None,
+    executor: ExecutorSpec | None = None,
+    job: AutoJob | None = None,
 ) -> AutoTable:
     """The best whole-model table among the mix and each method alone (see module doc).
 
     Tensors no quantized op reads keep ``base``'s amax in the mix (a TensorRT cache still
-    lists them).
+    lists them). With ``executor`` and ``job``, each method's isolated scoring and each
+    candidate's output scoring is one task (the FP32 outputs of the slice computed once, here,
+    and sent with the job); the scores, and so the choice, are the same.
     """
     method_list = registry.expand_methods(methods or default_auto_methods())
     if not method_list:
@@ -156,7 +200,21 @@ def auto_table(
     if base_name not in method_list:
         method_list.insert(0, base_name)
     tables = {m: build_table(stats, m) for m in method_list}
-    scores = {m: isolated_sqnr(graph, tables[m], held_out, provider, threads) for m in method_list}
+    parallel = executor is not None and not executor.is_local and job is not None
+    if parallel:
+        found = run_tasks(
+            executor,
+            _isolated_task,
+            [tables[m] for m in method_list],
+            shared=job,
+            describe=lambda t: f"--method auto: isolated scoring of {t.method}",
+            description="auto: per-tensor scores",
+        )
+        scores = dict(zip(method_list, found))
+    else:
+        scores = {
+            m: isolated_sqnr(graph, tables[m], held_out, provider, threads) for m in method_list
+        }
     mixed = _relabelled(tables[base_name], base_name)
     choices: dict[str, dict[str, Any]] = {}
     for tensor, nodes in _readers(graph, tables[base_name]).items():
@@ -172,7 +230,19 @@ def auto_table(
             "isolated_sqnr_db": {m: json_float(v) for m, v in worst.items()},
         }
     candidates = {MIX: mixed, **tables}
-    output = output_sqnrs(graph, candidates, held_out, provider, threads)
+    if parallel:
+        job = replace(job, reference=reference_outputs(graph, held_out, provider, threads))
+        found = run_tasks(
+            executor,
+            _output_task,
+            list(candidates.items()),
+            shared=job,
+            describe=lambda c: f"--method auto: output scoring of {c[0]}",
+            description="auto: candidates",
+        )
+        output = dict(zip(candidates, found))
+    else:
+        output = output_sqnrs(graph, candidates, held_out, provider, threads)
     # the highest output SQNR wins; ties go to the mix, then to the methods in list order
     order = list(candidates)
     chosen = max(order, key=lambda c: (output[c], -order.index(c)))
@@ -192,10 +262,6 @@ def isolated_sqnr(
     threads: int | None = None,
 ) -> dict[str, float]:
     """Node name -> SQNR (dB) of that op quantized alone with FP32 inputs, over ``held_out``."""
-    # the compare package's __init__ imports calibrate, which imports this module: import
-    # the package's leaf module late
-    from quantbench.compare.isolated import build_isolated
-
     plan = quantize_model(graph, table, allow_partial=True)
     iso = build_isolated(graph.model, plan.model)
     fetch = list(dict.fromkeys([*iso.twins, *iso.twins.values()]))
@@ -231,12 +297,14 @@ def output_sqnrs(
     held_out: DataSource,
     provider: str | None = None,
     threads: int | None = None,
+    reference: list[dict[str, np.ndarray]] | None = None,
 ) -> dict[str, float]:
     """Candidate -> SQNR (dB) of its full Q/DQ model against FP32 over ``held_out``: its worst
     output's, as :func:`quantbench.metrics.model_metrics` judges a model (``-inf`` when an output
-    is undefined, e.g. holds NaN). One pass: each batch runs FP32 once, then every candidate."""
+    is undefined, e.g. holds NaN). One pass: each batch runs FP32 once (or ``reference``: FP32
+    outputs per batch computed before), then every candidate."""
     outputs = [o.name for o in graph.model.graph.output]
-    reference = OnnxRuntimeRunner(graph.model, provider, threads)
+    fp32 = None if reference is not None else OnnxRuntimeRunner(graph.model, provider, threads)
     runners = {
         name: OnnxRuntimeRunner(
             quantize_model(graph, table, allow_partial=True).model, provider, threads
@@ -244,15 +312,70 @@ def output_sqnrs(
         for name, table in tables.items()
     }
     accs = {name: {o: DriftAccumulator() for o in outputs} for name in tables}
-    for feed in held_out.batches():
-        ref = reference.infer(feed, outputs)
+    for index, feed in enumerate(held_out.batches()):
+        ref = reference[index] if fp32 is None else fp32.infer(feed, outputs)
         for name, runner in runners.items():
             got = runner.infer(feed, outputs)
             for o, acc in accs[name].items():
                 acc.update(ref[o], got[o])
-    for runner in (reference, *runners.values()):
+    for runner in runners.values():
         runner.close()
+    if fp32 is not None:
+        fp32.close()
     return {name: min(_sqnr(acc) for acc in per.values()) for name, per in accs.items()}
+
+
+def reference_outputs(
+    graph: Graph, held_out: DataSource, provider: str | None, threads: int | None
+) -> list[dict[str, np.ndarray]]:
+    """FP32 outputs of every batch of ``held_out`` (computed once, sent to the workers)."""
+    outputs = [o.name for o in graph.model.graph.output]
+    runner = OnnxRuntimeRunner(graph.model, provider, threads)
+    found = [runner.infer(feed, outputs) for feed in held_out.batches()]
+    runner.close()
+    return found
+
+
+@dataclass(frozen=True)
+class AutoJob:
+    """What the workers need to score ``auto``'s candidates: the model bytes, where the slice
+    is, and (for the output scores) the slice's FP32 outputs per batch."""
+
+    model: bytes
+    model_hash: str
+    model_path: str
+    data: str
+    batch_size: int | None
+    max_samples: int | None
+    preset: str | None
+    provider: str | None
+    threads: int | None
+    reference: list[dict[str, np.ndarray]] | None = None
+
+
+def _job_graph_and_slice(job: AutoJob) -> tuple[Graph, DataSource]:
+    graph = worker_graph(job.model, job.model_hash, job.model_path)
+    source = open_data(
+        job.data,
+        graph.inputs,
+        batch_size=job.batch_size,
+        max_samples=job.max_samples,
+        preset=job.preset,
+    )
+    return graph, source
+
+
+def _isolated_task(job: AutoJob, table: CalibrationTable) -> dict[str, float]:
+    graph, source = _job_graph_and_slice(job)
+    return isolated_sqnr(graph, table, source, job.provider, job.threads)
+
+
+def _output_task(job: AutoJob, candidate: tuple[str, CalibrationTable]) -> float:
+    graph, source = _job_graph_and_slice(job)
+    name, table = candidate
+    return output_sqnrs(graph, {name: table}, source, job.provider, job.threads, job.reference)[
+        name
+    ]
 
 
 def _sqnr(acc: Any) -> float:

@@ -22,9 +22,11 @@ from quantbench.clipguard import (
 from quantbench.collect import cached_stats_path, collect_stats, find_cached_stats
 from quantbench.data import open_data
 from quantbench.errors import QuantbenchError
+from quantbench.executors import ExecutorSpec
 from quantbench.fileio import check_output_path
 from quantbench.graph import Graph, calibration_tensors, open_graph, untyped_tensors
 from quantbench.progress import info, warn
+from quantbench.sharded import collect_sharded
 from quantbench.stats import StatsFile
 from quantbench.table import CalibrationTable
 from quantbench.table.build import build_table, nonfinite_report
@@ -67,8 +69,10 @@ def obtain_stats(
     provider: str | None = None,
     use_cache: bool = True,
     show_progress: bool = True,
+    executor: ExecutorSpec | None = None,
 ) -> tuple[StatsFile, Path | None, bool]:
-    """Statistics for ``graph``: merged shards, a given file, the cache, or one new pass.
+    """Statistics for ``graph``: merged shards, a given file, the cache, or one new pass
+    (``executor``: in shards on worker processes or a Ray cluster, :mod:`quantbench.sharded`).
 
     Returns (stats, path it lives at, whether it came from disk without inference). An
     unreadable cache file is a miss: recomputed and overwritten (an explicit file is an error).
@@ -92,7 +96,21 @@ def obtain_stats(
                 warn(f"ignoring an unreadable statistics cache file, recomputing: {exc}")
     _name_untyped(graph)
     names = calibration_tensors(graph, tensors)
-    result = collect_stats(graph, source, names, provider=provider, show_progress=show_progress)
+    if executor is not None and not executor.is_local:
+        result = collect_sharded(
+            graph,
+            data,
+            source,
+            names,
+            executor,
+            batch_size=batch_size,
+            max_samples=max_samples,
+            preset=preset,
+            provider=provider,
+            show_progress=show_progress,
+        )
+    else:
+        result = collect_stats(graph, source, names, provider=provider, show_progress=show_progress)
     path = None
     if use_cache and source.fingerprint:  # a stream's fingerprint is known only after the pass
         path = cached_stats_path(graph.hash, result.data_fingerprint, tensors)
@@ -156,6 +174,7 @@ def method_table(
     preset: str | None = None,
     provider: str | None = None,
     threads: int | None = None,
+    executor: ExecutorSpec | None = None,
 ) -> tuple[CalibrationTable, AutoTable | None]:
     """One method's table; ``auto`` through :func:`quantbench.autocalib.choose_auto`."""
     if method != AUTO:
@@ -169,6 +188,7 @@ def method_table(
         preset=preset,
         provider=provider,
         threads=threads,
+        executor=executor,
     )
     return auto.table, auto
 
@@ -193,6 +213,7 @@ def calibrate(
     clip_warn: float = DEFAULT_CLIP_WARN,
     use_cache: bool = True,
     show_progress: bool = True,
+    executor: ExecutorSpec | None = None,
 ) -> CalibrationResult:
     """Calibrate ``model`` with every method in ``methods`` from one statistics pass.
 
@@ -204,6 +225,8 @@ def calibrate(
     if fmt == "trt":
         check_cache_target(trt_version)
     check_clip_warn(clip_warn)
+    if executor is not None:
+        executor.validate()
     method_list = check_methods(methods)
     if AUTO in method_list and data is None and holdout_data is None:
         raise QuantbenchError(
@@ -227,6 +250,7 @@ def calibrate(
         provider=provider,
         use_cache=use_cache,
         show_progress=show_progress,
+        executor=executor,
     )
     if save_stats is not None:
         stats_path = stats_file.save(save_stats)
@@ -244,6 +268,7 @@ def calibrate(
             batch_size=batch_size,
             preset=preset,
             provider=provider,
+            executor=executor,
         )
         auto = found or auto
     clipping = {m: clip_flags(stats_file, t, clip_warn) for m, t in tables.items()}

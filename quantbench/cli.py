@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from quantbench import __version__
 from quantbench.calibrators import DEFAULT_METHOD
-from quantbench.clipguard import DEFAULT_CLIP_WARN
+from quantbench.clipguard import DEFAULT_CLIP_WARN, DEFAULT_SQNR_FLOOR_DB
 from quantbench.errors import QuantbenchError
 from quantbench.progress import console
 
@@ -64,6 +64,15 @@ ClipWarnOpt = Annotated[
         help="Warn about tensors whose threshold clips more than this fraction of their values.",
     ),
 ]
+SqnrFloorOpt = Annotated[
+    float,
+    typer.Option(
+        "--sqnr-floor",
+        metavar="DB",
+        help="Flag quantized ops whose isolated SQNR is below this many dB, with the tensor, its "
+        "clipped fraction and the built-in method with the lowest expected INT8 error for it.",
+    ),
+]
 AllowPartialOpt = Annotated[
     bool,
     typer.Option(
@@ -79,6 +88,63 @@ MetricScriptOpt = Annotated[
         "(fp32, candidate, labels) -> dict or a class with update()/compute()."
     ),
 ]
+
+
+# Options shared by several commands, each defined once.
+ExecutorOpt = Annotated[
+    str,
+    typer.Option(
+        "--executor",
+        help="Where calibration shards and candidate evaluations run: local | processes (this "
+        "machine's cores) | ray (a Ray cluster; pip install 'quantbench[ray]').",
+    ),
+]
+WorkersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        help="Parallel workers (default: the usable cores, or the Ray cluster's CPUs).",
+    ),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray started for the run).",
+    ),
+]
+EvalDataOpt = Annotated[
+    str, typer.Option("--data", help="Evaluation data (same forms as calibrate --data).")
+]
+CalibDataOpt = Annotated[str, typer.Option(help="Calibration data.")]
+AutoMethodOpt = Annotated[
+    str, typer.Option("--method", "-m", help="Calibrator, or 'auto' (best per tensor).")
+]
+EvalExcludeOpt = Annotated[
+    list[str] | None, typer.Option(help="Node names/regexes kept in FP32 (repeatable).")
+]
+BatchSizeOpt = Annotated[
+    int | None, typer.Option(help="Batch size (default: the model's, else 1).")
+]
+EvalMaxSamplesOpt = Annotated[
+    int | None, typer.Option(help="Evaluate at most this many samples.")
+]
+CalibMaxSamplesOpt = Annotated[
+    int | None, typer.Option(help="Calibrate on at most this many samples.")
+]
+PresetOpt = Annotated[str | None, typer.Option(help="Image preprocessing preset.")]
+EvalProviderOpt = Annotated[
+    str | None, typer.Option(help="onnxruntime provider (cpu, cuda, ...).")
+]
+ThreadsOpt = Annotated[int | None, typer.Option(help="onnxruntime intra-op threads.")]
+ReportOpt = Annotated[Path | None, typer.Option(help="Write the HTML report here.")]
+
+
+def _executor(kind: str, workers: int | None, ray_address: str | None) -> object:
+    """``--executor/--workers/--ray-address`` checked before any work (one-line errors)."""
+    from quantbench.executors import ExecutorSpec
+
+    return ExecutorSpec(kind, workers, ray_address).validate()
 
 
 def _version(value: bool) -> None:
@@ -144,6 +210,9 @@ def calibrate(
     ] = None,
     holdout_data: HoldoutOpt = None,
     clip_warn: ClipWarnOpt = DEFAULT_CLIP_WARN,
+    executor: ExecutorOpt = "local",
+    workers: WorkersOpt = None,
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """Collect statistics in one onnxruntime pass and write calibration tables."""
     from quantbench import calibrate as cal
@@ -169,6 +238,7 @@ def calibrate(
         holdout_data=holdout_data,
         clip_warn=clip_warn,
         use_cache=not no_cache,
+        executor=_executor(executor, workers, ray_address),
     )
     cal.summarize(result)
     if report is not None:
@@ -242,6 +312,13 @@ def quantize(
             "--dwconv2d", help="Emit runtime-weight convs as the DWConv2D plugin op (INT8 form)."
         ),
     ] = False,
+    high_precision: Annotated[
+        str,
+        typer.Option(
+            help="fp32 | fp16: precision of the unquantized ops (fp16: strongly-typed "
+            "INT8/FP16 model, FP16 Q/DQ scales, opset 19)."
+        ),
+    ] = "fp32",
     int_ops: Annotated[
         bool,
         typer.Option("--int-ops", help="Report which ops onnxruntime runs in integer arithmetic."),
@@ -256,15 +333,16 @@ def quantize(
         str | None, typer.Option(help="TensorRT version for an extracted cache header.")
     ] = None,
     batch_size: Annotated[int | None, typer.Option(help="Batch size when calibrating.")] = None,
-    max_samples: Annotated[
-        int | None, typer.Option(help="Calibrate on at most this many samples.")
-    ] = None,
-    preset: Annotated[str | None, typer.Option(help="Image preprocessing preset.")] = None,
+    max_samples: CalibMaxSamplesOpt = None,
+    preset: PresetOpt = None,
     provider: Annotated[
         str | None, typer.Option(help="onnxruntime provider for calibration.")
     ] = None,
     holdout_data: HoldoutOpt = None,
     clip_warn: ClipWarnOpt = DEFAULT_CLIP_WARN,
+    executor: ExecutorOpt = "local",
+    workers: WorkersOpt = None,
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """Write a Q/DQ ONNX model placed the way TensorRT fuses it (or read one's scales back)."""
     from quantbench import quantize as qz
@@ -295,6 +373,8 @@ def quantize(
         requantize=requantize,
         dwconv2d=dwconv2d,
         report_integer_ops=int_ops,
+        executor=_executor(executor, workers, ray_address),
+        high_precision=high_precision,
     )
     _print_quantize(outcome)
 
@@ -306,6 +386,15 @@ def _print_quantize(outcome: object) -> None:
     for w in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(w)}", soft_wrap=True)
     console.print(result.summary())
+    if outcome.high_precision == "fp16":  # type: ignore[attr-defined]
+        from collections import Counter
+
+        counts = Counter(outcome.precisions.values())  # type: ignore[attr-defined]
+        console.print(
+            "strongly typed (trtexec --stronglyTyped): "
+            + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+            + " ops; Q/DQ scales FP16"
+        )
     if result.skipped:
         t = Table(title="Left in high precision", title_justify="left")
         for col in ("node", "op", "reason"):
@@ -362,9 +451,7 @@ def compare(
     ],
     b: Annotated[str, typer.Argument(help="Precision B (same forms).")],
     model: Annotated[Path, typer.Option(help="The FP32 ONNX model (the reference).")],
-    data: Annotated[
-        str, typer.Option("--data", help="Evaluation data (same forms as calibrate --data).")
-    ],
+    data: EvalDataOpt,
     calib_data: Annotated[str | None, typer.Option(help="Calibration data for int8 specs.")] = None,
     method: Annotated[
         str, typer.Option("--method", "-m", help="Calibrator for plain 'int8'.")
@@ -378,25 +465,18 @@ def compare(
     holdout_data: HoldoutOpt = None,
     allow_partial: AllowPartialOpt = False,
     clip_warn: ClipWarnOpt = DEFAULT_CLIP_WARN,
+    sqnr_floor: SqnrFloorOpt = DEFAULT_SQNR_FLOOR_DB,
     labels: Annotated[
         Path | None,
         typer.Option(help=".npy of labels (integers: accuracy; any dtype: metric scripts)."),
     ] = None,
     metric_script: MetricScriptOpt = None,
-    exclude: Annotated[
-        list[str] | None, typer.Option(help="Node names/regexes kept in FP32 (repeatable).")
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="Batch size (default: the model's, else 1).")
-    ] = None,
-    max_samples: Annotated[
-        int | None, typer.Option(help="Evaluate at most this many samples.")
-    ] = None,
-    preset: Annotated[str | None, typer.Option(help="Image preprocessing preset.")] = None,
-    provider: Annotated[
-        str | None, typer.Option(help="onnxruntime provider (cpu, cuda, ...).")
-    ] = None,
-    threads: Annotated[int | None, typer.Option(help="onnxruntime intra-op threads.")] = None,
+    exclude: EvalExcludeOpt = None,
+    batch_size: BatchSizeOpt = None,
+    max_samples: EvalMaxSamplesOpt = None,
+    preset: PresetOpt = None,
+    provider: EvalProviderOpt = None,
+    threads: ThreadsOpt = None,
     backend: Annotated[str, typer.Option(help="onnxruntime | tensorrt")] = "onnxruntime",
     no_latency: Annotated[
         bool, typer.Option("--no-latency", help="Skip the latency measurement.")
@@ -411,7 +491,10 @@ def compare(
     csv_out: Annotated[
         Path | None, typer.Option("--csv", help="Write the per-layer table as CSV here.")
     ] = None,
-    report: Annotated[Path | None, typer.Option(help="Write the HTML report here.")] = None,
+    report: ReportOpt = None,
+    executor: ExecutorOpt = "local",
+    workers: WorkersOpt = None,
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """Per-layer drift, task metrics and latency of B (and A) against onnxruntime FP32."""
     from quantbench.compare import compare as run_compare
@@ -440,6 +523,7 @@ def compare(
         holdout_data=holdout_data,
         allow_partial=allow_partial,
         clip_warn=clip_warn,
+        sqnr_floor=sqnr_floor,
         labels=labels,
         metric_script=metric_script,
         exclude=exclude,
@@ -453,6 +537,7 @@ def compare(
         json_path=json_out,
         csv_path=csv_out,
         command=_command_line(),
+        executor=_executor(executor, workers, ray_address),
     )
     if report is not None:
         from quantbench.reports import write_report
@@ -573,13 +658,9 @@ def _table_as_trt_cache(path: Path, trt_version: str) -> bytes:
 @app.command()
 def sensitivity(
     model: ModelArg,
-    data: Annotated[
-        str, typer.Option("--data", help="Evaluation data (same forms as calibrate --data).")
-    ],
-    calib_data: Annotated[str, typer.Option(help="Calibration data.")],
-    method: Annotated[
-        str, typer.Option("--method", "-m", help="Calibrator, or 'auto' (best per tensor).")
-    ] = DEFAULT_METHOD,
+    data: EvalDataOpt,
+    calib_data: CalibDataOpt,
+    method: AutoMethodOpt = DEFAULT_METHOD,
     metric: Annotated[
         str,
         typer.Option(
@@ -592,26 +673,19 @@ def sensitivity(
     ] = None,
     metric_script: MetricScriptOpt = None,
     holdout_data: HoldoutOpt = None,
-    exclude: Annotated[
-        list[str] | None, typer.Option(help="Node names/regexes kept in FP32 (repeatable).")
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="Batch size (default: the model's, else 1).")
-    ] = None,
-    max_samples: Annotated[
-        int | None, typer.Option(help="Evaluate at most this many samples.")
-    ] = None,
-    calib_max_samples: Annotated[
-        int | None, typer.Option(help="Calibrate on at most this many samples.")
-    ] = None,
-    preset: Annotated[str | None, typer.Option(help="Image preprocessing preset.")] = None,
-    provider: Annotated[
-        str | None, typer.Option(help="onnxruntime provider (cpu, cuda, ...).")
-    ] = None,
-    threads: Annotated[int | None, typer.Option(help="onnxruntime intra-op threads.")] = None,
+    exclude: EvalExcludeOpt = None,
+    batch_size: BatchSizeOpt = None,
+    max_samples: EvalMaxSamplesOpt = None,
+    calib_max_samples: CalibMaxSamplesOpt = None,
+    preset: PresetOpt = None,
+    provider: EvalProviderOpt = None,
+    threads: ThreadsOpt = None,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the ranked rows as JSON here.")
     ] = None,
+    executor: ExecutorOpt = "local",
+    workers: WorkersOpt = None,
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """Rank quantized ops by the output drift each causes alone in INT8 (2 x ops evaluations)."""
     from quantbench.fileio import check_output_path
@@ -636,6 +710,7 @@ def sensitivity(
         provider=provider,
         threads=threads,
         show_progress=True,
+        executor=_executor(executor, workers, ray_address),
     )
     console.print(f"{metric}: only this op INT8 / only this op FP32, worst first")
     for row in rows:
@@ -654,10 +729,8 @@ def sensitivity(
 @app.command()
 def recover(
     model: ModelArg,
-    data: Annotated[
-        str, typer.Option("--data", help="Evaluation data (same forms as calibrate --data).")
-    ],
-    calib_data: Annotated[str, typer.Option(help="Calibration data.")],
+    data: EvalDataOpt,
+    calib_data: CalibDataOpt,
     output: Annotated[
         Path, typer.Option("--output", "-o", help="Folder for the model, cache, trtexec line.")
     ],
@@ -672,9 +745,7 @@ def recover(
         Path | None, typer.Option(help=".npy of labels (integers: needed for accuracy_drop).")
     ] = None,
     metric_script: MetricScriptOpt = None,
-    method: Annotated[
-        str, typer.Option("--method", "-m", help="Calibrator, or 'auto' (best per tensor).")
-    ] = DEFAULT_METHOD,
+    method: AutoMethodOpt = DEFAULT_METHOD,
     budget: Annotated[
         int | None, typer.Option(help="Keep at most this many ops in high precision.")
     ] = None,
@@ -686,21 +757,16 @@ def recover(
     exclude: Annotated[
         list[str] | None, typer.Option(help="Node names/regexes always kept in FP32.")
     ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="Batch size (default: the model's, else 1).")
-    ] = None,
-    max_samples: Annotated[
-        int | None, typer.Option(help="Evaluate at most this many samples.")
-    ] = None,
-    calib_max_samples: Annotated[
-        int | None, typer.Option(help="Calibrate on at most this many samples.")
-    ] = None,
-    preset: Annotated[str | None, typer.Option(help="Image preprocessing preset.")] = None,
-    provider: Annotated[
-        str | None, typer.Option(help="onnxruntime provider (cpu, cuda, ...).")
-    ] = None,
-    threads: Annotated[int | None, typer.Option(help="onnxruntime intra-op threads.")] = None,
-    report: Annotated[Path | None, typer.Option(help="Write the HTML report here.")] = None,
+    batch_size: BatchSizeOpt = None,
+    max_samples: EvalMaxSamplesOpt = None,
+    calib_max_samples: CalibMaxSamplesOpt = None,
+    preset: PresetOpt = None,
+    provider: EvalProviderOpt = None,
+    threads: ThreadsOpt = None,
+    report: ReportOpt = None,
+    executor: ExecutorOpt = "local",
+    workers: WorkersOpt = None,
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """Keep the fewest ops in FP32/FP16 (greedy by sensitivity) until the target is met."""
     from quantbench.errors import ThresholdFailed
@@ -730,6 +796,7 @@ def recover(
         provider=provider,
         threads=threads,
         show_progress=True,
+        executor=_executor(executor, workers, ray_address),
     )
     paths = write_artefacts(
         result, output, model_path=model, trt_version=trt_version, command=_command_line()
@@ -741,6 +808,15 @@ def recover(
         f"{len(result.context.plan.quantized)} ops kept in {result.precision} ({kept}); "
         f"{result.context.evaluator.evaluations} evaluations, {result.seconds:.1f} s"
     )
+    if result.precision == "fp16":
+        from collections import Counter
+
+        counts = Counter(result.op_precisions.values())
+        console.print(
+            "artefact strongly typed (trtexec --stronglyTyped): "
+            + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+            + " ops; verified on its FP16-storage emulation"
+        )
     for path in paths.values():
         console.print(f"wrote {path}")
     if report is not None:

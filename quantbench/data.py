@@ -17,8 +17,9 @@ NaN/Inf are recorded by index and reported (:class:`NonFiniteSamples`).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
-import importlib.util
+import itertools
 import math
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -33,6 +34,7 @@ import tomllib
 from quantbench.errors import QuantbenchError
 from quantbench.graph import TensorSpec
 from quantbench.progress import warn
+from quantbench.userscript import load_user_object
 
 Feed = dict[str, np.ndarray]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
@@ -338,6 +340,9 @@ class DataSource:
     on_nonfinite: Callable[[str], None] | None = field(default=warn, repr=False)
     nonfinite: NonFiniteSamples = field(default_factory=NonFiniteSamples)
     _reported: bool = field(default=False, repr=False)
+    #: where each batch of the whole pass starts (a global sample index); ``None`` for streams
+    #: (scripts, readers), which cannot be split into shards
+    batch_starts: list[int] | None = field(default=None, repr=False)
 
     def batches(self) -> Iterator[Batch]:
         record = NonFiniteSamples()
@@ -346,6 +351,28 @@ class DataSource:
         if record and not self._reported and self.on_nonfinite is not None:
             self._reported = True
             self.on_nonfinite(record.message())
+
+    @property
+    def splittable(self) -> bool:
+        return self.batch_starts is not None
+
+    def shards(self, count: int) -> list[tuple[int, int]]:
+        """At most ``count`` contiguous sample ranges ``(start, stop)`` of near-equal size, cut
+        only where a batch of the whole pass starts: ``open_data(..., sample_range=r)`` on each
+        feeds exactly the whole pass's batches, so their statistics merge to the whole's."""
+        if self.batch_starts is None or self.num_samples is None:
+            raise QuantbenchError(
+                f"{self.description}: a data-loader script or Python reader is one stream and "
+                "cannot be split into shards; give a .npz/.npy file, a folder or an image folder"
+            )
+        starts, n = self.batch_starts, self.num_samples
+        k = max(1, min(count, len(starts)))
+        cuts = {0, n}
+        for i in range(1, k):
+            at = bisect.bisect_left(starts, round(i * n / k))
+            cuts.add(starts[min(at, len(starts) - 1)])
+        edges = sorted(cuts)
+        return list(zip(edges[:-1], edges[1:]))
 
 
 def _file_digest(paths: Iterable[Path], extra: str) -> str:
@@ -365,8 +392,20 @@ def open_data(
     batch_size: int | None = None,
     max_samples: int | None = None,
     preset: str | Path | None = None,
+    sample_range: tuple[int, int] | None = None,
 ) -> DataSource:
-    """Open any supported data source for a model with the given inputs (validated)."""
+    """Open any supported data source for a model with the given inputs (validated).
+
+    ``sample_range=(start, stop)`` (files, folders and image folders only): the batches of the
+    whole pass that start in ``[start, stop)``, batched exactly as the whole pass batches them
+    (a shard of :meth:`DataSource.shards`). A shard's ``fingerprint`` names its range, not the
+    data: whoever merges the shards records the whole data's fingerprint.
+    """
+    if sample_range is not None and not isinstance(source, (str, Path)):
+        raise QuantbenchError(
+            f"data of type {type(source).__name__}: only files and folders can be read by "
+            "sample range"
+        )
     if max_samples is not None and max_samples <= 0:
         raise QuantbenchError("--max-samples must be positive")
     if batch_size is not None and batch_size <= 0:
@@ -377,6 +416,10 @@ def open_data(
     path_part, _, func = spec.partition(".py:")
     if func or spec.endswith(".py"):
         script = Path(path_part + ".py") if func else Path(spec)
+        if sample_range is not None:
+            raise QuantbenchError(
+                f"{script}: a data-loader script is one stream and cannot be read by sample range"
+            )
         return _from_script(script, func or "load_data", inputs, batch_size, max_samples)
     path = Path(spec)
     if not path.exists():
@@ -385,14 +428,16 @@ def open_data(
         images = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         arrays = sorted(p for p in path.iterdir() if p.suffix in (".npy", ".npz"))
         if images and not arrays:
-            return _from_images(path, images, inputs, batch_size, max_samples, preset)
+            return _from_images(
+                path, images, inputs, batch_size, max_samples, preset, sample_range
+            )
         if not arrays:
             raise QuantbenchError(f"{path}: folder holds no .npy, .npz or image files")
-        return _from_array_files(path, arrays, inputs, batch_size, max_samples)
+        return _from_array_files(path, arrays, inputs, batch_size, max_samples, sample_range)
     if path.suffix in (".npz", ".npy"):
-        return _from_array_files(path, [path], inputs, batch_size, max_samples)
+        return _from_array_files(path, [path], inputs, batch_size, max_samples, sample_range)
     if path.suffix.lower() in IMAGE_SUFFIXES:
-        return _from_images(path, [path], inputs, batch_size, max_samples, preset)
+        return _from_images(path, [path], inputs, batch_size, max_samples, preset, sample_range)
     raise QuantbenchError(
         f"{path}: unsupported data file; use .npz/.npy, a folder of them, a folder of images "
         "(with --preset), or a Python data-loader script (file.py[:function])"
@@ -425,6 +470,7 @@ def _from_array_files(
     inputs: list[TensorSpec],
     batch_size: int | None,
     max_samples: int | None,
+    sample_range: tuple[int, int] | None = None,
 ) -> DataSource:
     parts = [(str(f), _readers_for_file(f, inputs)) for f in files]
     return _from_readers(
@@ -434,6 +480,7 @@ def _from_array_files(
         batch_size,
         max_samples,
         lambda n: _file_digest(files, f"arrays;max={n}"),
+        sample_range=sample_range,
     )
 
 
@@ -445,8 +492,10 @@ def _from_readers(
     max_samples: int | None,
     fingerprint: Callable[[int], str],
     what: str = "samples",
+    sample_range: tuple[int, int] | None = None,
 ) -> DataSource:
-    """Sample-first arrays, one reader set per file, read in batches under one layout."""
+    """Sample-first arrays, one reader set per file, read in batches under one layout; with
+    ``sample_range``, only the batches of the whole pass that start inside it."""
     layout: Layout | None = None
     counts = []
     for where, readers in parts:
@@ -472,26 +521,48 @@ def _from_readers(
     max_samples = _whole_batches(layout, max_samples, origin)
     n = min(total, max_samples) if max_samples else total
     plan = layout
+    # every batch of the whole pass: (file index, position in the file, samples); batches
+    # never straddle files, so a shard is a run of whole batches
+    spans = list(_batch_spans(counts, n, plan.batch_size))
+    offsets = [0, *itertools.accumulate(counts)]
+    starts = [offsets[f] + pos for f, pos, _ in spans]
+    first, stop = (0, n) if sample_range is None else sample_range
+    mine: dict[int, list[tuple[int, int]]] = {}
+    for (index, pos, take), g in zip(spans, starts):
+        if first <= g < stop:
+            mine.setdefault(index, []).append((pos, take))
 
     def batches(record: NonFiniteSamples) -> Iterator[Batch]:
-        remaining = n
-        for (where, readers), count in zip(parts, counts):
-            pos = 0
+        for index, (where, readers) in enumerate(parts):
             try:
-                while remaining > 0 and pos < count:
-                    take = min(plan.batch_size, count - pos, remaining)
+                for pos, take in mine.get(index, ()):
                     chunk = {
                         s.name: _cast(readers[s.name].read(pos, pos + take), s, where)
                         for s in inputs
                     }
                     record.scan(where, chunk, pos, inputs)
                     yield from plan.feeds(chunk, take)
-                    pos += take
-                    remaining -= take
             finally:
                 _close(readers.values())
 
-    return DataSource(f"{origin} ({n} {what})", fingerprint(n), n, batches)
+    if sample_range is None:
+        return DataSource(f"{origin} ({n} {what})", fingerprint(n), n, batches, batch_starts=starts)
+    count = sum(take for spans_of in mine.values() for _, take in spans_of)
+    where = f"{origin} (samples {first}-{min(stop, n) - 1} of {n} {what})"
+    return DataSource(where, f"range:{first}:{stop}:{n}", count, batches)
+
+
+def _batch_spans(counts: list[int], n: int, batch_size: int) -> Iterator[tuple[int, int, int]]:
+    """(file index, position in the file, samples) of every batch of a pass over ``n``
+    samples: ``batch_size`` at a time within each file, the last one of a file shorter."""
+    remaining = n
+    for index, count in enumerate(counts):
+        pos = 0
+        while remaining > 0 and pos < count:
+            take = min(batch_size, count - pos, remaining)
+            yield index, pos, take
+            pos += take
+            remaining -= take
 
 
 def _sample_count(where: str, shapes: Mapping[str, tuple[int, ...]]) -> int:
@@ -637,19 +708,7 @@ def _from_script(
     """A loader script's feeds. Its fingerprint is ``None``: only the feeds themselves say what
     the data is (the files it reads can change under the same script), so statistics are
     fingerprinted from the stream as it is fed and never served from the cache up front."""
-    if not path.is_file():
-        raise QuantbenchError(f"{path}: data-loader script not found")
-    spec = importlib.util.spec_from_file_location(f"quantbench_data_{path.stem}", path)
-    if spec is None or spec.loader is None:
-        raise QuantbenchError(f"{path}: cannot import data-loader script")
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - the user's script failed
-        raise QuantbenchError(f"{path}: data-loader script failed on import: {exc!r}") from None
-    loader = getattr(module, func, None)
-    if loader is None:
-        raise QuantbenchError(f"{path}: defines no function {func!r} (use {path}:NAME)")
+    loader = load_user_object(path, func, "data-loader script")
     where = f"{path}:{func}"
 
     def batches(record: NonFiniteSamples) -> Iterator[Batch]:
@@ -895,6 +954,7 @@ def _from_images(
     batch_size: int | None,
     max_samples: int | None,
     preset: str | Path | None,
+    sample_range: tuple[int, int] | None = None,
 ) -> DataSource:
     """An image folder feeds a single-input model whatever its input is called; a preset's
     ``name`` only says which input of a multi-input model the images were meant for."""
@@ -924,6 +984,7 @@ def _from_images(
         max_samples,
         lambda n: _file_digest(files[:n], f"images;{text}"),
         what="images",
+        sample_range=sample_range,
     )
 
 

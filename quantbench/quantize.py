@@ -22,7 +22,16 @@ from quantbench.clipguard import (
     clip_warning,
 )
 from quantbench.errors import QuantbenchError
+from quantbench.executors import ExecutorSpec
 from quantbench.fileio import check_output_path, write_bytes_atomic
+from quantbench.fp16 import (
+    FP16,
+    FP16_SCALE_OPSET,
+    FP32,
+    check_high_precision,
+    declared_precisions,
+    strongly_typed_fp16,
+)
 from quantbench.graph import calibration_tensors, open_graph
 from quantbench.progress import info, warn
 from quantbench.qdq import QuantizeResult, quantize_model, table_from_qdq, write_quantized
@@ -40,6 +49,10 @@ class QuantizeOutcome:
     #: a given table comes without the statistics to judge it)
     clipping: list[ClipFlag] = field(default_factory=list)
     auto: AutoTable | None = None
+    #: "fp32", or "fp16": the strongly-typed form, every unquantized op in FP16
+    high_precision: str = FP32
+    #: node -> "int8" | "fp16" | "fp32" as the written model declares it
+    precisions: dict[str, str] = field(default_factory=dict)
 
 
 def quantize(
@@ -63,11 +76,23 @@ def quantize(
     requantize: bool = False,
     dwconv2d: bool = False,
     report_integer_ops: bool = False,
+    high_precision: str = FP32,
     show_progress: bool = True,
+    executor: ExecutorSpec | None = None,
 ) -> QuantizeOutcome:
-    """Quantize ``model`` explicitly from a table or from calibration data."""
+    """Quantize ``model`` explicitly from a table or from calibration data.
+
+    ``high_precision="fp16"``: the unquantized ops become FP16 and the Q/DQ scales FP16
+    (:func:`quantbench.fp16.strongly_typed_fp16`), the mixed INT8/FP16 model TensorRT builds
+    as given with ``--stronglyTyped``."""
     if (table is None) == (data is None):
         raise QuantbenchError("give exactly one of --table TABLE or --data PATH")
+    check_high_precision(high_precision, "--high-precision")
+    if high_precision == FP16 and dwconv2d:
+        raise QuantbenchError(
+            "--high-precision fp16 with --dwconv2d: the DWConv2D plugin op's INT8 form has no "
+            "strongly-typed FP16 variant; drop one of the two"
+        )
     check_output_path(output)
     check_clip_warn(clip_warn)
     if data is not None:
@@ -85,6 +110,7 @@ def quantize(
             preset=preset,
             provider=provider,
             show_progress=show_progress,
+            executor=executor,
         )
         cal_table, auto = method_table(
             graph,
@@ -95,6 +121,7 @@ def quantize(
             batch_size=batch_size,
             preset=preset,
             provider=provider,
+            executor=executor,
         )
         flags = clip_flags(stats, cal_table, clip_warn, calibration_tensors(graph, "quantizable"))
         if text := clip_warning(flags, clip_warn, str(cal_table.method)):
@@ -117,13 +144,19 @@ def quantize(
     )
     if dwconv2d:
         result.model = _to_plugin(result.model)
+    if high_precision == FP16:
+        result.model = strongly_typed_fp16(result.model)
+        result.opset_to = max(result.opset_to, FP16_SCALE_OPSET)
     written = [write_quantized(result, output)]
     rows = []
     if report_integer_ops:
         from quantbench.ort_int8 import integer_op_report
 
         rows = integer_op_report(result.model if not dwconv2d else _lowered(result.model))
-    return QuantizeOutcome(result, cal_table, written, rows, flags, auto)
+    precisions = declared_precisions(result.model)
+    return QuantizeOutcome(
+        result, cal_table, written, rows, flags, auto, high_precision, precisions
+    )
 
 
 def _to_plugin(model: onnx.ModelProto) -> onnx.ModelProto:

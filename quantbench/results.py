@@ -291,7 +291,19 @@ def write_json(doc: dict[str, Any], path: str | Path) -> Path:
     return write_text_atomic(path, dumps(doc))
 
 
+def _csv_row(layer: dict[str, Any]) -> dict[str, Any]:
+    """A layer with its NaN/Inf counts as two flat columns (``nonfinite`` is an object)."""
+    counts = layer.get("nonfinite") or {}
+    return {
+        **layer,
+        "nonfinite_fp32": counts.get("fp32"),
+        "nonfinite_candidate": counts.get("candidate"),
+    }
+
+
 def write_layers_csv(doc: dict[str, Any], path: str | Path) -> Path:
+    """The ``layers`` table as CSV: undefined metrics are the text ``nan`` (as in the JSON),
+    NaN/Inf counts in ``nonfinite_fp32`` / ``nonfinite_candidate``."""
     import pandas as pd
 
     columns = [
@@ -302,15 +314,19 @@ def write_layers_csv(doc: dict[str, Any], path: str | Path) -> Path:
         "op_type",
         "view",
         "quantized",
+        "precision",
         "cosine",
         "sqnr_db",
         "rel_l2",
         "max_abs",
         "mean_abs",
+        "nonfinite_fp32",
+        "nonfinite_candidate",
         "clip_fraction",
         "amax",
     ]
-    frame = pd.DataFrame(doc.get("layers", []), columns=columns)
+    rows = [_csv_row(r) for r in doc.get("layers", [])]
+    frame = pd.DataFrame(rows, columns=columns)
     with atomic_path(path) as tmp:
         frame.to_csv(tmp, index=False)
     return Path(path)

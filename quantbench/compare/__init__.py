@@ -9,11 +9,17 @@ import numpy as np
 
 from quantbench import calibrators as registry
 from quantbench.calibrate import check_methods, obtain_stats
-from quantbench.clipguard import DEFAULT_CLIP_WARN, check_clip_warn
+from quantbench.clipguard import (
+    DEFAULT_CLIP_WARN,
+    DEFAULT_SQNR_FLOOR_DB,
+    check_clip_warn,
+    check_sqnr_floor,
+)
 from quantbench.compare.candidates import CalibrationContext
 from quantbench.compare.run import run_comparison
 from quantbench.data import open_data
 from quantbench.errors import QuantbenchError
+from quantbench.executors import ExecutorSpec
 from quantbench.fileio import check_output_path
 from quantbench.graph import calibration_tensors, open_graph
 from quantbench.metrics import MODEL_METRICS, declared_output_shapes, metric_support, output_kinds
@@ -84,6 +90,7 @@ def compare(
     holdout_data: object | None = None,
     allow_partial: bool = False,
     clip_warn: float = DEFAULT_CLIP_WARN,
+    sqnr_floor: float = DEFAULT_SQNR_FLOOR_DB,
     labels: str | Path | np.ndarray | None = None,
     metric_script: str | Path | None = None,
     exclude: list[str] | None = None,
@@ -100,6 +107,7 @@ def compare(
     csv_path: str | Path | None = None,
     command: str = "",
     show_progress: bool = True,
+    executor: ExecutorSpec | None = None,
 ) -> dict[str, Any]:
     """Compare precision ``a`` against ``b`` on ``data``; returns the results document (its HTML
     page: :func:`quantbench.reports.write_report`; the core does not import the reports)."""
@@ -133,6 +141,7 @@ def compare(
         )
     needs_int8 = any(s.lower().startswith("int8") for s in (a, b))
     check_clip_warn(clip_warn)
+    check_sqnr_floor(sqnr_floor)
     for spec in (a, b):  # every int8 method is checked before any inference
         if spec.lower().startswith("int8:") and spec.partition(":")[2].strip():
             check_methods([spec.partition(":")[2]])
@@ -161,6 +170,7 @@ def compare(
             preset=preset,
             provider=provider,
             show_progress=show_progress,
+            executor=executor,
         )
         ctx.stats = stats_file
     body = run_comparison(
@@ -175,6 +185,7 @@ def compare(
         latency=latency,
         latency_runs=latency_runs,
         show_progress=show_progress,
+        sqnr_floor=sqnr_floor,
     )
     doc = base_document("compare", graph, command or f"quantbench compare {a} {b} --model {model}")
     doc["data"] = {

@@ -1,9 +1,9 @@
 """``quantbench compare A B``: per-layer drift, task metrics and latency against FP32.
 
 One pass over the evaluation data. Per batch: the FP32 reference runs once with every compared
-tensor exposed *and* the isolated copies of each candidate's quantized ops appended
-(:mod:`quantbench.compare.isolated`); each non-reference candidate runs once with the same
-tensors exposed. Streaming accumulators (:mod:`quantbench.metrics`) keep memory flat in
+tensor exposed *and* the isolated copies of each candidate's quantized (or FP16) ops appended
+(:mod:`quantbench.isolated`); each non-reference candidate runs once with the same tensors
+exposed. Streaming accumulators (:mod:`quantbench.metrics`) keep memory flat in
 the number of samples.
 """
 
@@ -17,12 +17,20 @@ import numpy as np
 import onnx
 
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
+from quantbench.clipguard import DEFAULT_SQNR_FLOOR_DB, OpDrift, sqnr_flags, sqnr_warning
 from quantbench.compare.candidates import CalibrationContext, Candidate, resolve
-from quantbench.compare.isolated import QDQ_OPS, IsolatedModel, build_isolated
 from quantbench.compare.latency import measure_latency
 from quantbench.data import DataSource, Feed, feed_num_samples
 from quantbench.errors import QuantbenchError
+from quantbench.fp16 import FP16, FP16_EMULATED, has_fp16_qdq
 from quantbench.graph import Graph, node_labels
+from quantbench.isolated import (
+    QDQ_OPS,
+    IsolatedModel,
+    build_isolated,
+    build_isolated_fp16,
+    uncast,
+)
 from quantbench.jsonsafe import from_json_float, json_float
 from quantbench.metrics import (
     DRIFT_KEYS,
@@ -90,7 +98,8 @@ def _quantized_inputs(model: onnx.ModelProto) -> dict[str, tuple[str, float]]:
         scale = inits.get(dq.input[1]) if len(dq.input) > 1 else None
         if q is None or q.op_type != "QuantizeLinear" or scale is None or scale.size != 1:
             continue
-        out[n.output[0]] = (q.input[0], float(np.float32(scale.reshape(-1)[0]) * np.float32(127)))
+        amax = float(np.float32(scale.reshape(-1)[0]) * np.float32(127))
+        out[n.output[0]] = (uncast(q.input[0], producer), amax)
     return out
 
 
@@ -119,14 +128,22 @@ def prepare_sides(
         if not set(side.tensors) - {o.name for o in graph.model.graph.output}:
             warn(f"{c.label}: shares no tensor names with the FP32 model; comparing outputs only")
         ref_tensors.update(side.tensors)
+        iso: IsolatedModel | None = None
         if c.quantized:
-            iso: IsolatedModel = build_isolated(ref_model, c.model, f"qb_iso_{side.key}/")
+            iso = build_isolated(ref_model, c.model, f"qb_iso_{side.key}/")
+        elif c.fp16 is not None:
+            fp16_nodes = [n for n, p in c.fp16.precision.items() if p in (FP16, FP16_EMULATED)]
+            iso = build_isolated_fp16(
+                ref_model, fp16_nodes, graph.elem_types, f"qb_iso_{side.key}/"
+            )
+        if iso is not None:
             ref_model = iso.model
             side.isolated = {t: f"{side.key}:{twin}" for t, twin in iso.twins.items()}
             _rename_twins(ref_model, iso.twins, side.key)
+            isolated_twins.update({f"{side.key}:{twin}": t for t, twin in iso.twins.items()})
+        if c.quantized:
             side.clip = _quantized_inputs(c.model)
             ref_tensors.update(src for src, _ in side.clip.values())
-            isolated_twins.update({f"{side.key}:{twin}": t for t, twin in iso.twins.items()})
     out_names = [o.name for o in graph.model.graph.output]
     ordered = [t for t in _layer_tensors(graph, graph.model) if t in ref_tensors]
     ordered += [
@@ -146,6 +163,7 @@ def prepare_sides(
             expose(side.candidate.model, cand_fetch, _elem_types(graph, cand_fetch)),
             provider,
             threads,
+            optimization="none" if has_fp16_qdq(side.candidate.model) else "all",
             generated_from=_origin(side.candidate, graph),
         )
         side.accumulated = {t: DriftAccumulator() for t in side.tensors}
@@ -192,8 +210,9 @@ def run_comparison(
     latency: bool = True,
     latency_runs: int = 100,
     show_progress: bool = True,
+    sqnr_floor: float = DEFAULT_SQNR_FLOOR_DB,
 ) -> dict[str, Any]:
-    """Everything ``compare`` measures, as the ``layers/outputs/task/latency`` parts."""
+    """Everything ``compare`` measures, as the ``layers/outputs/task/latency/flags`` parts."""
     cands = [resolve(s, graph, ctx) for s in specs]
     ref_runner, ref_fetch, sides = prepare_sides(graph, cands, provider, threads)
     ref_out = _output_names(graph.model)
@@ -226,13 +245,21 @@ def run_comparison(
     if labels is not None and seen != len(labels):
         raise QuantbenchError(f"labels: {len(labels)} labels for {seen} evaluation samples")
     doc = _document(graph, sides, ref_out, acc_ref, labels)
+    doc["sqnr_floor_db"] = sqnr_floor
+    doc["flags"] = _floor_flags(sides, doc["layers"], ctx, sqnr_floor)
     if metric_script is not None:
         doc["metric_script"] = metric_script.where
     doc["eval_samples"] = seen
     info = ref_runner.info.to_dict()
     for side in sides:
         c = side.candidate
-        doc[side.key.lower()] = {"spec": c.spec, "label": c.label, **info, "method": c.method}
+        doc[side.key.lower()] = {
+            "spec": c.spec,
+            "label": c.label,
+            **info,
+            "method": c.method,
+            **c.precision_record(),
+        }
     quantized = [s.candidate for s in sides if s.candidate.quantized]
     doc["excluded"] = quantized[-1].excluded if quantized else []
     doc["dynamic_weight_convs"] = quantized[-1].dynamic_weight_convs if quantized else []
@@ -240,6 +267,38 @@ def run_comparison(
     if latency and first_feed is not None:
         doc["latency"] = _latency(graph, sides, first_feed, provider, threads, latency_runs)
     return doc
+
+
+def _floor_flags(
+    sides: list[Side], layers: list[dict[str, Any]], ctx: CalibrationContext, floor: float
+) -> list[dict[str, Any]]:
+    """The clipping guard's SQNR rule on every quantized op's isolated SQNR, printed grouped by
+    candidate, as the JSON ``flags``."""
+    out: list[dict[str, Any]] = []
+    for side in sides:
+        ops = [
+            OpDrift(
+                r["node"],
+                r["op_type"],
+                r["tensor"],
+                side.clip[r["tensor"]][0],
+                side.clip[r["tensor"]][1],
+                sqnr,
+                r.get("clip_fraction"),
+            )
+            for r in layers
+            if r["candidate"] == side.key
+            and r["view"] == "isolated"
+            and r["tensor"] in side.clip
+            and (sqnr := from_json_float(r.get("sqnr_db"))) is not None  # null: not measured
+        ]
+        flags = sqnr_flags(ops, floor, ctx.stats, side.candidate.table)
+        if text := sqnr_warning(flags, side.candidate.spec):
+            warn(text)
+        for f in flags:
+            row = {"candidate": side.key, **f.to_dict()}
+            out.append({k: _clean(v) if isinstance(v, float) else v for k, v in row.items()})
+    return out
 
 
 def _label_batches(labels: np.ndarray | None):
@@ -330,7 +389,8 @@ def _document(
                     "node": node,
                     "op_type": op,
                     "view": view,
-                    "quantized": t in side.isolated,
+                    "quantized": side.candidate.quantized and t in side.isolated,
+                    "precision": side.candidate.precisions.get(node),
                 }
                 row.update(_drift_row(acc))
                 clip = side.clip_acc.get(t)

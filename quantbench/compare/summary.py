@@ -7,6 +7,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from quantbench.fp16 import describe
 from quantbench.metrics import nonfinite_text
 from quantbench.progress import console
 
@@ -33,6 +34,9 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
         f"[bold]{doc['model']['name']}[/bold]: {a.get('label')} vs {b.get('label')} "
         f"on {doc['data'].get('eval_samples')} samples ({b.get('backend')}, {b.get('provider')})"
     )
+    for side in ("a", "b"):
+        if (doc.get(side) or {}).get("fp16"):
+            console.print(f"{side.upper()}: {escape(describe(doc[side]['fp16']))}")
     for name, entry in (doc.get("task") or {}).items():
         console.print(
             f"{escape(name)}: A {_fmt(entry.get('A'))}  B {_fmt(entry.get('B'))}  "

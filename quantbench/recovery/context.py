@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from quantbench import calibrators as registry
 from quantbench.autocalib import AutoTable
@@ -20,6 +21,8 @@ from quantbench.calibrate import check_methods, method_table, obtain_stats
 from quantbench.compare import labels_for_samples, load_labels
 from quantbench.data import open_data
 from quantbench.errors import QuantbenchError
+from quantbench.executors import ExecutorSpec
+from quantbench.fp16 import FP16, FP32, emulate_fp16, strongly_typed_fp16
 from quantbench.graph import Graph, open_graph
 from quantbench.qdq import QuantizeResult, quantize_model
 from quantbench.recovery.evaluation import Evaluator
@@ -39,6 +42,8 @@ class RecoveryContext:
     method: str
     exclude: tuple[str, ...] = ()
     auto: AutoTable | None = None
+    #: what the ops left unquantized run in: "fp32", or "fp16" (the strongly-typed artefact)
+    precision: str = FP32
 
     @property
     def quantized_nodes(self) -> list[str]:
@@ -46,12 +51,36 @@ class RecoveryContext:
 
     def quantize_except(self, keep_high_precision: Iterable[str]) -> QuantizeResult:
         """The full INT8 model with ``keep_high_precision`` (exact node names) left unquantized."""
-        patterns = [*self.exclude, *(re.escape(n) for n in keep_high_precision)]
-        return quantize_model(self.graph, self.table, exclude=patterns, allow_partial=True)
+        return quantize_except(self.graph, self.table, self.exclude, keep_high_precision)
+
+    def verification_model(self, variant: QuantizeResult) -> onnx.ModelProto:
+        """What a variant is scored on: the Q/DQ model itself for ``fp32``; for ``fp16`` its
+        emulated equivalent (:func:`quantbench.fp16.emulate_fp16`: FP16 weights, FP16 Q/DQ
+        scales, every op output rounded to FP16), i.e. the arithmetic of the strongly-typed
+        artefact :meth:`artefact_model` writes, which onnxruntime's CPU provider cannot run
+        in FP16 itself."""
+        if self.precision == FP16:
+            return emulate_fp16(variant.model, types=self.graph.elem_types).model
+        return variant.model
+
+    def artefact_model(self, variant: QuantizeResult) -> onnx.ModelProto:
+        """The model written for ``variant``: Q/DQ as is, or strongly typed INT8/FP16."""
+        if self.precision == FP16:
+            return strongly_typed_fp16(variant.model)
+        return variant.model
 
     def quantize_only(self, node: str) -> QuantizeResult:
         """Only ``node`` quantized: every other op of the plan excluded by its exact name."""
         return self.quantize_except(n for n in self.quantized_nodes if n != node)
+
+
+def quantize_except(
+    graph: Graph, table: CalibrationTable, exclude: Iterable[str], keep: Iterable[str]
+) -> QuantizeResult:
+    """The full INT8 model of ``graph`` with ``keep`` (exact node names) and ``exclude``
+    (patterns) left unquantized: one definition for the driver and the workers."""
+    patterns = [*exclude, *(re.escape(n) for n in keep)]
+    return quantize_model(graph, table, exclude=patterns, allow_partial=True)
 
 
 def prepare(
@@ -70,6 +99,7 @@ def prepare(
     provider: str | None = None,
     threads: int | None = None,
     show_progress: bool = False,
+    executor: ExecutorSpec | None = None,
 ) -> RecoveryContext:
     """Calibrate, plan the full INT8 model and run FP32 over the evaluation data once."""
     method = check_methods([method])[0]  # a bad name or option fails before any inference
@@ -84,6 +114,7 @@ def prepare(
         preset=preset,
         provider=provider,
         show_progress=show_progress,
+        executor=executor,
     )
     table, auto = method_table(
         graph,
@@ -95,6 +126,7 @@ def prepare(
         preset=preset,
         provider=provider,
         threads=threads,
+        executor=executor,
     )
     excluded = tuple(exclude)
     plan = quantize_model(graph, table, exclude=excluded, allow_partial=True)

@@ -12,6 +12,8 @@ import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -135,6 +137,10 @@ class Evaluator:
 
     def __post_init__(self) -> None:
         self.outputs = [o.name for o in self.graph.model.graph.output]
+        if self.reference:  # a worker's copy: the driver's FP32 outputs, no second FP32 pass
+            self.num_samples = self.source.num_samples or 0
+            self.attach_script(self.script)
+            return
         runner = OnnxRuntimeRunner(self.graph.model, self.provider, self.threads)
         seen = 0
         for feed in self.source.batches():
@@ -241,6 +247,95 @@ class Evaluator:
         if session is not None:
             metrics.update(session.compute())
         return metrics
+
+
+@dataclass(frozen=True)
+class EvaluationJob:
+    """What a worker needs to evaluate variants exactly as the driver's :class:`Evaluator`
+    does, sent once (Ray's object store, or the worker processes' initialiser): the model
+    bytes, the table, the evaluation data's path and the driver's FP32 outputs per batch."""
+
+    model: bytes
+    model_hash: str
+    model_path: str
+    data: str
+    batch_size: int | None
+    max_samples: int | None
+    preset: str | None
+    provider: str | None
+    threads: int | None
+    labels: np.ndarray | None
+    script: str | None
+    reference: list[dict[str, np.ndarray]]
+    batch_labels: list[np.ndarray | None]
+    #: what the variants are built from (quantbench.recovery.context.RecoveryContext)
+    table: Any = None
+    exclude: tuple[str, ...] = ()
+
+
+def evaluation_job(
+    evaluator: Evaluator,
+    data: object,
+    *,
+    threads: int | None,
+    batch_size: int | None,
+    max_samples: int | None,
+    preset: str | Path | None,
+    table: Any = None,
+    exclude: tuple[str, ...] = (),
+) -> EvaluationJob | None:
+    """The job for ``evaluator``, or ``None`` when workers cannot open the evaluation data by
+    path (a data-loader script, a Python reader: it streams once, here)."""
+    if not isinstance(data, (str, Path)) or not evaluator.source.splittable:
+        return None
+    graph = evaluator.graph
+    preset_text = None
+    if preset is not None:
+        preset_text = str(Path(preset).resolve()) if Path(preset).suffix else str(preset)
+    return EvaluationJob(
+        model=graph.model.SerializeToString(),
+        model_hash=graph.hash,
+        model_path=str(graph.path or ""),
+        data=str(Path(data).resolve()),
+        batch_size=batch_size,
+        max_samples=max_samples,
+        preset=preset_text,
+        provider=evaluator.provider,
+        threads=threads,
+        labels=evaluator.labels,
+        script=evaluator.script.where if evaluator.script is not None else None,
+        reference=evaluator.reference,
+        batch_labels=evaluator.batch_labels,
+        table=table,
+        exclude=exclude,
+    )
+
+
+def worker_evaluator(job: EvaluationJob) -> Evaluator:
+    """The driver's evaluator rebuilt on a worker: its FP32 outputs, no FP32 pass."""
+    from quantbench.data import open_data
+    from quantbench.sharded import worker_graph
+    from quantbench.task_metrics import load_metric_script
+
+    graph = worker_graph(job.model, job.model_hash, job.model_path)
+    source = open_data(
+        job.data,
+        graph.inputs,
+        batch_size=job.batch_size,
+        max_samples=job.max_samples,
+        preset=job.preset,
+    )
+    script = None if job.script is None else load_metric_script(job.script, RESERVED)
+    return Evaluator(
+        graph,
+        source,
+        job.labels,
+        job.provider,
+        job.threads,
+        script,
+        reference=job.reference,
+        batch_labels=job.batch_labels,
+    )
 
 
 def json_metrics(metrics: dict[str, float | None]) -> dict[str, float | str | None]:

@@ -6,6 +6,10 @@ worst first, each step verified on the full model (every other op INT8). It stop
 target is met or ``budget`` ops are kept. Cost: num_ops evaluations for the ranking plus at most
 ``budget + 1`` verifications; no ranking is done when plain INT8 already meets the target.
 
+With ``--executor`` the ranking's evaluations are tasks on worker processes or a Ray cluster;
+the verification steps stay sequential (each depends on the previous step's outcome), so the
+search takes exactly the steps a local run takes.
+
 Greedy is not optimal (two ops may only matter together), but each step is measured, so the
 recorded metric is the true metric of the model that is written.
 """
@@ -18,10 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from quantbench.calibrators import DEFAULT_METHOD
 from quantbench.compare import load_labels
 from quantbench.errors import QuantbenchError
+from quantbench.executors import ExecutorSpec
+from quantbench.fp16 import check_high_precision, declared_precisions
 from quantbench.graph import Graph, open_graph
 from quantbench.progress import info
 from quantbench.qdq import QuantizeResult
@@ -33,10 +40,15 @@ from quantbench.recovery.evaluation import (
     json_metrics,
     parse_target,
 )
-from quantbench.recovery.sensitivity import rank_ops
+from quantbench.recovery.sensitivity import parallel_job, rank_ops
 from quantbench.task_metrics import load_metric_script
 
-PRECISIONS = ("fp32", "fp16")
+#: what each step's metric was measured on, per high precision
+VERIFIED_ON = {
+    "fp32": "the Q/DQ model, unquantized ops in FP32 (onnxruntime)",
+    "fp16": "the Q/DQ model with FP16 storage for every unquantized op and FP16 Q/DQ scales "
+    "(onnxruntime, emulated): the arithmetic of the strongly-typed artefact",
+}
 
 
 @dataclass
@@ -52,6 +64,13 @@ class RecoveryResult:
     context: RecoveryContext
     ranking: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    #: the model the artefacts hold (strongly typed INT8/FP16 for ``fp16``)
+    artefact: onnx.ModelProto | None = None
+
+    @property
+    def op_precisions(self) -> dict[str, str]:
+        """Node -> "int8" | "fp16" | "fp32" as the written artefact declares it."""
+        return declared_precisions(self.artefact or self.final.model)
 
     @property
     def metric(self) -> float | None:
@@ -72,6 +91,8 @@ class RecoveryResult:
             "steps": self.steps,
             "sensitivity": self.ranking,
             "fp32_metrics": json_metrics(self.context.evaluator.fp32_metrics),
+            "verified_on": VERIFIED_ON[self.precision],
+            "op_precisions": self.op_precisions,
         }
         script = self.context.evaluator.script
         if script is not None:
@@ -94,7 +115,7 @@ def _step(
 ) -> tuple[dict[str, Any], QuantizeResult, bool]:
     start = time.perf_counter()
     variant = ctx.quantize_except(kept)
-    metrics = ctx.evaluator.evaluate(variant.model)
+    metrics = ctx.evaluator.evaluate(ctx.verification_model(variant))
     met = target.met(metrics)
     record = {
         "step": number,
@@ -142,17 +163,21 @@ def recover(
     provider: str | None = None,
     threads: int | None = None,
     show_progress: bool = False,
+    executor: ExecutorSpec | None = None,
 ) -> RecoveryResult:
     """Keep the fewest ops in ``precision`` (greedy, worst first) until ``target`` is met.
 
-    ``precision`` only changes the TensorRT artefacts (``--layerPrecisions=<op>:fp16``); the
-    onnxruntime verification runs kept ops in FP32, so an FP16 result is slightly optimistic.
+    ``fp16``: every op left unquantized (the kept ones and those never quantized) runs in
+    FP16; each step is verified on the emulated equivalent of the strongly-typed artefact
+    written (:meth:`RecoveryContext.verification_model`). The sensitivity ranking itself is
+    measured with FP32 high precision (it only orders the candidates).
     """
     started = time.perf_counter()
+    if executor is not None:
+        executor.validate()
     script = None if metric_script is None else load_metric_script(metric_script, RESERVED)
     tgt = parse_target(target, labels is not None, custom=script is not None)
-    if precision not in PRECISIONS:
-        raise QuantbenchError(f"--precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    check_high_precision(precision, "--precision")
     _check_budget(budget, 0)  # a bad budget fails before any inference
     graph = model if isinstance(model, Graph) else open_graph(model)
     label_array = load_labels(labels)
@@ -172,7 +197,9 @@ def recover(
         provider=provider,
         threads=threads,
         show_progress=show_progress,
+        executor=executor,
     )
+    ctx.precision = precision
     ctx.evaluator.attach_script(script)
     ctx.evaluator.require(tgt.metric, "--target")  # after the FP32 pass, before any variant
     limit = _check_budget(budget, len(ctx.plan.quantized))
@@ -183,7 +210,23 @@ def recover(
         _announce(record, tgt)
     ranking: list[dict[str, Any]] = []
     if not met and limit > 0:
-        ranking = rank_ops(ctx, tgt.metric, views=("only_quantized",), show_progress=show_progress)
+        job = parallel_job(
+            ctx,
+            executor,
+            eval_data,
+            threads=threads,
+            batch_size=batch_size,
+            max_samples=max_samples,
+            preset=preset,
+        )
+        ranking = rank_ops(
+            ctx,
+            tgt.metric,
+            views=("only_quantized",),
+            show_progress=show_progress,
+            executor=executor,
+            job=job,
+        )
         for row in ranking[:limit]:
             kept.append(row["node"])
             record, final, met = _step(ctx, len(steps), kept, tgt)
@@ -192,5 +235,6 @@ def recover(
                 _announce(record, tgt)
             if met:
                 break
+    artefact = ctx.artefact_model(final)
     seconds = time.perf_counter() - started
-    return RecoveryResult(tgt, precision, steps, kept, met, final, ctx, ranking, seconds)
+    return RecoveryResult(tgt, precision, steps, kept, met, final, ctx, ranking, seconds, artefact)

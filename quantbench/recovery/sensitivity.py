@@ -6,8 +6,10 @@ Two views per op of the full INT8 plan, both scored against the FP32 outputs:
 * ``only_fp32``: every op in INT8 except that one — what keeping it in high precision buys.
 
 Cost model: 2 x num_ops Q/DQ model builds and evaluations (one pass over the evaluation data
-each), plus one FP32 pass whose outputs every evaluation reuses. It runs sequentially: the
-evaluation already uses every core through onnxruntime's intra-op threads.
+each), plus one FP32 pass whose outputs every evaluation reuses. Each evaluation is one task:
+here in turn (onnxruntime's intra-op threads use every core), or with ``--executor`` on worker
+processes or a Ray cluster, which receive the model bytes, the table and the FP32 outputs once
+and reopen the evaluation data by path.
 """
 
 from __future__ import annotations
@@ -21,15 +23,19 @@ import numpy as np
 from quantbench.calibrators import DEFAULT_METHOD
 from quantbench.compare import load_labels
 from quantbench.errors import QuantbenchError
+from quantbench.executors import ExecutorSpec, run_tasks, task_threads
 from quantbench.graph import Graph, open_graph
-from quantbench.progress import progress_bar
-from quantbench.recovery.context import RecoveryContext, prepare
+from quantbench.progress import warn
+from quantbench.recovery.context import RecoveryContext, prepare, quantize_except
 from quantbench.recovery.evaluation import (
     METRICS,
     RESERVED,
+    EvaluationJob,
     badness,
     check_declared,
+    evaluation_job,
     json_metrics,
+    worker_evaluator,
 )
 from quantbench.task_metrics import load_metric_script
 
@@ -46,36 +52,124 @@ def check_rank_metric(metric: str, has_labels: bool, custom: bool = False) -> No
     raise QuantbenchError(f"--metric {metric!r}: choose one of {', '.join(allowed)}{extra}")
 
 
+def variant_keep(ctx: RecoveryContext, node: str, view: str) -> tuple[str, ...]:
+    """The ops a view keeps in high precision: every other one (``only_quantized``) or
+    ``node`` alone (``only_fp32``)."""
+    if view == "only_quantized":
+        return tuple(n for n in ctx.quantized_nodes if n != node)
+    return (node,)
+
+
+def evaluate_keep(job: EvaluationJob, keep: tuple[str, ...]) -> tuple[dict, int, float]:
+    """One candidate evaluation on a worker: (metrics, quantized ops, seconds)."""
+    start = time.perf_counter()
+    evaluator = worker_evaluator(job)
+    variant = quantize_except(evaluator.graph, job.table, job.exclude, keep)
+    metrics = evaluator.evaluate(variant.model)
+    return metrics, len(variant.quantized), time.perf_counter() - start
+
+
+def evaluate_all(
+    ctx: RecoveryContext,
+    keeps: list[tuple[str, ...]],
+    executor: ExecutorSpec | None = None,
+    job: EvaluationJob | None = None,
+    show_progress: bool = False,
+    description: str = "Evaluating",
+) -> list[tuple[dict, int, float]]:
+    """Every candidate of ``keeps`` evaluated, in order: here, or as tasks on ``executor``
+    (with ``job``, :func:`quantbench.recovery.evaluation.evaluation_job`). Results and their
+    order are the same either way."""
+    if executor is not None and not executor.is_local and job is not None:
+        results = run_tasks(
+            executor,
+            evaluate_keep,
+            keeps,
+            shared=job,
+            describe=lambda keep: f"evaluation keeping {len(keep)} op(s) in high precision",
+            description=description,
+            show_progress=show_progress,
+        )
+        ctx.evaluator.evaluations += len(keeps)
+        return results
+
+    def here(_: object, keep: tuple[str, ...]) -> tuple[dict, int, float]:
+        start = time.perf_counter()
+        variant = ctx.quantize_except(keep)
+        metrics = ctx.evaluator.evaluate(variant.model)
+        return metrics, len(variant.quantized), time.perf_counter() - start
+
+    return run_tasks(
+        ExecutorSpec(),
+        here,
+        keeps,
+        describe=lambda keep: f"evaluation keeping {len(keep)} op(s) in high precision",
+        description=description,
+        show_progress=show_progress,
+    )
+
+
+def parallel_job(
+    ctx: RecoveryContext,
+    executor: ExecutorSpec | None,
+    eval_data: object,
+    *,
+    threads: int | None,
+    batch_size: int | None,
+    max_samples: int | None,
+    preset: str | Path | None,
+) -> EvaluationJob | None:
+    """The workers' job (model bytes, table, FP32 outputs: sent once), or ``None`` to evaluate
+    here: a local executor, or evaluation data the workers cannot open by path (a note)."""
+    if executor is None or executor.is_local:
+        return None
+    job = evaluation_job(
+        ctx.evaluator,
+        eval_data,
+        threads=threads or task_threads(executor),
+        batch_size=batch_size,
+        max_samples=max_samples,
+        preset=preset,
+        table=ctx.table,
+        exclude=ctx.exclude,
+    )
+    if job is None:
+        warn(
+            f"{ctx.evaluator.source.description}: a data-loader script or Python reader cannot "
+            f"be reopened by the workers; evaluating here (not with --executor {executor.kind})"
+        )
+    return job
+
+
 def rank_ops(
     ctx: RecoveryContext,
     metric: str,
     views: tuple[str, ...] = VIEWS,
     show_progress: bool = False,
+    executor: ExecutorSpec | None = None,
+    job: EvaluationJob | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per quantized op with the metrics of each view, worst ``only_quantized`` first."""
-    rows = []
+    """One row per quantized op with the metrics of each view, worst ``only_quantized`` first;
+    each (op, view) evaluation is one task (``executor``, ``job``: see :func:`evaluate_all`)."""
     ops = {q.node: q.op_type for q in ctx.plan.quantized}
-    with progress_bar("Sensitivity", total=len(ops) * len(views), show=show_progress) as advance:
-        for node, op_type in ops.items():
-            row: dict[str, Any] = {"node": node, "op_type": op_type}
-            start = time.perf_counter()
-            for view in views:
-                if view == "only_quantized":
-                    variant = ctx.quantize_only(node)
-                else:
-                    variant = ctx.quantize_except([node])
-                row[view] = ctx.evaluator.evaluate(variant.model)
-                row[f"{view}_nodes"] = len(variant.quantized)
-                advance(1)
-            row["seconds"] = time.perf_counter() - start
-            rows.append(row)
+    pairs = [(node, view) for node in ops for view in views]
+    keeps = [variant_keep(ctx, node, view) for node, view in pairs]
+    results = evaluate_all(ctx, keeps, executor, job, show_progress, "Sensitivity")
+    rows: dict[str, dict[str, Any]] = {
+        node: {"node": node, "op_type": op_type, "seconds": 0.0} for node, op_type in ops.items()
+    }
+    for (node, view), (metrics, quantized, seconds) in zip(pairs, results):
+        rows[node][view] = metrics
+        rows[node][f"{view}_nodes"] = quantized
+        rows[node]["seconds"] += seconds
+    ranked = list(rows.values())
     key_view = views[0]
-    rows.sort(key=lambda r: badness(r[key_view], metric), reverse=True)
-    for rank, row in enumerate(rows, 1):
+    ranked.sort(key=lambda r: badness(r[key_view], metric), reverse=True)
+    for rank, row in enumerate(ranked, 1):
         row["rank"] = rank
         for view in views:
             row[view] = json_metrics(row[view])
-    return rows
+    return ranked
 
 
 def sensitivity(
@@ -96,6 +190,7 @@ def sensitivity(
     provider: str | None = None,
     threads: int | None = None,
     show_progress: bool = False,
+    executor: ExecutorSpec | None = None,
 ) -> list[dict[str, Any]]:
     """Rank every quantized op of ``model`` by the output drift it causes (worst first).
 
@@ -103,6 +198,8 @@ def sensitivity(
     dicts: top1/top5 agreement, cosine, sqnr_db, and accuracy/accuracy_drop with labels),
     ``seconds``.
     """
+    if executor is not None:
+        executor.validate()
     script = None if metric_script is None else load_metric_script(metric_script, RESERVED)
     check_rank_metric(metric, labels is not None, custom=script is not None)
     graph = model if isinstance(model, Graph) else open_graph(model)
@@ -123,7 +220,17 @@ def sensitivity(
         provider=provider,
         threads=threads,
         show_progress=show_progress,
+        executor=executor,
     )
     ctx.evaluator.attach_script(script)
     ctx.evaluator.require(metric, "--metric")  # after the FP32 pass, before any variant
-    return rank_ops(ctx, metric, show_progress=show_progress)
+    job = parallel_job(
+        ctx,
+        executor,
+        eval_data,
+        threads=threads,
+        batch_size=batch_size,
+        max_samples=max_samples,
+        preset=preset,
+    )
+    return rank_ops(ctx, metric, show_progress=show_progress, executor=executor, job=job)
