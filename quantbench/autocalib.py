@@ -50,8 +50,13 @@ from quantbench.table.build import build_table
 AUTO = registry.AUTO
 #: name of the per-tensor mix among the whole-model candidates
 MIX = "mix"
+#: the mix's values for tensors no quantized op reads (a TensorRT cache still lists them) and
+#: the first choice on ties: TensorRT's own calibrator
+MIX_BASE = "entropy"
 #: calibration samples judged on when no ``--holdout-data`` is given
 DEFAULT_HOLDOUT_SAMPLES = 64
+#: batch size of the slice when the model's batch axis is dynamic and none was asked for
+HOLDOUT_BATCH = 16
 #: near-duplicates of ``entropy`` that cost a full entropy search each and rarely differ from it.
 SLOW_METHODS = frozenset({"entropy:slides", "entropy:pytorch"})
 _RUNTIME_ROLES = (ACTIVATION, RESIDUAL, RUNTIME_WEIGHT)
@@ -120,6 +125,20 @@ def holdout_source(
     )
 
 
+def _holdout_batch(
+    graph: Graph, calib_data: object | None, holdout_data: object | None, preset: str | None
+) -> int | None:
+    """:data:`HOLDOUT_BATCH` when the model's batch axis is dynamic and the data has one (the
+    slice is run a dozen times: batches amortise onnxruntime's per-run cost), else None."""
+    if not all(spec.shape and not isinstance(spec.shape[0], int) for spec in graph.inputs):
+        return None
+    try:
+        holdout_source(graph, calib_data, holdout_data, batch_size=HOLDOUT_BATCH, preset=preset)
+    except QuantbenchError:
+        return None  # e.g. data without a batch axis (one sample per feed), or a reader
+    return HOLDOUT_BATCH
+
+
 def choose_auto(
     graph: Graph,
     stats: StatsFile,
@@ -135,6 +154,7 @@ def choose_auto(
 ) -> AutoTable:
     """``--method auto`` as every command runs it: build the slice, then :func:`auto_table`
     (with ``executor``, its candidate evaluations are tasks on the workers)."""
+    batch_size = batch_size or _holdout_batch(graph, calib_data, holdout_data, preset)
     source = holdout_source(graph, calib_data, holdout_data, batch_size=batch_size, preset=preset)
     slice_path = holdout_data if holdout_data is not None else calib_data
     job = None
@@ -180,7 +200,7 @@ def auto_table(
     held_out: DataSource,
     methods: list[str] | None = None,
     *,
-    base: str = registry.DEFAULT_METHOD,
+    base: str = MIX_BASE,
     provider: str | None = None,
     threads: int | None = None,
     executor: ExecutorSpec | None = None,
@@ -200,21 +220,24 @@ def auto_table(
     if base_name not in method_list:
         method_list.insert(0, base_name)
     tables = {m: build_table(stats, m) for m in method_list}
+    same_as = _identical_tables(tables)
+    judged = list(dict.fromkeys(same_as.values()))  # each distinct table scored once
     parallel = executor is not None and not executor.is_local and job is not None
     if parallel:
         found = run_tasks(
             executor,
             _isolated_task,
-            [tables[m] for m in method_list],
+            [tables[m] for m in judged],
             shared=job,
             describe=lambda t: f"--method auto: isolated scoring of {t.method}",
             description="auto: per-tensor scores",
         )
-        scores = dict(zip(method_list, found))
+        judged_scores = dict(zip(judged, found))
     else:
-        scores = {
-            m: isolated_sqnr(graph, tables[m], held_out, provider, threads) for m in method_list
+        judged_scores = {
+            m: isolated_sqnr(graph, tables[m], held_out, provider, threads) for m in judged
         }
+    scores = {m: judged_scores[same_as[m]] for m in method_list}
     mixed = _relabelled(tables[base_name], base_name)
     choices: dict[str, dict[str, Any]] = {}
     for tensor, nodes in _readers(graph, tables[base_name]).items():
@@ -229,20 +252,22 @@ def auto_table(
             "readers": nodes,
             "isolated_sqnr_db": {m: json_float(v) for m, v in worst.items()},
         }
-    candidates = {MIX: mixed, **tables}
+    scored = {MIX: mixed, **{m: tables[m] for m in judged}}
     if parallel:
         job = replace(job, reference=reference_outputs(graph, held_out, provider, threads))
         found = run_tasks(
             executor,
             _output_task,
-            list(candidates.items()),
+            list(scored.items()),
             shared=job,
             describe=lambda c: f"--method auto: output scoring of {c[0]}",
             description="auto: candidates",
         )
-        output = dict(zip(candidates, found))
+        scored_output = dict(zip(scored, found))
     else:
-        output = output_sqnrs(graph, candidates, held_out, provider, threads)
+        scored_output = output_sqnrs(graph, scored, held_out, provider, threads)
+    output = {MIX: scored_output[MIX], **{m: scored_output[same_as[m]] for m in method_list}}
+    candidates = {MIX: mixed, **tables}
     # the highest output SQNR wins; ties go to the mix, then to the methods in list order
     order = list(candidates)
     chosen = max(order, key=lambda c: (output[c], -order.index(c)))
@@ -383,6 +408,17 @@ def _sqnr(acc: Any) -> float:
     value = acc.metrics()["sqnr_db"]
     value = math.nan if value is None else float(value)
     return -math.inf if math.isnan(value) else value
+
+
+def _identical_tables(tables: dict[str, CalibrationTable]) -> dict[str, str]:
+    """Method -> the first method whose table holds exactly the same amax values (e.g.
+    ``entropy:ort`` with its defaults equals ``minmax``): identical tables are scored once."""
+    first: dict[tuple, str] = {}
+    out: dict[str, str] = {}
+    for method, table in tables.items():
+        key = tuple(sorted((name, entry.amax) for name, entry in table.entries.items()))
+        out[method] = first.setdefault(key, method)
+    return out
 
 
 def _relabelled(table: CalibrationTable, method: str) -> CalibrationTable:

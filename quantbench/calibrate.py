@@ -176,7 +176,18 @@ def method_table(
     threads: int | None = None,
     executor: ExecutorSpec | None = None,
 ) -> tuple[CalibrationTable, AutoTable | None]:
-    """One method's table; ``auto`` through :func:`quantbench.autocalib.choose_auto`."""
+    """One method's table; ``auto`` through :func:`quantbench.autocalib.choose_auto`.
+
+    ``auto`` judges candidates on data; with statistics alone (``--stats``/``--merge``, no
+    data) it falls back, saying so, to :data:`~quantbench.calibrators.DATA_FREE_METHOD`.
+    """
+    if method == AUTO and calib_data is None and holdout_data is None:
+        warn(
+            "--method auto needs data to judge the calibrators on and only statistics were "
+            f"given: using {registry.DATA_FREE_METHOD} (the most robust method that needs no "
+            "data on the real-model corpus); give --data or --holdout-data for auto"
+        )
+        return build_table(stats, registry.DATA_FREE_METHOD), None
     if method != AUTO:
         return build_table(stats, method), None
     auto = choose_auto(
@@ -229,8 +240,15 @@ def calibrate(
         executor.validate()
     method_list = check_methods(methods)
     if AUTO in method_list and data is None and holdout_data is None:
-        raise QuantbenchError(
-            "--method auto needs data to judge the calibrators on: give --data or --holdout-data"
+        if methods:  # asked for by name: say what is missing
+            raise QuantbenchError(
+                "--method auto needs data to judge the calibrators on: give --data or "
+                "--holdout-data"
+            )
+        method_list = [registry.DATA_FREE_METHOD]  # the default, from statistics alone
+        warn(
+            f"no data to judge the default method (auto) on: using {registry.DATA_FREE_METHOD}, "
+            "the most robust method that needs no data on the real-model corpus"
         )
     graph = model if isinstance(model, Graph) else open_graph(model)
     mode = tensors or default_tensors_mode(fmt)

@@ -81,6 +81,8 @@ def test_merge_shards_equals_whole(run_cli, cnn_path, tmp_path):
         code, _, err = run_cli(
             "calibrate",
             cnn_path,
+            "--method",
+            "entropy",  # a method of the statistics alone (auto also judges on the data)
             "--data",
             tmp_path / f"{name}.npz",
             "--save-stats",
@@ -96,6 +98,8 @@ def test_merge_shards_equals_whole(run_cli, cnn_path, tmp_path):
         tmp_path / "h1.stats",
         "--merge",
         tmp_path / "h2.stats",
+        "--method",
+        "entropy",
         "-o",
         tmp_path / "merged.cache",
     )

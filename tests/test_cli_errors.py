@@ -185,7 +185,7 @@ def test_sensitivity_json_is_a_versioned_document(run_cli, cnn_path, cnn_data, t
         1,
         "sensitivity",
     )
-    assert doc["metric"] == "sqnr_db" and doc["method"] == "entropy"
+    assert doc["metric"] == "sqnr_db" and doc["method"] == "auto"  # the default
     assert doc["model"]["hash"] and [r["rank"] for r in doc["rows"]] == list(
         range(1, len(doc["rows"]) + 1)
     )

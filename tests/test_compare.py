@@ -75,7 +75,7 @@ def test_compare_fp32_int8_both_views_and_files(cnn_path, cnn_data, eval_data, t
     assert json.loads((tmp_path / "r.json").read_text())["schema"] == "quantbench-results"
     assert (tmp_path / "r.csv").read_text().startswith("candidate,index,tensor")
     assert "<svg" in (tmp_path / "r.html").read_text()
-    assert doc["calibration"]["tensors"] and doc["b"]["method"] == "entropy"
+    assert doc["calibration"]["tensors"] and doc["b"]["method"] == "auto"  # the default
 
 
 def test_output_metrics_match_numpy_on_the_two_models(run_cli, cnn_path, cnn_data, tmp_path):

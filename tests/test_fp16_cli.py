@@ -124,7 +124,7 @@ def test_recover_precision_fp16_end_to_end(run_cli, tmp_path):
     code, _, err = run_cli(
         "recover", example / "tinycnn.onnx", "--data", example / "eval.npz",
         "--calib-data", example / "calib.npz", "--max-samples", "200",
-        "--calib-max-samples", "100", "--target", "sqnr_db=30",
+        "--calib-max-samples", "100", "--target", "sqnr_db=30", "--method", "entropy",
         "--precision", "fp16", "-o", out,
     )  # fmt: skip
     assert code in (0, 1), err
