@@ -4,7 +4,8 @@ Each benchmark measures ours and the peer's figures in the same run, every job i
 process (see benchmarks/_jobs.py). Results go to benchmarks/_work/results.json, with the
 machine they were measured on.
 
-    .venv/bin/python benchmarks/run_all.py [--repeat N] [--only calibration,compare,real_cnn]
+    .venv/bin/python benchmarks/run_all.py [--repeat N] [--only NAME,...]
+    (NAME: calibration, compare, real_cnn, executors)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_calibration  # noqa: E402
 import bench_compare  # noqa: E402
+import bench_executors  # noqa: E402
 import bench_real_cnn  # noqa: E402
 from _jobs import DEFAULT_REPEAT, WORK, machine_info, make_console, write_json  # noqa: E402
 
@@ -28,6 +30,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "calibration": bench_calibration.run,
     "compare": bench_compare.run,
     "real_cnn": bench_real_cnn.run,
+    "executors": bench_executors.run,
 }
 RESULTS = WORK / "results.json"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import synthetic
-from test_recover import heavy_tailed_cnn
+from test_recover import AGREE_SCRIPT, heavy_tailed_cnn
 
 from quantbench import sharded
 from quantbench.calibrate import calibrate, method_file_name
@@ -175,14 +175,19 @@ def _without_seconds(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
 
 
-def test_parallel_sensitivity_and_recover_match_the_local_run(heavy_small):
+def test_parallel_sensitivity_and_recover_match_the_local_run(heavy_small, tmp_path, monkeypatch):
     d = heavy_small
     spec = ExecutorSpec("processes", workers=2)
     kw = {"batch_size": 8}
-    local = sensitivity(d["model"], d["calib"], d["eval"], **kw)
-    parallel = sensitivity(d["model"], d["calib"], d["eval"], executor=spec, **kw)
+    # a metric script given by a relative path: the workers load it by its absolute path
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "agree.py").write_text(AGREE_SCRIPT)
+    script = {"metric": "agree", "metric_script": "agree.py:Agree"}
+    local = sensitivity(d["model"], d["calib"], d["eval"], **kw, **script)
+    parallel = sensitivity(d["model"], d["calib"], d["eval"], executor=spec, **kw, **script)
     assert [r["node"] for r in parallel] == [r["node"] for r in local]
     assert _without_seconds(parallel) == _without_seconds(local)
+    assert all("agree" in r["only_fp32"] for r in parallel)
     target = "sqnr_db=40"
     a = recover(d["model"], d["calib"], d["eval"], target=target, **kw)
     b = recover(d["model"], d["calib"], d["eval"], target=target, executor=spec, **kw)

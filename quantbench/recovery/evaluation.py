@@ -34,7 +34,7 @@ from quantbench.metrics import (
     nonfinite_text,
     output_kinds,
 )
-from quantbench.task_metrics import MetricScript
+from quantbench.task_metrics import MetricScript, split_spec
 
 #: built-in metrics a variant is scored by; every one is computed on every evaluation (``None``
 #: where undefined). A ``--metric-script`` adds its own names.
@@ -303,12 +303,20 @@ def evaluation_job(
         provider=evaluator.provider,
         threads=threads,
         labels=evaluator.labels,
-        script=evaluator.script.where if evaluator.script is not None else None,
+        script=_absolute_script(evaluator.script),
         reference=evaluator.reference,
         batch_labels=evaluator.batch_labels,
         table=table,
         exclude=exclude,
     )
+
+
+def _absolute_script(script: MetricScript | None) -> str | None:
+    """``FILE.py:NAME`` with an absolute path: a worker's working directory is not ours."""
+    if script is None:
+        return None
+    path, name = split_spec(script.where)
+    return f"{path.resolve()}:{name}"
 
 
 def worker_evaluator(job: EvaluationJob) -> Evaluator:
