@@ -42,10 +42,10 @@ from quantbench.jsonsafe import json_float
 from quantbench.metrics import DriftAccumulator
 from quantbench.progress import warn
 from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
-from quantbench.sharded import worker_graph
 from quantbench.stats import StatsFile
 from quantbench.table import CalibrationTable
 from quantbench.table.build import build_table
+from quantbench.workerinput import WorkerInput
 
 AUTO = registry.AUTO
 #: name of the per-tensor mix among the whole-model candidates
@@ -160,17 +160,16 @@ def choose_auto(
     job = None
     if executor is not None and not executor.is_local:
         if isinstance(slice_path, (str, Path)) and source.splittable:
-            job = AutoJob(
-                model=graph.model.SerializeToString(),
-                model_hash=graph.hash,
-                model_path=str(graph.path or ""),
-                data=str(Path(slice_path).resolve()),
+            where = WorkerInput.of(
+                graph,
+                slice_path,
                 batch_size=batch_size,
                 max_samples=None if holdout_data is not None else DEFAULT_HOLDOUT_SAMPLES,
-                preset=str(Path(preset).resolve()) if preset and Path(preset).suffix else preset,
+                preset=preset,
                 provider=provider,
                 threads=threads or task_threads(executor),
             )
+            job = AutoJob(where)
         else:
             warn(
                 f"{source.description}: a data-loader script or Python reader cannot be "
@@ -363,44 +362,30 @@ def reference_outputs(
 
 @dataclass(frozen=True)
 class AutoJob:
-    """What the workers need to score ``auto``'s candidates: the model bytes, where the slice
-    is, and (for the output scores) the slice's FP32 outputs per batch."""
+    """What the workers need to score ``auto``'s candidates: the model and the slice
+    (:class:`WorkerInput`) and, for the output scores, the slice's FP32 outputs per batch."""
 
-    model: bytes
-    model_hash: str
-    model_path: str
-    data: str
-    batch_size: int | None
-    max_samples: int | None
-    preset: str | None
-    provider: str | None
-    threads: int | None
+    input: WorkerInput
     reference: list[dict[str, np.ndarray]] | None = None
 
 
 def _job_graph_and_slice(job: AutoJob) -> tuple[Graph, DataSource]:
-    graph = worker_graph(job.model, job.model_hash, job.model_path)
-    source = open_data(
-        job.data,
-        graph.inputs,
-        batch_size=job.batch_size,
-        max_samples=job.max_samples,
-        preset=job.preset,
-    )
-    return graph, source
+    return job.input.graph(), job.input.source()
 
 
 def _isolated_task(job: AutoJob, table: CalibrationTable) -> dict[str, float]:
     graph, source = _job_graph_and_slice(job)
-    return isolated_sqnr(graph, table, source, job.provider, job.threads)
+    return isolated_sqnr(graph, table, source, job.input.provider, job.input.threads)
 
 
 def _output_task(job: AutoJob, candidate: tuple[str, CalibrationTable]) -> float:
     graph, source = _job_graph_and_slice(job)
     name, table = candidate
-    return output_sqnrs(graph, {name: table}, source, job.provider, job.threads, job.reference)[
-        name
-    ]
+    where = job.input
+    scores = output_sqnrs(
+        graph, {name: table}, source, where.provider, where.threads, job.reference
+    )
+    return scores[name]
 
 
 def _sqnr(acc: Any) -> float:

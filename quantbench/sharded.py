@@ -16,34 +16,25 @@ it is calibrated here, in one pass, with a one-line note.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
-
 from quantbench.collect import collect_stats
-from quantbench.data import DataSource, NonFiniteSamples, open_data
+from quantbench.data import DataSource, NonFiniteSamples
 from quantbench.executors import ExecutorSpec, run_tasks, task_threads, width
-from quantbench.graph import Graph, open_graph
+from quantbench.graph import Graph
 from quantbench.progress import info, warn
 from quantbench.stats import StatsFile
+from quantbench.workerinput import WorkerInput
 
 
 @dataclass(frozen=True)
 class ShardJob:
     """What every shard needs, sent to the workers once (Ray's object store, or the worker
-    processes' initialiser): the model bytes and where the data is."""
+    processes' initialiser): the model and data (:class:`WorkerInput`) and the tensors."""
 
-    model: bytes
-    model_hash: str
-    model_path: str
-    data: str
+    input: WorkerInput
     tensors: tuple[str, ...]
-    batch_size: int | None
-    max_samples: int | None
-    preset: str | None
-    provider: str | None
-    threads: int | None
 
 
 @dataclass
@@ -56,41 +47,18 @@ class ShardResult:
     seconds: float
 
 
-def worker_graph(model: bytes, model_hash: str, model_path: str) -> Graph:
-    """The driver's graph rebuilt from its bytes, under the driver's hash and path (cached per
-    worker process: a worker that runs several tasks parses the model once)."""
-    cached = _GRAPHS.get(model_hash)
-    if cached is None:
-        graph = open_graph(onnx.load_from_string(model))
-        cached = replace(graph, hash=model_hash, path=Path(model_path) if model_path else None)
-        _GRAPHS.clear()
-        _GRAPHS[model_hash] = cached
-    return cached
-
-
-_GRAPHS: dict[str, Graph] = {}
-
-
 def collect_shard(job: ShardJob, shard: tuple[int, int]) -> ShardResult:
     """One shard's onnxruntime pass (runs on a worker)."""
-    graph = worker_graph(job.model, job.model_hash, job.model_path)
-    source = open_data(
-        job.data,
-        graph.inputs,
-        batch_size=job.batch_size,
-        max_samples=job.max_samples,
-        preset=job.preset,
-        sample_range=shard,
-    )
+    graph, source = job.input.graph(), job.input.source(sample_range=shard)
     source.on_nonfinite = None  # reported once, by the driver, for the whole data
     start = time.perf_counter()
     stats = collect_stats(
         graph,
         source,
         list(job.tensors),
-        provider=job.provider,
-        threads=job.threads,
-        binning_threads=job.threads,
+        provider=job.input.provider,
+        threads=job.input.threads,
+        binning_threads=job.input.threads,
         show_progress=False,
     )
     return ShardResult(shard, stats, source.nonfinite, time.perf_counter() - start)
@@ -111,22 +79,17 @@ def shard_job(
     preset: str | Path | None = None,
     provider: str | None = None,
 ) -> ShardJob:
-    """Paths made absolute: a worker's working directory is not the driver's."""
-    preset_text = None
-    if preset is not None:
-        preset_text = str(Path(preset).resolve()) if Path(preset).suffix else str(preset)
-    return ShardJob(
-        model=graph.model.SerializeToString(),
-        model_hash=graph.hash,
-        model_path=str(graph.path or ""),
-        data=str(Path(data).resolve()),
-        tensors=tuple(tensors),
+    """The shards' common input (paths made absolute by :class:`WorkerInput`)."""
+    where = WorkerInput.of(
+        graph,
+        data,
         batch_size=batch_size,
         max_samples=max_samples,
-        preset=preset_text,
+        preset=preset,
         provider=provider,
         threads=task_threads(spec),
     )
+    return ShardJob(where, tuple(tensors))
 
 
 def run_shards(

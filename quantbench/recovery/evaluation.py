@@ -35,6 +35,7 @@ from quantbench.metrics import (
     output_kinds,
 )
 from quantbench.task_metrics import MetricScript, split_spec
+from quantbench.workerinput import WorkerInput
 
 #: built-in metrics a variant is scored by; every one is computed on every evaluation (``None``
 #: where undefined). A ``--metric-script`` adds its own names.
@@ -252,18 +253,11 @@ class Evaluator:
 @dataclass(frozen=True)
 class EvaluationJob:
     """What a worker needs to evaluate variants exactly as the driver's :class:`Evaluator`
-    does, sent once (Ray's object store, or the worker processes' initialiser): the model
-    bytes, the table, the evaluation data's path and the driver's FP32 outputs per batch."""
+    does, sent once (Ray's object store, or the worker processes' initialiser): the model and
+    evaluation data (:class:`WorkerInput`), labels, metric script and the driver's FP32 outputs
+    per batch."""
 
-    model: bytes
-    model_hash: str
-    model_path: str
-    data: str
-    batch_size: int | None
-    max_samples: int | None
-    preset: str | None
-    provider: str | None
-    threads: int | None
+    input: WorkerInput
     labels: np.ndarray | None
     script: str | None
     reference: list[dict[str, np.ndarray]]
@@ -288,20 +282,17 @@ def evaluation_job(
     path (a data-loader script, a Python reader: it streams once, here)."""
     if not isinstance(data, (str, Path)) or not evaluator.source.splittable:
         return None
-    graph = evaluator.graph
-    preset_text = None
-    if preset is not None:
-        preset_text = str(Path(preset).resolve()) if Path(preset).suffix else str(preset)
-    return EvaluationJob(
-        model=graph.model.SerializeToString(),
-        model_hash=graph.hash,
-        model_path=str(graph.path or ""),
-        data=str(Path(data).resolve()),
+    where = WorkerInput.of(
+        evaluator.graph,
+        data,
         batch_size=batch_size,
         max_samples=max_samples,
-        preset=preset_text,
+        preset=preset,
         provider=evaluator.provider,
         threads=threads,
+    )
+    return EvaluationJob(
+        where,
         labels=evaluator.labels,
         script=_absolute_script(evaluator.script),
         reference=evaluator.reference,
@@ -321,25 +312,15 @@ def _absolute_script(script: MetricScript | None) -> str | None:
 
 def worker_evaluator(job: EvaluationJob) -> Evaluator:
     """The driver's evaluator rebuilt on a worker: its FP32 outputs, no FP32 pass."""
-    from quantbench.data import open_data
-    from quantbench.sharded import worker_graph
     from quantbench.task_metrics import load_metric_script
 
-    graph = worker_graph(job.model, job.model_hash, job.model_path)
-    source = open_data(
-        job.data,
-        graph.inputs,
-        batch_size=job.batch_size,
-        max_samples=job.max_samples,
-        preset=job.preset,
-    )
     script = None if job.script is None else load_metric_script(job.script, RESERVED)
     return Evaluator(
-        graph,
-        source,
+        job.input.graph(),
+        job.input.source(),
         job.labels,
-        job.provider,
-        job.threads,
+        job.input.provider,
+        job.input.threads,
         script,
         reference=job.reference,
         batch_labels=job.batch_labels,
