@@ -605,7 +605,22 @@ def test_extra_entries_alone_are_a_warning():
     assert any("not_in_model" in w and "ignored" in w for w in result.warnings)
 
 
-@pytest.mark.parametrize("amax", [0.0, -1.0, float("inf"), float("nan"), 1e-45])
+def test_a_tensor_zero_in_every_sample_stays_high_precision_without_refusal():
+    """An LSTM's initial state (ConstantOfShape) is 0 in every sample: amax 0 is a fact of the
+    data, not a broken table (a real CRNN export has two such tensors)."""
+    fp32 = cnn()
+    table = minmax_table(fp32, random_feeds(fp32))
+    table.set("r1", 0.0)
+    result = quantize_model(fp32, table)
+    assert "conv2" not in [n.node for n in result.quantized] and "conv1" in [
+        n.node for n in result.quantized
+    ]
+    assert result.skipped_node("conv2").reason == (
+        "input 'r1' was zero in every calibration sample: nothing to quantize"
+    )
+
+
+@pytest.mark.parametrize("amax", [-1.0, float("inf"), float("nan"), 1e-45])
 def test_invalid_scale_is_refused_naming_the_tensor(amax):
     fp32 = cnn()
     table = minmax_table(fp32, random_feeds(fp32))

@@ -264,6 +264,8 @@ def _table_scale(table: CalibrationTable, tensor: str, placement: Placement) -> 
         placement.missing.append(tensor)
         return f"input {tensor!r} has no calibration entry"
     entry = table.entries[tensor]
+    if entry.amax == 0:  # e.g. an LSTM's initial state: zero for every sample, exact in FP32
+        return f"input {tensor!r} was zero in every calibration sample: nothing to quantize"
     scale = np.float32(entry.scale)
     if not entry.is_valid or not np.isfinite(scale) or scale <= 0:
         placement.invalid.append(tensor)
