@@ -22,8 +22,11 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -69,18 +72,57 @@ def load_array(path: str | Path, max_samples: int | None = None) -> np.ndarray:
     return array[:max_samples] if max_samples else array
 
 
-class ArrayReader:
-    """onnxruntime ``CalibrationDataReader`` protocol over an array, ``batch`` samples a feed."""
+def load_feeds(
+    path: str | Path, input_names: list[str], max_samples: int | None = None
+) -> dict[str, np.ndarray]:
+    """Every model input's array from a benchmark .npz, whole, keyed by input name.
 
-    def __init__(self, array: np.ndarray, input_name: str = "input", batch: int = 1) -> None:
-        self.array, self.input_name, self.batch = array, input_name, batch
+    The .npz keys are the input names (``input_ids``, ``attention_mask``); a one-input model's
+    data may be stored under ``input`` instead.
+    """
+    with np.load(path) as archive:
+        keys = list(archive.keys())
+        if len(input_names) == 1 and input_names[0] not in keys and keys == ["input"]:
+            arrays = {input_names[0]: archive["input"]}
+        else:
+            missing = [name for name in input_names if name not in keys]
+            if missing:
+                raise SystemExit(f"{path}: no array for model input(s) {', '.join(missing)}")
+            arrays = {name: archive[name] for name in input_names}
+    return {name: a[:max_samples] if max_samples else a for name, a in arrays.items()}
+
+
+def model_input_names(model: str) -> list[str]:
+    """The runtime inputs of an ONNX model (initializers listed as inputs left out)."""
+    import onnx
+
+    graph = onnx.load(model, load_external_data=False).graph
+    constants = {t.name for t in graph.initializer}
+    return [v.name for v in graph.input if v.name not in constants]
+
+
+class ArrayReader:
+    """onnxruntime ``CalibrationDataReader`` protocol over arrays, ``batch`` samples a feed.
+
+    ``array`` is one array (fed as ``input_name``) or ``{input name: array}`` for several inputs.
+    """
+
+    def __init__(
+        self,
+        array: np.ndarray | dict[str, np.ndarray],
+        input_name: str = "input",
+        batch: int = 1,
+    ) -> None:
+        self.arrays = array if isinstance(array, dict) else {input_name: array}
+        self.length = len(next(iter(self.arrays.values())))
+        self.batch = batch
         self.position = 0
 
     def get_next(self) -> dict[str, np.ndarray] | None:
-        if self.position >= len(self.array):
+        if self.position >= self.length:
             return None
         start, self.position = self.position, self.position + self.batch
-        return {self.input_name: self.array[start : self.position]}
+        return {name: a[start : self.position] for name, a in self.arrays.items()}
 
     def rewind(self) -> None:
         self.position = 0
@@ -152,16 +194,21 @@ def qb_quantize(
 
 @job("ort-quantize-static", imports=("onnxruntime.quantization",))
 def ort_quantize_static(
-    model: str, data: str, output: str, method: str = "Entropy", batch: int = 1
+    model: str,
+    data: str,
+    output: str,
+    method: str = "Entropy",
+    batch: int = 1,
+    max_samples: int | None = None,
 ) -> dict[str, Any]:
     """onnxruntime's static Q/DQ quantization, set up the way its docs advise for TensorRT."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-    array = load_array(data)
+    feeds = load_feeds(data, model_input_names(model), max_samples)
     quantize_static(
         model,
         output,
-        ArrayReader(array, batch=batch),
+        ArrayReader(feeds, batch=batch),
         quant_format=QuantFormat.QDQ,
         per_channel=True,
         activation_type=QuantType.QInt8,
@@ -169,19 +216,21 @@ def ort_quantize_static(
         calibrate_method=getattr(CalibrationMethod, method),
         extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
     )
-    return {"samples": len(array), "method": method}
+    return {"samples": len(next(iter(feeds.values()))), "method": method}
 
 
 @job("ort-fp32", imports=("onnxruntime",))
-def ort_fp32(model: str, data: str, batch: int = 1) -> dict[str, Any]:
+def ort_fp32(
+    model: str, data: str, batch: int = 1, max_samples: int | None = None
+) -> dict[str, Any]:
     """Plain FP32 inference over the data: the floor any calibration pass is measured against."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    array = load_array(data)
-    for feed in ArrayReader(array, session.get_inputs()[0].name, batch):
+    feeds = load_feeds(data, [i.name for i in session.get_inputs()], max_samples)
+    for feed in ArrayReader(feeds, batch=batch):
         session.run(None, feed)
-    return {"samples": len(array)}
+    return {"samples": len(next(iter(feeds.values())))}
 
 
 @job("ort-logits", imports=("onnxruntime",))
@@ -282,6 +331,12 @@ def ort_qdq_debug(
     }
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU of this process, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def child_main(argv: list[str]) -> int:
     """``_jobs.py NAME JSON_ARGS``: run one job, print its JSON line."""
     if len(argv) != 2 or argv[0] not in JOBS:
@@ -290,11 +345,14 @@ def child_main(argv: list[str]) -> int:
     spec = JOBS[argv[0]]
     for module in spec.imports:
         importlib.import_module(module)
+    cpu_start = _cpu_seconds()
     start = time.perf_counter()
     details = spec.function(**json.loads(argv[1]))
     seconds = time.perf_counter() - start
+    cpu = _cpu_seconds() - cpu_start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    print(json.dumps({"job": argv[0], "seconds": seconds, "peak_rss_kib": peak, **details}))
+    record = {"job": argv[0], "seconds": seconds, "work_cpu_seconds": cpu, "peak_rss_kib": peak}
+    print(json.dumps({**record, **details}))
     return 0
 
 
@@ -303,6 +361,11 @@ def child_main(argv: list[str]) -> int:
 
 class JobFailed(RuntimeError):
     """A job exited non-zero (or was killed); the message carries the tail of its stderr."""
+
+    def __init__(self, message: str, summary: str) -> None:
+        super().__init__(message)
+        #: one line for a table: the exception line of the job's traceback, or how it ended
+        self.summary = summary
 
 
 @dataclass
@@ -315,6 +378,10 @@ class JobResult:
     process_seconds: float
     details: dict[str, Any] = field(default_factory=dict)
     all_seconds: list[float] = field(default_factory=list)
+    #: user + system CPU of the whole child process (``os.wait4`` rusage), imports included
+    cpu_seconds: float | None = None
+    #: user + system CPU of the work alone (the child's own rusage around the job function)
+    work_cpu_seconds: float | None = None
 
     @property
     def peak_rss_mib(self) -> float:
@@ -326,6 +393,10 @@ class JobResult:
             "seconds": round(self.seconds, 3),
             "all_seconds": [round(s, 3) for s in self.all_seconds],
             "process_seconds": round(self.process_seconds, 3),
+            "cpu_seconds": None if self.cpu_seconds is None else round(self.cpu_seconds, 3),
+            "work_cpu_seconds": (
+                None if self.work_cpu_seconds is None else round(self.work_cpu_seconds, 3)
+            ),
             "peak_rss_kib": self.peak_rss_kib,
             "peak_rss_mib": round(self.peak_rss_mib, 1),
             **self.details,
@@ -360,28 +431,104 @@ def run_job(
     return fastest
 
 
-def _run_once(name: str, args: dict[str, Any], cache: Path, timeout: float | None) -> JobResult:
-    env = {**os.environ, "QUANTBENCH_CACHE": str(cache)}
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, str(JOBS_SCRIPT), name, json.dumps(args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=timeout,
-        check=False,
+def run_alternating(
+    jobs: dict[str, tuple[str, dict[str, Any]]],
+    *,
+    repeat: int = 1,
+    cache_dir: Path | None = None,
+    timeout: float | None = None,
+) -> dict[str, JobResult | JobFailed]:
+    """Run ``{key: (job name, args)}`` in rounds (each job once per round) ``repeat`` times.
+
+    Alternating spreads the load of a shared machine over every job alike, where back-to-back
+    repeats of one job would catch one quiet or busy stretch. Each result holds the *median*
+    run's figures (wall, CPU) and the largest peak RSS. A job that fails is not run again: its
+    :class:`JobFailed` stands in for its result.
+    """
+    runs: dict[str, list[JobResult]] = {key: [] for key in jobs}
+    failed: dict[str, JobFailed] = {}
+    for _ in range(max(1, repeat)):
+        for key, (name, args) in jobs.items():
+            if key in failed:
+                continue
+            cache = cache_dir or WORK / "cache" / name
+            shutil.rmtree(cache, ignore_errors=True)
+            cache.mkdir(parents=True, exist_ok=True)
+            try:
+                runs[key].append(_run_once(name, args, cache, timeout))
+            except JobFailed as exc:
+                failed[key] = exc
+    return {key: failed[key] if key in failed else _median(runs[key]) for key in jobs}
+
+
+def _median(runs: list[JobResult]) -> JobResult:
+    """The run of median wall time, with the median CPU and process time, the largest RSS."""
+    ordered = sorted(runs, key=lambda r: r.seconds)
+    middle = ordered[(len(ordered) - 1) // 2]
+
+    def median_of(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    return JobResult(
+        middle.job,
+        statistics.median(r.seconds for r in runs),
+        max(r.peak_rss_kib for r in runs),
+        statistics.median(r.process_seconds for r in runs),
+        middle.details,
+        [r.seconds for r in runs],
+        median_of([r.cpu_seconds for r in runs]),
+        median_of([r.work_cpu_seconds for r in runs]),
     )
-    process_seconds = time.perf_counter() - start
+
+
+def _run_once(name: str, args: dict[str, Any], cache: Path, timeout: float | None) -> JobResult:
+    """One job in a fresh process, reaped with ``os.wait4`` for its CPU time and peak RSS."""
+    env = {**os.environ, "QUANTBENCH_CACHE": str(cache)}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, str(JOBS_SCRIPT), name, json.dumps(args)],
+            stdout=out,
+            stderr=err,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        timer = threading.Timer(timeout, proc.kill) if timeout else None
+        if timer:
+            timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            if timer:
+                timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        process_seconds = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     if proc.returncode != 0:
         code = proc.returncode
         how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
-        tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
-        raise JobFailed(f"job {name} failed ({how}):\n{tail}")
-    record = json.loads(proc.stdout.strip().splitlines()[-1])
+        lines = stderr.strip().splitlines()
+        tail = "\n".join(lines[-8:])
+        summary = lines[-1].strip() if lines and code > 0 else how
+        raise JobFailed(f"job {name} failed ({how}):\n{tail}", summary[:160])
+    record = json.loads(stdout.strip().splitlines()[-1])
     seconds, peak = record.pop("seconds"), record.pop("peak_rss_kib")
+    work_cpu = record.pop("work_cpu_seconds", None)
     record.pop("job")
-    return JobResult(name, seconds, peak, process_seconds, record, [seconds])
+    return JobResult(
+        name,
+        seconds,
+        peak,
+        process_seconds,
+        record,
+        [seconds],
+        cpu_seconds=usage.ru_utime + usage.ru_stime,
+        work_cpu_seconds=work_cpu,
+    )
 
 
 # ============================================================================ inputs (parent side)
@@ -401,12 +548,29 @@ def _models_module() -> Any:
     return importlib.import_module("models")
 
 
-def ensure_resnet18(work: Path = WORK) -> Path:
-    """The ResNet-18-shaped model (batch 1), rebuilt when benchmarks/models.py changed."""
-    path = work / "resnet18.onnx"
+def ensure_resnet18(work: Path = WORK, dynamic_batch: bool = False) -> Path:
+    """The ResNet-18-shaped model (batch 1, or a dynamic batch axis), rebuilt when stale."""
+    path = work / ("resnet18-dyn.onnx" if dynamic_batch else "resnet18.onnx")
     if not _fresh(path, BENCH_DIR / "models.py"):
         work.mkdir(parents=True, exist_ok=True)
-        _models_module().build_resnet18(path, batch=1, seed=0)
+        _models_module().build_resnet18(path, batch=1, seed=0, dynamic_batch=dynamic_batch)
+    return path
+
+
+def ensure_bert(work: Path = WORK) -> Path:
+    """The BERT-like encoder of models.py (dynamic batch and sequence), rebuilt when stale."""
+    path = work / "bert.onnx"
+    if not _fresh(path, BENCH_DIR / "models.py"):
+        work.mkdir(parents=True, exist_ok=True)
+        _models_module().build_bert(path, seed=0)
+    return path
+
+
+def ensure_bert_data(path: Path, samples: int, seed: int) -> Path:
+    """``samples`` token sequences (keys ``input_ids``, ``attention_mask``), rebuilt when stale."""
+    if not _fresh(path, BENCH_DIR / "models.py"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_npz(path, **_models_module().make_bert_data(samples, seed))
     return path
 
 

@@ -1,4 +1,4 @@
-"""A ResNet-18-shaped ONNX model and image-like inputs for benchmarks, built with numpy only.
+"""Benchmark models built with numpy only: a ResNet-18-shaped CNN and a BERT-like encoder.
 
 Benchmarks need a model of realistic size and structure (20 Conv, 8 residual Adds, MaxPool,
 GlobalAveragePool, Gemm 512->1000; 11.7 M parameters) whose activations behave like a trained
@@ -14,6 +14,13 @@ logits have a standard deviation of about 3.
 Inputs from :func:`make_resnet18_data` are smooth random colour images (1/f amplitude spectrum,
 correlated RGB channels, random brightness and contrast) normalised with the ImageNet mean/std: the
 statistics calibration sees are image-like, not white noise.
+
+:func:`build_bert` is a BERT-base-like encoder (12 layers, hidden 384, 6 heads, FFN 1536; 33 M
+parameters) exported the way torch exports BERT: int64 ``input_ids``/``attention_mask`` with
+dynamic batch and sequence, embedding Gathers, LayerNormalization, Erf GELU, MatMul + bias Add,
+softmax attention with an additive padding mask. LayerNorm keeps every block's scale, so drawn
+weights suffice; a few hidden dimensions get outsized LayerNorm gains, as trained BERTs have.
+:func:`make_bert_data` makes Zipf-distributed token ids of varied length, padded at the end.
 """
 
 from __future__ import annotations
@@ -292,6 +299,288 @@ def build_resnet18(
         raise QuantbenchError(f"build_resnet18: batch={batch}; use a batch size of at least 1")
     target = check_output_path(path)
     model = _build_graph(seed, "N" if dynamic_batch else batch)
+    onnx.checker.check_model(model)
+    write_bytes_atomic(target, model.SerializeToString())
+    return target
+
+
+# ============================================================================ transformer encoder
+
+#: BERT-base-like encoder at MiniLM size: 12 layers (BERT-base's depth), hidden 384, 6 heads of
+#: 64 (BERT's head size), FFN 1536, BERT's WordPiece vocabulary size. 12 layers x 8 quantized
+#: MatMul inputs + the pooler's and classifier's Gemm inputs = 98 tensors in ``quantizable``.
+BERT_LAYERS = 12
+BERT_HIDDEN = 384
+BERT_HEADS = 6
+BERT_FFN = 1536
+BERT_VOCAB = 30522
+BERT_MAX_POSITIONS = 512
+BERT_LABELS = 2
+BERT_SEQUENCE = 128
+BERT_LN_EPS = 1e-12
+#: BERT's special token ids ([PAD], [CLS], [SEP]); ids below 1000 are [unused*] and never drawn.
+PAD_ID, CLS_ID, SEP_ID, FIRST_WORD_ID = 0, 101, 102, 1000
+#: trained BERTs carry a few hidden dimensions with outsized LayerNorm gain (the well-known
+#: "outlier dimensions" that make activation quantization of transformers hard).
+_OUTLIER_DIMS = (77, 250)
+_OUTLIER_GAIN = 8.0
+_TOKEN_STREAM, _BERT_WEIGHT_STREAM = 3, 4
+
+
+def make_bert_data(n: int, seed: int, sequence: int = BERT_SEQUENCE) -> dict[str, np.ndarray]:
+    """Token inputs for :func:`build_bert`: ``input_ids`` and ``attention_mask``, int64 [n,seq].
+
+    Each sample is ``[CLS] w1 .. wk [SEP]`` then ``[PAD]`` to ``sequence`` (mask 1 on the real
+    tokens, 0 on the padding at the end). Lengths are log-normal (median ~50 tokens, some full);
+    word ids follow a Zipf law over the vocabulary's word range, as real text does. Sample ``i``
+    depends only on (seed, i), so a prefix of ``n`` samples is stable.
+    """
+    if n < 1 or sequence < 3:
+        raise QuantbenchError(f"make_bert_data: n={n}, sequence={sequence}; need n>=1, seq>=3")
+    ids = np.full((n, sequence), PAD_ID, dtype=np.int64)
+    mask = np.zeros((n, sequence), dtype=np.int64)
+    words = BERT_VOCAB - FIRST_WORD_ID
+    for index in range(n):
+        rng = np.random.default_rng([seed, _TOKEN_STREAM, index])
+        length = int(np.clip(round(rng.lognormal(np.log(50.0), 0.6)), 3, sequence))
+        ranks = rng.zipf(1.1, size=length - 2)
+        ranks = np.where(ranks > words, rng.integers(1, words + 1, size=length - 2), ranks)
+        ids[index, :length] = np.concatenate([[CLS_ID], FIRST_WORD_ID + ranks - 1, [SEP_ID]])
+        mask[index, :length] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@dataclass
+class _BertBuilder:
+    """Appends the encoder's nodes and initializers (no reference pass: LayerNorm keeps scales)."""
+
+    rng: np.random.Generator
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    initializers: list[onnx.TensorProto] = field(default_factory=list)
+
+    def const(self, name: str, array: np.ndarray | np.generic) -> str:
+        """An initializer; numpy scalars stay 0-d (``np.ascontiguousarray`` would make them 1-d)."""
+        array = np.asarray(array)
+        self.initializers.append(numpy_helper.from_array(np.require(array, requirements="C"), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], name: str, **attrs: object) -> str:
+        self.nodes.append(helper.make_node(op, inputs, [f"{name}_output"], name=name, **attrs))
+        return f"{name}_output"
+
+    def dense(
+        self,
+        name: str,
+        x: str,
+        fan_in: int,
+        fan_out: int,
+        gain: float = 1.0,
+        bias_mean: float = 0.0,
+    ) -> str:
+        """MatMul by an [in,out] weight, then Add of the bias: the layout of exported BERTs."""
+        weight = self.rng.normal(0.0, gain / np.sqrt(fan_in), (fan_in, fan_out))
+        bias = self.rng.normal(bias_mean, 0.1, fan_out)
+        product = self.node(
+            "MatMul", [x, self.const(f"{name}.weight", weight.astype(np.float32))], f"{name}.matmul"
+        )
+        return self.node(
+            "Add",
+            [product, self.const(f"{name}.bias", bias.astype(np.float32))],
+            f"{name}.bias_add",
+        )
+
+    def layer_norm(self, name: str, x: str) -> str:
+        gamma = np.exp(self.rng.normal(0.0, 0.2, BERT_HIDDEN))
+        gamma[list(_OUTLIER_DIMS)] *= _OUTLIER_GAIN
+        beta = self.rng.normal(0.0, 0.1, BERT_HIDDEN)
+        return self.node(
+            "LayerNormalization",
+            [
+                x,
+                self.const(f"{name}.gamma", gamma.astype(np.float32)),
+                self.const(f"{name}.beta", beta.astype(np.float32)),
+            ],
+            name,
+            axis=-1,
+            epsilon=BERT_LN_EPS,
+        )
+
+    def heads(self, name: str, x: str, perm: list[int]) -> str:
+        """[B,S,H] -> [B,S,heads,64] -> transposed by ``perm``."""
+        shape = self.const(f"{name}.shape", np.array([0, 0, BERT_HEADS, -1], dtype=np.int64))
+        split = self.node("Reshape", [x, shape], f"{name}.reshape")
+        return self.node("Transpose", [split], f"{name}.transpose", perm=perm)
+
+    def gelu(self, name: str, x: str) -> str:
+        """GELU in its Erf form, as torch exports it: x * 0.5 * (1 + erf(x / sqrt 2))."""
+        scaled = self.node(
+            "Div", [x, self.const(f"{name}.sqrt2", np.float32(np.sqrt(2.0)))], f"{name}.div"
+        )
+        erf = self.node("Erf", [scaled], f"{name}.erf")
+        shifted = self.node("Add", [erf, self.const(f"{name}.one", np.float32(1.0))], f"{name}.add")
+        product = self.node("Mul", [x, shifted], f"{name}.mul")
+        return self.node(
+            "Mul", [product, self.const(f"{name}.half", np.float32(0.5))], f"{name}.mul_half"
+        )
+
+    def attention(self, name: str, x: str, mask: str) -> str:
+        """Softmax self-attention; Q and K weights scaled so scores have a spread of ~2."""
+        query = self.heads(
+            f"{name}.q",
+            self.dense(f"{name}.query", x, BERT_HIDDEN, BERT_HIDDEN, gain=1.4),
+            [0, 2, 1, 3],
+        )
+        key = self.heads(
+            f"{name}.k",
+            self.dense(f"{name}.key", x, BERT_HIDDEN, BERT_HIDDEN, gain=1.4),
+            [0, 2, 3, 1],
+        )
+        value = self.heads(
+            f"{name}.v", self.dense(f"{name}.value", x, BERT_HIDDEN, BERT_HIDDEN), [0, 2, 1, 3]
+        )
+        scores = self.node("MatMul", [query, key], f"{name}.scores")
+        head_size = BERT_HIDDEN // BERT_HEADS
+        scaled = self.node(
+            "Div",
+            [scores, self.const(f"{name}.scale", np.float32(np.sqrt(head_size)))],
+            f"{name}.scaled",
+        )
+        masked = self.node("Add", [scaled, mask], f"{name}.masked")
+        probs = self.node("Softmax", [masked], f"{name}.softmax", axis=-1)
+        context = self.node("MatMul", [probs, value], f"{name}.context")
+        merged = self.node("Transpose", [context], f"{name}.merge_transpose", perm=[0, 2, 1, 3])
+        shape = self.const(f"{name}.merge_shape", np.array([0, 0, BERT_HIDDEN], dtype=np.int64))
+        merged = self.node("Reshape", [merged, shape], f"{name}.merge")
+        out = self.dense(f"{name}.output", merged, BERT_HIDDEN, BERT_HIDDEN)
+        return self.layer_norm(f"{name}.ln", self.node("Add", [out, x], f"{name}.residual"))
+
+    def encoder_layer(self, name: str, x: str, mask: str) -> str:
+        x = self.attention(f"{name}.attention", x, mask)
+        inner = self.gelu(
+            f"{name}.gelu",
+            self.dense(f"{name}.intermediate", x, BERT_HIDDEN, BERT_FFN, bias_mean=-0.5),
+        )
+        out = self.dense(f"{name}.output", inner, BERT_FFN, BERT_HIDDEN)
+        return self.layer_norm(f"{name}.ln", self.node("Add", [out, x], f"{name}.residual"))
+
+    def embeddings(self) -> str:
+        """Word Gather + position Gather (Range over the runtime sequence length) + type row."""
+        words = self.rng.normal(0.0, 1.0, (BERT_VOCAB, BERT_HIDDEN)).astype(np.float32)
+        positions = self.rng.normal(0.0, 0.5, (BERT_MAX_POSITIONS, BERT_HIDDEN))
+        token_type = self.rng.normal(0.0, 0.5, BERT_HIDDEN).astype(np.float32)
+        word = self.node(
+            "Gather",
+            [self.const("embeddings.word", words), "input_ids"],
+            "embeddings.word_gather",
+            axis=0,
+        )
+        shape = self.node("Shape", ["input_ids"], "embeddings.shape")
+        length = self.node(
+            "Gather",
+            [shape, self.const("embeddings.seq_axis", np.int64(1))],
+            "embeddings.seq_len",
+            axis=0,
+        )
+        index = self.node(
+            "Range",
+            [
+                self.const("embeddings.zero", np.int64(0)),
+                length,
+                self.const("embeddings.step", np.int64(1)),
+            ],
+            "embeddings.range",
+        )
+        position = self.node(
+            "Gather",
+            [self.const("embeddings.position", positions.astype(np.float32)), index],
+            "embeddings.position_gather",
+            axis=0,
+        )
+        summed = self.node("Add", [word, position], "embeddings.add_position")
+        summed = self.node(
+            "Add", [summed, self.const("embeddings.token_type", token_type)], "embeddings.add_type"
+        )
+        return self.layer_norm("embeddings.ln", summed)
+
+    def extended_mask(self) -> str:
+        """[B,S] int64 mask -> additive [B,1,1,S] float: 0 on tokens, -10000 on padding."""
+        mask = self.node("Cast", ["attention_mask"], "mask.cast", to=TensorProto.FLOAT)
+        inverted = self.node("Sub", [self.const("mask.one", np.float32(1.0)), mask], "mask.sub")
+        scaled = self.node(
+            "Mul", [inverted, self.const("mask.min", np.float32(-10000.0))], "mask.mul"
+        )
+        return self.node(
+            "Unsqueeze",
+            [scaled, self.const("mask.axes", np.array([1, 2], dtype=np.int64))],
+            "mask.unsqueeze",
+        )
+
+    def head(self, x: str) -> None:
+        """BERT pooler ([CLS] -> Gemm -> Tanh) and a classifier Gemm to ``logits``."""
+        first = self.node(
+            "Gather", [x, self.const("pooler.cls", np.int64(0))], "pooler.cls_gather", axis=1
+        )
+        for name, fan_out in (("pooler.dense", BERT_HIDDEN), ("classifier", BERT_LABELS)):
+            weight = self.rng.normal(0.0, 1.0 / np.sqrt(BERT_HIDDEN), (fan_out, BERT_HIDDEN))
+            bias = self.rng.normal(0.0, 0.1, fan_out)
+            out = [OUTPUT_NAME] if name == "classifier" else [f"{name}_output"]
+            self.nodes.append(
+                helper.make_node(
+                    "Gemm",
+                    [
+                        first,
+                        self.const(f"{name}.weight", weight.astype(np.float32)),
+                        self.const(f"{name}.bias", bias.astype(np.float32)),
+                    ],
+                    out,
+                    name=name,
+                    transB=1,
+                )
+            )
+            if name == "pooler.dense":
+                first = self.node("Tanh", [out[0]], "pooler.tanh")
+
+
+def build_bert(path: str | os.PathLike[str], seed: int = 0) -> Path:
+    """Write a BERT-base-like FP32 encoder (opset 17, ~135 MB) to ``path``; return the path.
+
+    Inputs ``input_ids`` and ``attention_mask`` int64 [batch,sequence] (both dynamic); outputs
+    ``last_hidden_state`` [batch,sequence,384] and ``logits`` [batch,2]. Embedding Gathers,
+    LayerNormalization, Erf GELU, softmax attention with the additive padding mask, BERT's
+    pooler. Deterministic in ``seed``; weights are drawn, nothing is downloaded.
+    """
+    target = check_output_path(path)
+    builder = _BertBuilder(rng=np.random.default_rng([seed, _BERT_WEIGHT_STREAM]))
+    mask = builder.extended_mask()
+    x = builder.embeddings()
+    for layer in range(BERT_LAYERS):
+        x = builder.encoder_layer(f"encoder.layer{layer}", x, mask)
+    builder.nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"], name="output"))
+    builder.head(x)
+    dims = ["batch", "sequence"]
+    graph = helper.make_graph(
+        builder.nodes,
+        "bert",
+        [
+            helper.make_tensor_value_info(name, TensorProto.INT64, dims)
+            for name in ("input_ids", "attention_mask")
+        ],
+        [
+            helper.make_tensor_value_info(
+                "last_hidden_state", TensorProto.FLOAT, [*dims, BERT_HIDDEN]
+            ),
+            helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", BERT_LABELS]),
+        ],
+        initializer=builder.initializers,
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="quantbench.benchmarks",
+        doc_string=f"BERT-base-like encoder ({BERT_LAYERS} layers, hidden {BERT_HIDDEN}, "
+        f"{BERT_HEADS} heads), synthetic weights (seed {seed})",
+    )
+    model.ir_version = 8
     onnx.checker.check_model(model)
     write_bytes_atomic(target, model.SerializeToString())
     return target

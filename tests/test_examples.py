@@ -312,3 +312,61 @@ def test_resnet18_data_is_image_like_and_deterministic() -> None:
     # Channels are correlated, as RGB of natural images are.
     red, green = data[:, 0].ravel(), data[:, 1].ravel()
     assert np.corrcoef(red, green)[0, 1] > 0.3
+
+
+# ----------------------------------------------------------------------------- BERT-like builder
+
+
+@pytest.fixture(scope="module")
+def bert_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return models.build_bert(tmp_path_factory.mktemp("bert") / "bert.onnx", seed=0)
+
+
+def test_bert_has_encoder_structure_and_98_quantized_tensors(bert_path: Path) -> None:
+    from quantbench.graph import calibration_tensors, open_graph
+
+    model = onnx.load(bert_path)
+    onnx.checker.check_model(model)
+    assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [17]
+    inputs = {i.name: (i.type.tensor_type.elem_type, _dims(i)) for i in model.graph.input}
+    assert inputs == {
+        "input_ids": (onnx.TensorProto.INT64, ["batch", "sequence"]),
+        "attention_mask": (onnx.TensorProto.INT64, ["batch", "sequence"]),
+    }
+    ops = Counter(n.op_type for n in model.graph.node)
+    # 12 layers: q, k, v, scores, context, output, intermediate, output MatMul; 2 LN each + 1.
+    assert ops["MatMul"] == 96 and ops["Gemm"] == 2 and ops["LayerNormalization"] == 25
+    assert ops["Softmax"] == 12 and ops["Erf"] == 12 and ops["Gather"] >= 2
+    # Quantized inputs by hand: per layer the LN output feeding q/k/v, Q, K, the softmax, V, the
+    # merged context, the attention LN output, the GELU output (8); the pooler's and
+    # classifier's inputs (2).
+    assert len(calibration_tensors(open_graph(bert_path), "quantizable")) == 12 * 8 + 2
+
+
+def test_bert_padding_is_masked_out(bert_path: Path) -> None:
+    """A padded sample gives the logits of the same tokens fed alone, unpadded."""
+    data = models.make_bert_data(4, 7)
+    session = _session(bert_path)
+    logits = session.run(["logits"], data)[0]
+    assert logits.shape == (4, 2) and np.isfinite(logits).all()
+    for i, length in enumerate(data["attention_mask"].sum(axis=1)):
+        alone = {k: v[i : i + 1, :length] for k, v in data.items()}
+        np.testing.assert_allclose(
+            session.run(["logits"], alone)[0][0], logits[i], rtol=1e-4, atol=1e-4
+        )
+
+
+def test_bert_data_is_token_like_and_prefix_stable() -> None:
+    data = models.make_bert_data(50, 3)
+    assert set(data) == {"input_ids", "attention_mask"}
+    ids, mask = data["input_ids"], data["attention_mask"]
+    assert ids.dtype == mask.dtype == np.int64 and ids.shape == (50, models.BERT_SEQUENCE)
+    lengths = mask.sum(axis=1)
+    for row, length in zip(mask, lengths, strict=True):
+        assert row[:length].all() and not row[length:].any()  # padding at the end
+    assert ((ids == models.PAD_ID) == (mask == 0)).all() and (ids[:, 0] == models.CLS_ID).all()
+    assert len(set(lengths.tolist())) > 10  # varied lengths, some short
+    words = ids[(mask == 1) & (ids >= models.FIRST_WORD_ID)]
+    assert words.max() < models.BERT_VOCAB and np.mean(words < 1100) > 0.3  # Zipf: frequent head
+    prefix = models.make_bert_data(5, 3)
+    assert all((prefix[k] == data[k][:5]).all() for k in data)
