@@ -39,7 +39,11 @@ SQNR_BAD_DB = 15.0
 _NONFINITE_BEFORE = "clip_fraction"
 NONFINITE_TIP = "NaN/Inf values seen in FP32 and in B: any makes the tensor's metrics undefined"
 
-_IDENTITY_KEYS = ("index", "tensor", "node", "op_type", "view", "nonfinite")
+_IDENTITY_KEYS = ("index", "tensor", "node", "op_type", "view", "nonfinite", "precision")
+PRECISION_TIP = (
+    "precision the candidate computes this op in: int8, fp16 (native kernel), fp16-emulated "
+    "(FP32 arithmetic on FP16-rounded values) or fp32"
+)
 #: (key, header, formatter, tooltip) for the metrics the producer writes, in display order.
 _METRICS: tuple[tuple[str, str, Callable[[Any], str], str], ...] = (
     ("sqnr_db", "SQNR dB", lambda v: fmt_fixed(v, 1), "signal-to-quantization-noise ratio"),
@@ -172,6 +176,7 @@ def _row(
     worst_rank: dict[int, int],
     counted: bool,
     both: bool = False,
+    precision: bool = False,
 ) -> tuple[dict[str, str], tuple[Cell, ...]]:
     index = _index(entry, position)
     rank = worst_rank.get(id(entry))
@@ -180,6 +185,7 @@ def _row(
         text_cell(entry.get("tensor"), "name"),
         text_cell(entry.get("node"), "name"),
         text_cell(entry.get("op_type")),
+        *((text_cell(entry.get("precision")),) if precision else ()),
         text_cell(_view(entry)),
     ]
     if both:
@@ -241,11 +247,13 @@ def layer_section(entries: Sequence[dict[str, Any]]) -> LayerSection | None:
     extra = _extra_metric_keys(entries)
     counted = any(isinstance(e.get("nonfinite"), dict) for e in entries)
     both = len({e.get("candidate") for e in entries if e.get("candidate") is not None}) > 1
+    precision = any(e.get("precision") for e in entries)
     columns = (
         Column("#"),
         Column("Tensor", "str"),
         Column("Node", "str"),
         Column("Op", "str"),
+        *((Column("Precision", "str", PRECISION_TIP),) if precision else ()),
         Column("View", "str"),
         *(
             (Column("Side", "str", "A or B: both sides were compared against FP32"),)
@@ -266,7 +274,9 @@ def layer_section(entries: Sequence[dict[str, Any]]) -> LayerSection | None:
     )
     worst_rank = {id(entry): rank for rank, entry in enumerate(worst_entries, 1)}
     ordered = sorted(enumerate(entries), key=lambda item: _table_order(item[1], item[0]))
-    rows = tuple(_row(entry, i, extra, worst_rank, counted, both) for i, entry in ordered)
+    rows = tuple(
+        _row(entry, i, extra, worst_rank, counted, both, precision) for i, entry in ordered
+    )
     views = tuple(v for v in VIEWS if any(_view(e) == v for e in entries)) + tuple(
         sorted({_view(e) for e in entries} - set(VIEWS))
     )

@@ -648,3 +648,17 @@ def test_calibration_report_shows_the_clipping_flags_of_each_table():
     clip = re.search(r'id="clip-flags">.*?</table>', html, re.S).group(0)
     assert ">Table<" in clip and ">entropy:slides<" in clip and clip.count(">mse<") == 2
     assert dict(_cards(html))["Clipping guard"] == "2 flag(s)"
+
+
+def test_layer_table_shows_each_ops_precision_when_the_results_have_it():
+    def layer_table(html: str) -> str:
+        start = html.index('id="layer-table"')
+        return html[start : html.index("</table>", start)]
+
+    doc = example()
+    assert ">Precision<" not in layer_table(render_report(doc))
+    kinds = ["int8", "fp16-emulated", "fp32", None]
+    for i, entry in enumerate(doc["layers"]):
+        entry["precision"] = kinds[i % len(kinds)]
+    table = layer_table(render_report(doc))
+    assert ">Precision<" in table and ">fp16-emulated<" in table and ">int8<" in table
