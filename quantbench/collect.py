@@ -9,7 +9,7 @@ onnxruntime computes batch *k+1* (both release the GIL for most of their work).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,9 +18,9 @@ import numpy as np
 
 from quantbench import __version__
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
-from quantbench.data import DataSource, Feed, StreamFingerprint, feed_num_samples
+from quantbench.data import Batch, DataSource, Feed, StreamFingerprint, feed_num_samples
 from quantbench.errors import QuantbenchError
-from quantbench.graph import Graph
+from quantbench.graph import Graph, TensorSpec
 from quantbench.progress import progress_bar
 from quantbench.stats import StatsFile, TensorStats
 
@@ -85,16 +85,20 @@ def collect_stats(
         _stats_workers(binning_threads) as pool,
     ):
         pending: list[Future[None]] = []
+        measured = [0]  # bytes of exposed activations per sample, after the first run
         for feed in _nonempty(source.batches(), source):
             if fingerprint is not None:
                 fingerprint.update(feed)
-            outputs = runner.infer(feed, from_outputs) if from_outputs else {}
-            _wait(pending)  # batch k is binned while onnxruntime computes batch k+1
-            values = {**{t: feed[t] for t in from_feed}, **outputs}
-            pending = binner.submit(pool, values)
-            n = feed_num_samples(feed, graph.inputs)
-            num_samples += n
-            advance(n)
+            for part in _parts(feed, graph.inputs, lambda: measured[0]):
+                outputs = runner.infer(part, from_outputs) if from_outputs else {}
+                n = feed_num_samples(part, graph.inputs)
+                if not measured[0]:
+                    measured[0] = max(1, -(-sum(a.nbytes for a in outputs.values()) // n))
+                _wait(pending)  # part k is binned while onnxruntime computes part k+1
+                values = {**{t: part[t] for t in from_feed}, **outputs}
+                pending = binner.submit(pool, values)
+                num_samples += n
+                advance(n)
         _wait(pending)
         _wait(binner.submit_flush(pool))
     for name, (kind, src) in plan.items():
@@ -108,6 +112,29 @@ def collect_stats(
         tool_version=__version__,
         model_path=str(graph.path or ""),
     )
+
+
+#: exposed activations one inference may return: a larger batch of a dynamic-batch model is
+#: run in parts (binning is exact and order-independent, so the bins do not change), which keeps
+#: peak memory near two parts whatever --batch-size asks for.
+ACTIVATION_BUDGET = 128 << 20
+
+
+def _parts(feed: Feed, inputs: list[TensorSpec], per_sample: Callable[[], int]) -> Iterator[Feed]:
+    """``feed`` cut along its batch axis into parts of at most :data:`ACTIVATION_BUDGET` of
+    exposed activations (``per_sample()`` bytes each, measured on a first one-sample part), or
+    whole when it cannot be cut (a fixed batch, one sample, no batch axis)."""
+    n = feed_num_samples(feed, inputs)
+    dynamic = all(spec.shape and not isinstance(spec.shape[0], int) for spec in inputs)
+    if n <= 1 or not dynamic or any(np.shape(a)[:1] != (n,) for a in feed.values()):
+        yield feed
+        return
+    start = 0
+    while start < n:
+        known = per_sample()
+        stop = min(n, start + (max(1, ACTIVATION_BUDGET // known) if known else 1))
+        yield Batch({k: v[start:stop] for k, v in feed.items()}, stop - start)
+        start = stop
 
 
 #: ops whose output holds exactly the input's values (rearranged): same statistics.

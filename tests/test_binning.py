@@ -153,3 +153,34 @@ def test_streamed_statistics_equal_the_released_algorithm() -> None:
         assert np.array_equal(new.counts, old.counts)
         assert (new.count, new.min, new.max) == (old.count, old.min, old.max)
         assert (new.nan_count, new.inf_count) == (old.nan_count, old.inf_count)
+
+
+def test_large_batches_run_in_parts_with_the_same_statistics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch whose exposed activations exceed the budget is run in parts: the same bins as
+    one run of the whole batch, and onnxruntime never sees more than the part size."""
+    graph = open_graph(save(small_cnn(), tmp_path / "m.onnx"))
+    np.savez(tmp_path / "d.npz", input=images(40, seed=9))
+    names = calibration_tensors(graph, "all")
+    whole = collect_stats(
+        graph, open_data(tmp_path / "d.npz", graph.inputs, batch_size=40), names,
+        binning_threads=1, show_progress=False,
+    )  # fmt: skip
+    seen: list[int] = []
+    infer = collect.OnnxRuntimeRunner.infer
+
+    def spy(self, feed, names):  # noqa: ANN001
+        seen.append(len(feed["input"]))
+        return infer(self, feed, names)
+
+    monkeypatch.setattr(collect.OnnxRuntimeRunner, "infer", spy)
+    monkeypatch.setattr(collect, "ACTIVATION_BUDGET", 1)  # every part a single sample
+    parts = collect_stats(
+        graph, open_data(tmp_path / "d.npz", graph.inputs, batch_size=20), names,
+        binning_threads=2, show_progress=False,
+    )  # fmt: skip
+    assert seen == [1] * 40  # one sample first, to measure the activations per sample
+    assert parts.num_samples == whole.num_samples == 40
+    for name in names:
+        assert np.array_equal(parts[name].counts, whole[name].counts), name
