@@ -91,7 +91,8 @@ class _Builder:
 
     def source(self, name: str) -> str | None:
         """A tensor the isolated copy can read: the reference's FP32 tensor or a constant."""
-        name = uncast(name, self.cand_producer)
+        if name not in self.ref_tensors:  # a Cast the FP16 conversion added, not the model's own
+            name = uncast(name, self.cand_producer)
         if name in self.ref_tensors:
             return name
         return self.constant(name)

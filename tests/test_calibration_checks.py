@@ -414,3 +414,48 @@ def test_entropy_cutting_a_digit_input_is_flagged_with_a_better_method(run_cli, 
         "--clip-warn", "0.5",
     )  # fmt: skip
     assert code == 0 and "clips" not in err
+
+
+def _one_hot_model(path) -> tuple:
+    """x -> Equal(x, 2) (bool) -> Cast(float) -> MatMul: a one-hot as a model's own bool->float
+    Cast (magika, a tf2onnx export, has one); its Q/DQ input is the Cast's output."""
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32), "w"
+    )
+    two = numpy_helper.from_array(np.full((1, 6), 2.0, np.float32), "two")
+    nodes = [
+        helper.make_node("Equal", ["x", "two"], ["hot"], name="equal"),
+        helper.make_node("Cast", ["hot"], ["hotf"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["hotf", "w"], ["y"], name="mm"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "onehot",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        initializer=[w, two],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path / "onehot.onnx"))
+    x = np.random.default_rng(1).integers(0, 4, (40, 6)).astype(np.float32)
+    np.savez(path / "d.npz", x=x)
+    return path / "onehot.onnx", path / "d.npz"
+
+
+def test_auto_and_compare_leave_a_models_own_bool_cast_alone(run_cli, tmp_path):
+    """The isolated copies once looked through every Cast and quantized the bool one-hot
+    (exit 3 on magika); the Q/DQ input is the Cast's float output."""
+    path, data = _one_hot_model(tmp_path)
+    out = tmp_path / "q.onnx"
+    code, _, err = run_cli("quantize", path, "--data", data, "-m", "auto", "-o", out)
+    assert code == 0, err
+    code, _, err = run_cli(
+        "compare", "fp32", "int8", "--model", path, "--data", data, "--calib-data", data,
+        "-m", "minmax", "--no-latency", "--json", tmp_path / "r.json",
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads((tmp_path / "r.json").read_text())
+    isolated = [e for e in doc["layers"] if e["view"] == "isolated"]
+    assert [e["node"] for e in isolated] == ["mm"]
+    assert isolated[0]["clip_fraction"] == 0.0  # one-hot values (0/1) within amax 1

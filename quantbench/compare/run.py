@@ -83,8 +83,17 @@ def _layer_tensors(graph: Graph, candidate: onnx.ModelProto) -> list[str]:
     return out
 
 
-def _quantized_inputs(model: onnx.ModelProto) -> dict[str, tuple[str, float]]:
-    """op output -> (its first Q/DQ'd data input, amax) for every quantized op."""
+def _tensor_names(model: onnx.ModelProto) -> set[str]:
+    g = model.graph
+    return {*(i.name for i in g.input), *(o for n in g.node for o in n.output)}
+
+
+def _quantized_inputs(
+    model: onnx.ModelProto, reference: set[str]
+) -> dict[str, tuple[str, float]]:
+    """op output -> (its first Q/DQ'd data input as the reference names it, amax) for every
+    quantized op (Casts an FP16 conversion put before a Q are looked through; the model's own
+    Casts, e.g. bool -> float, are not)."""
     producer = {o: n for n in model.graph.node for o in n.output}
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     out: dict[str, tuple[str, float]] = {}
@@ -99,7 +108,8 @@ def _quantized_inputs(model: onnx.ModelProto) -> dict[str, tuple[str, float]]:
         if q is None or q.op_type != "QuantizeLinear" or scale is None or scale.size != 1:
             continue
         amax = float(np.float32(scale.reshape(-1)[0]) * np.float32(127))
-        out[n.output[0]] = (uncast(q.input[0], producer), amax)
+        source = q.input[0] if q.input[0] in reference else uncast(q.input[0], producer)
+        out[n.output[0]] = (source, amax)
     return out
 
 
@@ -142,7 +152,7 @@ def prepare_sides(
             _rename_twins(ref_model, iso.twins, side.key)
             isolated_twins.update({f"{side.key}:{twin}": t for t, twin in iso.twins.items()})
         if c.quantized:
-            side.clip = _quantized_inputs(c.model)
+            side.clip = _quantized_inputs(c.model, _tensor_names(graph.model))
             ref_tensors.update(src for src, _ in side.clip.values())
     out_names = [o.name for o in graph.model.graph.output]
     ordered = [t for t in _layer_tensors(graph, graph.model) if t in ref_tensors]
