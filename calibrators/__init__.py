@@ -25,9 +25,9 @@ ENTRY_POINT_GROUP = "quantbench.calibrators"
 #: the method every command uses when none is given (calibrate, quantize, compare ``int8``,
 #: sensitivity, recover and their CLI defaults): one place to change it. ``auto`` because no
 #: single calibrator stays within 0.5 points of the best on every model of the real-model
-#: corpus (benchmarks/zoo: entropy loses 27-40 points on a detector, an OCR model and an audio
-#: embedding; mse 5 on an OCR model; minmax 8 on a face detector), while ``auto`` -- each
-#: candidate judged at the outputs on held-back data -- does (benchmarks/README.md).
+#: corpus (benchmarks/zoo, 10 models: entropy on 4, minmax on 7, percentile and mse on 5) while
+#: ``auto`` -- every candidate judged at the outputs on a slice of the data -- is on 8, with the
+#: smallest mean shortfall (benchmarks/README.md).
 DEFAULT_METHOD = "auto"
 #: what ``auto`` falls back to when there is no data to judge on (statistics files only): the
 #: single method with the smallest worst-case loss on the corpus.

@@ -1,8 +1,8 @@
-"""``--method auto``: the calibrator choice per tensor, judged on a held-back slice at the outputs.
+"""``--method auto``: the calibrator choice per tensor, judged at the outputs on a data slice.
 
 Step 1, per tensor. For each candidate method: its table, its Q/DQ model, and the isolated model
 of :mod:`quantbench.isolated` (every quantized op re-run beside FP32 on FP32 inputs), run
-once over the held-back slice. That gives, per method and op, the SQNR the op loses by itself.
+once over the judging slice. That gives, per method and op, the SQNR the op loses by itself.
 Each activation tensor takes the method that maximises the *worst* isolated SQNR among the
 quantized ops reading it (a tensor shared by several ops has one scale): the *mix*.
 
@@ -76,7 +76,7 @@ class AutoTable:
     #: tensor -> {"method" (used), "isolated_best", "readers",
     #: "isolated_sqnr_db": {method: worst reader SQNR}}
     choices: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: output SQNR (dB) on the held-back slice of every whole-model candidate (:data:`MIX` and
+    #: output SQNR (dB) on the judging slice of every whole-model candidate (:data:`MIX` and
     #: each method's full table)
     output_sqnr_db: dict[str, float] = field(default_factory=dict)
     #: the winning candidate: :data:`MIX` or a method name
