@@ -20,7 +20,7 @@ from quantbench.backends import tensorrt as qtrt
 from quantbench.backends.trt.calibrator import CalibrationFeed
 from quantbench.errors import QuantbenchError
 
-NO_TRT_REASON = "TensorRT is not installed (it cannot be installed in this workplace)"
+NO_TRT_REASON = "TensorRT is not installed (pip install 'quantbench[tensorrt]' where NVIDIA's index is reachable)"
 HAVE_TRT = importlib.util.find_spec("tensorrt") is not None
 
 
