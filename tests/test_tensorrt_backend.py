@@ -20,7 +20,10 @@ from quantbench.backends import tensorrt as qtrt
 from quantbench.backends.trt.calibrator import CalibrationFeed
 from quantbench.errors import QuantbenchError
 
-NO_TRT_REASON = "TensorRT is not installed (pip install 'quantbench[tensorrt]' where NVIDIA's index is reachable)"
+NO_TRT_REASON = (
+    "TensorRT is not installed (pip install 'quantbench[tensorrt]' where NVIDIA's index is "
+    "reachable)"
+)
 HAVE_TRT = importlib.util.find_spec("tensorrt") is not None
 
 
