@@ -55,8 +55,10 @@ MIX = "mix"
 MIX_BASE = "entropy"
 #: calibration samples judged on when no ``--holdout-data`` is given
 DEFAULT_HOLDOUT_SAMPLES = 64
-#: batch size of the slice when the model's batch axis is dynamic and none was asked for
+#: batch size of the slice when the model's batch axis is dynamic and none was asked for ...
 HOLDOUT_BATCH = 16
+#: ... bounded by the input values per feed (a 224x224 RGB image is 150,528)
+HOLDOUT_ELEMENTS = 1 << 21
 #: near-duplicates of ``entropy`` that cost a full entropy search each and rarely differ from it.
 SLOW_METHODS = frozenset({"entropy:slides", "entropy:pytorch"})
 _RUNTIME_ROLES = (ACTIVATION, RESIDUAL, RUNTIME_WEIGHT)
@@ -128,15 +130,28 @@ def holdout_source(
 def _holdout_batch(
     graph: Graph, calib_data: object | None, holdout_data: object | None, preset: str | None
 ) -> int | None:
-    """:data:`HOLDOUT_BATCH` when the model's batch axis is dynamic and the data has one (the
-    slice is run a dozen times: batches amortise onnxruntime's per-run cost), else None."""
+    """A batch size for the slice when the model's batch axis is dynamic and the data (a file or
+    folder) has one: up to :data:`HOLDOUT_BATCH` samples, at most :data:`HOLDOUT_ELEMENTS` input
+    values per feed (the slice is run a dozen times: batches amortise onnxruntime's per-run
+    cost, while a detector's large images stay one per feed). None: feed as the data comes."""
     if not all(spec.shape and not isinstance(spec.shape[0], int) for spec in graph.inputs):
         return None
     try:
-        holdout_source(graph, calib_data, holdout_data, batch_size=HOLDOUT_BATCH, preset=preset)
+        probe = holdout_source(graph, calib_data, holdout_data, batch_size=1, preset=preset)
+        if not probe.splittable:  # a loader script or reader: fed as it yields
+            return None
+        first = next(iter(probe.batches()))
+    except (QuantbenchError, StopIteration):
+        return None  # e.g. data without a batch axis (one sample per feed)
+    per_sample = sum(np.asarray(a).size for a in first.values())
+    batch = max(1, min(HOLDOUT_BATCH, HOLDOUT_ELEMENTS // max(1, per_sample)))
+    if batch == 1:
+        return None
+    try:  # data without a batch axis (one sample per feed) refuses a batch size
+        holdout_source(graph, calib_data, holdout_data, batch_size=batch, preset=preset)
     except QuantbenchError:
-        return None  # e.g. data without a batch axis (one sample per feed), or a reader
-    return HOLDOUT_BATCH
+        return None
+    return batch
 
 
 def choose_auto(

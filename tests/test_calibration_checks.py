@@ -459,3 +459,23 @@ def test_auto_and_compare_leave_a_models_own_bool_cast_alone(run_cli, tmp_path):
     isolated = [e for e in doc["layers"] if e["view"] == "isolated"]
     assert [e["node"] for e in isolated] == ["mm"]
     assert isolated[0]["clip_fraction"] == 0.0  # one-hot values (0/1) within amax 1
+
+
+def test_auto_slice_batch_follows_the_input_size(tmp_path):
+    """Dynamic batch: up to 16 samples per feed, at most 2**21 input values (a 224x224 RGB
+    image is 150,528 values: 2**21 // 150528 = 13); a fixed batch or batchless data: None."""
+    from quantbench.autocalib import _holdout_batch
+
+    small = synthetic.save(synthetic.small_cnn(), tmp_path / "s.onnx")  # input [N,3,16,16]
+    np.savez(tmp_path / "s.npz", input=synthetic.images(20))
+    assert _holdout_batch(open_graph(small), tmp_path / "s.npz", None, None) == 16
+    np.savez(tmp_path / "batchless.npz", input=synthetic.images(20)[:, None])  # rank + 1
+    assert _holdout_batch(open_graph(small), tmp_path / "batchless.npz", None, None) is None
+    fixed = synthetic.save(synthetic.small_cnn(batch=1), tmp_path / "f.onnx")
+    assert _holdout_batch(open_graph(fixed), tmp_path / "s.npz", None, None) is None
+    model = synthetic.small_cnn()
+    for dim in model.graph.input[0].type.tensor_type.shape.dim[2:]:
+        dim.dim_value = 224
+    big = synthetic.save(model, tmp_path / "b.onnx")
+    np.savez(tmp_path / "b.npz", input=np.zeros((3, 3, 224, 224), np.float32))
+    assert _holdout_batch(open_graph(big), tmp_path / "b.npz", None, None) == 13
