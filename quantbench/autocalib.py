@@ -50,8 +50,7 @@ from quantbench.workerinput import WorkerInput
 AUTO = registry.AUTO
 #: name of the per-tensor mix among the whole-model candidates
 MIX = "mix"
-#: the mix's values for tensors no quantized op reads (a TensorRT cache still lists them) and
-#: the first choice on ties: TensorRT's own calibrator
+#: the first choice among methods on ties: TensorRT's own calibrator
 MIX_BASE = "entropy"
 #: calibration samples judged on when no ``--holdout-data`` is given
 DEFAULT_HOLDOUT_SAMPLES = 64
@@ -222,10 +221,11 @@ def auto_table(
 ) -> AutoTable:
     """The best whole-model table among the mix and each method alone (see module doc).
 
-    Tensors no quantized op reads keep ``base``'s amax in the mix (a TensorRT cache still
-    lists them). With ``executor`` and ``job``, each method's isolated scoring and each
-    candidate's output scoring is one task (the FP32 outputs of the slice computed once, here,
-    and sent with the job); the scores, and so the choice, are the same.
+    When the mix wins, tensors no quantized op reads (a TensorRT cache still lists them) take
+    the values of the best single method at the outputs. With ``executor`` and ``job``, each
+    method's isolated scoring and each candidate's output scoring is one task (the FP32 outputs
+    of the slice computed once, here, and sent with the job); the scores, and so the choice,
+    are the same.
     """
     method_list = registry.expand_methods(methods or default_auto_methods())
     if not method_list:
@@ -290,6 +290,13 @@ def auto_table(
         table = _relabelled(tables[chosen], chosen)
         for choice in choices.values():
             choice["method"] = chosen
+    else:
+        # tensors no quantized op reads (a TensorRT cache still lists them: TensorRT may run
+        # their layers in INT8) take the best whole-model single method, not the tie-break base
+        single = max(method_list, key=lambda m: (output[m], -method_list.index(m)))
+        for name, entry in tables[single].entries.items():
+            if name not in choices:
+                table.set(name, entry.amax, single)
     return AutoTable(table, method_list, choices, output, chosen)
 
 

@@ -296,6 +296,37 @@ def test_auto_is_no_worse_than_any_single_method_at_the_outputs(cnn_path, cnn_da
         single = build_table(stats, auto.chosen)
         assert auto.table.amaxes() == single.amaxes()
         assert {e.method for e in auto.table.entries.values()} == {auto.chosen}
+    _check_unread_tensors_follow_the_best_single(auto, stats, methods)
+
+
+def _check_unread_tensors_follow_the_best_single(auto, stats, methods) -> None:
+    """With the mix, tensors no quantized op reads take the best single method at the outputs
+    (a TensorRT cache lists them; TensorRT may run their layers in INT8)."""
+    if auto.chosen != MIX:
+        return
+    best = max(methods, key=lambda m: (auto.output_sqnr_db[m], -methods.index(m)))
+    reference = build_table(stats, best)
+    unread = [t for t in auto.table.entries if t not in auto.choices]
+    assert unread
+    for t in unread:
+        assert auto.table.entries[t].method == best
+        assert auto.table.amax(t) == reference.amax(t)
+
+
+def test_mix_fills_unread_tensors_from_the_best_single_method(cnn_path, cnn_data, monkeypatch):
+    """Force the mix to win (every whole-model candidate scored below it) and check the rule."""
+    import quantbench.autocalib as autocalib
+
+    graph = open_graph(cnn_path)
+    stats, _, _ = cal.obtain_stats(graph, cnn_data, tensors="all", show_progress=False)
+    methods = ["entropy", "minmax", "mse"]
+    fake = {MIX: 50.0, "entropy": 10.0, "minmax": 30.0, "mse": 20.0}
+    monkeypatch.setattr(autocalib, "output_sqnrs", lambda g, c, *a, **k: {n: fake[n] for n in c})
+    auto = auto_table(graph, stats, holdout_source(graph, cnn_data), methods)
+    assert auto.chosen == MIX
+    _check_unread_tensors_follow_the_best_single(auto, stats, methods)
+    unread = [t for t in auto.table.entries if t not in auto.choices]
+    assert {auto.table.entries[t].method for t in unread} == {"minmax"}
 
 
 def test_calibrate_auto_with_holdout_data_records_its_choice(run_cli, cnn_path, cnn_data, tmp_path):
