@@ -11,8 +11,8 @@ import synthetic
 from conftest import require_example
 
 from quantbench.compare import compare
-from quantbench.compare.isolated import build_isolated
 from quantbench.errors import QuantbenchError
+from quantbench.isolated import build_isolated
 from quantbench.metrics import DriftAccumulator
 from quantbench.reports import write_report
 
