@@ -12,9 +12,13 @@ FP32; the best candidate is the ``auto`` table. ``auto`` is therefore never wors
 on that slice, than the best single built-in method; the record keeps every candidate's score.
 
 The slice (:func:`holdout_source`, the one place it is built): ``--holdout-data`` when given,
-else the first :data:`DEFAULT_HOLDOUT_SAMPLES` calibration samples. Those samples are *also* in
-the calibration statistics: they are a judging slice, not held-out data, unless
-``--holdout-data`` is given.
+else the first calibration samples, **held back** (:func:`held_back_count`: up to
+:data:`DEFAULT_HOLDOUT_SAMPLES`, at most half of them). Held back means the candidates judged on
+the slice are calibrated without it: the slice's statistics (one pass over it) are taken out of
+the data set's (:meth:`StatsFile.without`, exact), so a method that fits its own calibration
+samples best gains nothing from it. The winning recipe (one method, or the mix's method per
+tensor) is then applied to the statistics of all the data. With too few samples, or statistics
+that are not of this data, the slice is judged in-sample, and the record says so.
 
 Cost: one table, one Q/DQ model and one isolated pass over the slice per method, then one pass
 over the slice in which each batch runs FP32 once and every candidate (methods + the mix). With
@@ -33,6 +37,7 @@ import numpy as np
 
 from quantbench import calibrators as registry
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
+from quantbench.collect import collect_stats
 from quantbench.data import DataSource, open_data
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec, run_tasks, task_threads
@@ -52,8 +57,10 @@ AUTO = registry.AUTO
 MIX = "mix"
 #: the first choice among methods on ties: TensorRT's own calibrator
 MIX_BASE = "entropy"
-#: calibration samples judged on when no ``--holdout-data`` is given
+#: calibration samples judged on when no ``--holdout-data`` is given (at most half of them)
 DEFAULT_HOLDOUT_SAMPLES = 64
+#: fewest calibration samples of which a slice is held back (else it is judged in-sample)
+MIN_HOLDBACK_SAMPLES = 8
 #: batch size of the slice when the model's batch axis is dynamic and none was asked for ...
 HOLDOUT_BATCH = 16
 #: ... bounded by the input values per feed (a 224x224 RGB image is 150,528)
@@ -100,6 +107,15 @@ class AutoTable:
         }
 
 
+def held_back_count(num_samples: int) -> int:
+    """How many of the first calibration samples ``auto`` holds back to judge on: up to
+    :data:`DEFAULT_HOLDOUT_SAMPLES` and at most half, so that the candidates are calibrated on
+    at least as many; 0 below :data:`MIN_HOLDBACK_SAMPLES`."""
+    if num_samples < MIN_HOLDBACK_SAMPLES:
+        return 0
+    return min(DEFAULT_HOLDOUT_SAMPLES, num_samples // 2)
+
+
 def holdout_source(
     graph: Graph,
     calib_data: object | None,
@@ -107,9 +123,10 @@ def holdout_source(
     *,
     batch_size: int | None = None,
     preset: str | None = None,
+    samples: int = DEFAULT_HOLDOUT_SAMPLES,
 ) -> DataSource:
-    """The slice ``auto`` judges on: ``holdout_data`` whole, else the first
-    :data:`DEFAULT_HOLDOUT_SAMPLES` samples of ``calib_data`` (same preset and batch size)."""
+    """The slice ``auto`` judges on: ``holdout_data`` whole, else the first ``samples``
+    samples of ``calib_data`` (same preset and batch size)."""
     if holdout_data is not None:
         return open_data(holdout_data, graph.inputs, batch_size=batch_size, preset=preset)
     if calib_data is None:
@@ -118,16 +135,16 @@ def holdout_source(
             "(--data / --calib-data) or --holdout-data"
         )
     return open_data(
-        calib_data,
-        graph.inputs,
-        batch_size=batch_size,
-        max_samples=DEFAULT_HOLDOUT_SAMPLES,
-        preset=preset,
+        calib_data, graph.inputs, batch_size=batch_size, max_samples=samples, preset=preset
     )
 
 
 def _holdout_batch(
-    graph: Graph, calib_data: object | None, holdout_data: object | None, preset: str | None
+    graph: Graph,
+    calib_data: object | None,
+    holdout_data: object | None,
+    preset: str | None,
+    samples: int = DEFAULT_HOLDOUT_SAMPLES,
 ) -> int | None:
     """A batch size for the slice when the model's batch axis is dynamic and the data (a file or
     folder) has one: up to :data:`HOLDOUT_BATCH` samples, at most :data:`HOLDOUT_ELEMENTS` input
@@ -136,7 +153,9 @@ def _holdout_batch(
     if not all(spec.shape and not isinstance(spec.shape[0], int) for spec in graph.inputs):
         return None
     try:
-        probe = holdout_source(graph, calib_data, holdout_data, batch_size=1, preset=preset)
+        probe = holdout_source(
+            graph, calib_data, holdout_data, batch_size=1, preset=preset, samples=samples
+        )
         if not probe.splittable:  # a loader script or reader: fed as it yields
             return None
         first = next(iter(probe.batches()))
@@ -147,7 +166,9 @@ def _holdout_batch(
     if batch == 1:
         return None
     try:  # data without a batch axis (one sample per feed) refuses a batch size
-        holdout_source(graph, calib_data, holdout_data, batch_size=batch, preset=preset)
+        holdout_source(
+            graph, calib_data, holdout_data, batch_size=batch, preset=preset, samples=samples
+        )
     except QuantbenchError:
         return None
     return batch
@@ -166,10 +187,20 @@ def choose_auto(
     methods: list[str] | None = None,
     executor: ExecutorSpec | None = None,
 ) -> AutoTable:
-    """``--method auto`` as every command runs it: build the slice, then :func:`auto_table`
-    (with ``executor``, its candidate evaluations are tasks on the workers)."""
-    batch_size = batch_size or _holdout_batch(graph, calib_data, holdout_data, preset)
-    source = holdout_source(graph, calib_data, holdout_data, batch_size=batch_size, preset=preset)
+    """``--method auto`` as every command runs it: the slice (held back from the candidates'
+    statistics when it comes from the calibration data), then :func:`auto_table` (with
+    ``executor``, its candidate evaluations are tasks on the workers)."""
+    held = 0 if holdout_data is not None else held_back_count(stats.num_samples)
+    samples = held or DEFAULT_HOLDOUT_SAMPLES
+    fit, note = stats, ""
+    if holdout_data is None:
+        fit, note = _held_back_stats(
+            graph, stats, calib_data, held, batch_size=batch_size, preset=preset, provider=provider
+        )
+    batch_size = batch_size or _holdout_batch(graph, calib_data, holdout_data, preset, samples)
+    source = holdout_source(
+        graph, calib_data, holdout_data, batch_size=batch_size, preset=preset, samples=samples
+    )
     slice_path = holdout_data if holdout_data is not None else calib_data
     job = None
     if executor is not None and not executor.is_local:
@@ -178,7 +209,7 @@ def choose_auto(
                 graph,
                 slice_path,
                 batch_size=batch_size,
-                max_samples=None if holdout_data is not None else DEFAULT_HOLDOUT_SAMPLES,
+                max_samples=None if holdout_data is not None else samples,
                 preset=preset,
                 provider=provider,
                 threads=threads or task_threads(executor),
@@ -191,20 +222,57 @@ def choose_auto(
             )
     result = auto_table(
         graph,
-        stats,
+        fit,
         source,
         methods,
         provider=provider,
         threads=threads,
         executor=executor,
         job=job,
+        final=stats if fit is not stats else None,
     )
-    result.holdout = (
-        source.description
-        if holdout_data is not None
-        else f"first {DEFAULT_HOLDOUT_SAMPLES} calibration samples (also in the statistics)"
-    )
+    result.holdout = source.description if holdout_data is not None else note
     return result
+
+
+def _held_back_stats(
+    graph: Graph,
+    stats: StatsFile,
+    calib_data: object | None,
+    held: int,
+    *,
+    batch_size: int | None,
+    preset: str | None,
+    provider: str | None,
+) -> tuple[StatsFile, str]:
+    """The statistics of the calibration samples after the first ``held`` (one pass over
+    those, taken out of ``stats``) and the record's description of the slice; ``stats``
+    itself, described as in-sample, when nothing can be held back."""
+    total = stats.num_samples
+    if held == 0:
+        shown = min(total, DEFAULT_HOLDOUT_SAMPLES)
+        return stats, (
+            f"first {shown} calibration samples, also in the statistics ({total} samples are "
+            f"too few to hold back {MIN_HOLDBACK_SAMPLES // 2}; give --holdout-data)"
+        )
+    part_source = open_data(
+        calib_data, graph.inputs, batch_size=batch_size, max_samples=held, preset=preset
+    )
+    part = collect_stats(
+        graph, part_source, list(stats.tensors), provider=provider, show_progress=False
+    )
+    rest = stats.without(part) if part.num_samples == held else None
+    if rest is None:
+        warn(
+            f"--method auto: the statistics are not those of {part_source.description} (given "
+            "with --stats or --merge?): its first samples cannot be held back, so the candidates "
+            "are judged on samples they were calibrated on"
+        )
+        return stats, f"first {held} calibration samples, also in the statistics"
+    return rest, (
+        f"first {held} calibration samples, held back: candidates calibrated on the other "
+        f"{rest.num_samples}, the chosen recipe applied to all {total}"
+    )
 
 
 def auto_table(
@@ -218,9 +286,13 @@ def auto_table(
     threads: int | None = None,
     executor: ExecutorSpec | None = None,
     job: AutoJob | None = None,
+    final: StatsFile | None = None,
 ) -> AutoTable:
     """The best whole-model table among the mix and each method alone (see module doc).
 
+    Candidates are calibrated on ``stats``; the winner's recipe (its method, or the mix's
+    method per tensor) is applied to ``final`` (default: ``stats``), e.g. all the calibration
+    data when ``stats`` leaves the held-back slice out.
     When the mix wins, tensors no quantized op reads (a TensorRT cache still lists them) take
     the values of the best single method at the outputs. With ``executor`` and ``job``, each
     method's isolated scoring and each candidate's output scoring is one task (the FP32 outputs
@@ -281,23 +353,42 @@ def auto_table(
     else:
         scored_output = output_sqnrs(graph, scored, held_out, provider, threads)
     output = {MIX: scored_output[MIX], **{m: scored_output[same_as[m]] for m in method_list}}
-    candidates = {MIX: mixed, **tables}
     # the highest output SQNR wins; ties go to the mix, then to the methods in list order
-    order = list(candidates)
+    order = [MIX, *tables]
     chosen = max(order, key=lambda c: (output[c], -order.index(c)))
-    table = mixed
+    finals = _FinalTables(tables, final)
     if chosen != MIX:
-        table = _relabelled(tables[chosen], chosen)
         for choice in choices.values():
             choice["method"] = chosen
-    else:
-        # tensors no quantized op reads (a TensorRT cache still lists them: TensorRT may run
-        # their layers in INT8) take the best whole-model single method, not the tie-break base
-        single = max(method_list, key=lambda m: (output[m], -method_list.index(m)))
-        for name, entry in tables[single].entries.items():
-            if name not in choices:
-                table.set(name, entry.amax, single)
+        return AutoTable(
+            _relabelled(finals[chosen], chosen), method_list, choices, output, chosen
+        )
+    table = _relabelled(finals[base_name], base_name)
+    for tensor, choice in choices.items():
+        if tensor in finals[choice["method"]]:
+            table.set(tensor, finals[choice["method"]].amax(tensor), choice["method"])
+    # tensors no quantized op reads (a TensorRT cache still lists them: TensorRT may run
+    # their layers in INT8) take the best whole-model single method, not the tie-break base
+    single = max(method_list, key=lambda m: (output[m], -method_list.index(m)))
+    for name, entry in finals[single].entries.items():
+        if name not in choices:
+            table.set(name, entry.amax, single)
     return AutoTable(table, method_list, choices, output, chosen)
+
+
+class _FinalTables:
+    """Method -> its table on the final statistics, built on first use (the judged tables
+    themselves when the final statistics are the judged ones)."""
+
+    def __init__(self, judged: dict[str, CalibrationTable], final: StatsFile | None) -> None:
+        self._tables = {} if final is not None else dict(judged)
+        self._final = final
+
+    def __getitem__(self, method: str) -> CalibrationTable:
+        if method not in self._tables:
+            assert self._final is not None
+            self._tables[method] = build_table(self._final, method)
+        return self._tables[method]
 
 
 def isolated_sqnr(

@@ -178,6 +178,34 @@ class TensorStats:
         out.inf_count = self.inf_count + other.inf_count
         return out
 
+    def without(self, part: TensorStats) -> TensorStats | None:
+        """The statistics of the values seen that are not in ``part`` (``--method auto``'s
+        held-back slice), or None when ``part`` is not a subset of them.
+
+        Bins and counts are exact (the grid is anchored at 0). The range is exact unless
+        ``part`` holds an extreme; then it is bounded by the outer edge of the rest's outermost
+        non-empty fine bin (within one fine bin, ``max|x| / 8192`` at most, of the true value).
+        """
+        if part.exponent > self.exponent or part.count > self.count:
+            return None
+        theirs = TensorStats(part.name, exponent=part.exponent, counts=part.counts.copy())
+        theirs._grow(self.exponent)
+        counts = self.counts - theirs.counts
+        nan, inf = self.nan_count - part.nan_count, self.inf_count - part.inf_count
+        if counts.min(initial=0) < 0 or nan < 0 or inf < 0:
+            return None
+        rest = TensorStats(self.name, self.count - part.count, math.inf, -math.inf, nan, inf)
+        rest.exponent, rest.counts = self.exponent, counts
+        if rest.count == 0:
+            return rest
+        filled = np.flatnonzero(counts)
+        w = self.bin_width
+        low, high = int(filled[0]) - HALF_BINS, int(filled[-1]) - HALF_BINS
+        # bin index i >= 0 holds [i*w, (i+1)*w); i < 0 holds [i*w, (i+1)*w) as well
+        rest.min = self.min if part.min > self.min else max(self.min, low * w)
+        rest.max = self.max if part.max < self.max else min(self.max, (high + 1) * w)
+        return rest
+
     # ---------------------------------------------------------------- views
     @property
     def bin_width(self) -> float:
@@ -425,6 +453,27 @@ class StatsFile:
             tensors=merged,
             tool_version=parts[0].tool_version,
             model_path=parts[0].model_path,
+        )
+
+    def without(self, part: StatsFile) -> StatsFile | None:
+        """The statistics of this data set's samples that are not in ``part`` (a subset of
+        them, e.g. ``--method auto``'s held-back slice; see :meth:`TensorStats.without`), or
+        None when ``part`` is not a subset of the same tensors."""
+        if part.model_hash != self.model_hash or set(part.tensors) != set(self.tensors):
+            return None
+        rest = {}
+        for name, full in self.tensors.items():
+            found = full.without(part.tensors[name])
+            if found is None:
+                return None
+            rest[name] = found
+        return StatsFile(
+            model_hash=self.model_hash,
+            data_fingerprint=f"{self.data_fingerprint}-without-{part.data_fingerprint}",
+            num_samples=self.num_samples - part.num_samples,
+            tensors=rest,
+            tool_version=self.tool_version,
+            model_path=self.model_path,
         )
 
 

@@ -1,0 +1,117 @@
+"""``--method auto`` judges its candidates on calibration samples they were not calibrated on.
+
+The slice's statistics are taken out of the data set's (:meth:`StatsFile.without`); the expected
+values here come from statistics computed directly on the other samples, an independent pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import synthetic
+
+from quantbench import autocalib
+from quantbench import calibrate as cal
+from quantbench.autocalib import MIX, choose_auto, held_back_count
+from quantbench.graph import open_graph
+from quantbench.stats import TensorStats
+from quantbench.table.build import build_table
+
+
+def _stats(values: np.ndarray) -> TensorStats:
+    t = TensorStats("x")
+    t.update(values)
+    return t
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_without_gives_the_rest_exactly(seed):
+    rng = np.random.default_rng(seed)
+    part = rng.standard_normal(3000).astype(np.float32) * rng.uniform(0.1, 10)
+    rest = rng.standard_normal(5000).astype(np.float32) * rng.uniform(0.1, 10)
+    rest[:7] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 2.0**-140, -(2.0**-130)]
+    whole = _stats(part)
+    whole.update(rest)
+    got = whole.without(_stats(part))
+    direct = _stats(rest)
+    direct._grow(got.exponent)  # the rest binned on the whole's (coarser or equal) grid
+    assert got.count == direct.count and got.nan_count == 1 and got.inf_count == 2
+    assert np.array_equal(got.counts, direct.counts)
+    w = got.bin_width
+    for mine, true in ((got.max, direct.max), (-got.min, -direct.min)):
+        assert true <= mine <= true + w  # exact, or the outer edge of the rest's last bin
+
+
+def test_without_is_exact_on_the_range_when_the_rest_holds_the_extremes():
+    whole = _stats(np.array([-1.0, 0.5, 0.25], np.float32))
+    whole.update(np.array([-3.0, 7.0, 0.0], np.float32))
+    got = whole.without(_stats(np.array([-1.0, 0.5, 0.25], np.float32)))
+    assert (got.min, got.max, got.count) == (-3.0, 7.0, 3)
+
+
+def test_without_refuses_a_part_that_is_not_a_subset():
+    whole = _stats(np.linspace(-1, 1, 100, dtype=np.float32))
+    assert whole.without(_stats(np.array([5.0], np.float32))) is None  # wider grid
+    assert whole.without(_stats(np.array([0.123456], np.float32))) is None  # a bin it lacks
+    assert whole.without(_stats(np.linspace(-1, 1, 200, dtype=np.float32))) is None
+
+
+@pytest.mark.parametrize(("n", "held"), [(4, 0), (7, 0), (8, 4), (40, 20), (128, 64), (10**5, 64)])
+def test_held_back_count(n, held):
+    assert held_back_count(n) == held
+
+
+def test_auto_candidates_are_calibrated_without_the_slice(cnn_path, tmp_path, monkeypatch):
+    """40 calibration samples: the first 20 are held back; the statistics the candidates are
+    built from equal a direct pass over the other 20, and the chosen recipe is applied to all
+    40."""
+    images = synthetic.images(40)
+    np.savez(tmp_path / "all.npz", input=images)
+    np.savez(tmp_path / "rest.npz", input=images[20:])
+    graph = open_graph(cnn_path)
+    stats, _, _ = cal.obtain_stats(graph, tmp_path / "all.npz", tensors="all", use_cache=False)
+    rest, _, _ = cal.obtain_stats(graph, tmp_path / "rest.npz", tensors="all", use_cache=False)
+    seen = {}
+    judge = autocalib.auto_table
+
+    def spy(g, fit, held_out, *args, **kwargs):
+        seen["fit"], seen["slice"], seen["final"] = fit, held_out.num_samples, kwargs["final"]
+        return judge(g, fit, held_out, *args, **kwargs)
+
+    monkeypatch.setattr(autocalib, "auto_table", spy)
+    methods = ["minmax", "percentile:99.99", "mse"]
+    auto = choose_auto(graph, stats, tmp_path / "all.npz", methods=methods)
+    assert seen["slice"] == 20 and seen["final"] is stats
+    assert seen["fit"].num_samples == 20
+    for name, direct in rest.tensors.items():
+        got = seen["fit"].tensors[name]
+        direct._grow(got.exponent)
+        assert np.array_equal(got.counts, direct.counts), name
+        assert got.min <= direct.min and got.max >= direct.max, name
+        assert math.isclose(got.max, direct.max, abs_tol=got.bin_width), name
+    assert "held back" in auto.holdout and "other 20" in auto.holdout
+    for tensor, choice in auto.choices.items():
+        method = auto.chosen if auto.chosen != MIX else choice["method"]
+        assert auto.table.amax(tensor) == build_table(stats, method).amax(tensor), tensor
+
+
+def test_auto_with_too_few_samples_says_it_judges_in_sample(cnn_path, tmp_path):
+    np.savez(tmp_path / "few.npz", input=synthetic.images(5))
+    graph = open_graph(cnn_path)
+    stats, _, _ = cal.obtain_stats(graph, tmp_path / "few.npz", tensors="all", use_cache=False)
+    auto = choose_auto(graph, stats, tmp_path / "few.npz", methods=["minmax", "mse"])
+    assert "also in the statistics" in auto.holdout and "too few" in auto.holdout
+
+
+def test_auto_with_statistics_of_other_data_warns_and_judges_in_sample(
+    cnn_path, tmp_path, capsys
+):
+    np.savez(tmp_path / "a.npz", input=synthetic.images(20, seed=1))
+    np.savez(tmp_path / "b.npz", input=synthetic.images(20, seed=2))
+    graph = open_graph(cnn_path)
+    stats, _, _ = cal.obtain_stats(graph, tmp_path / "a.npz", tensors="all", use_cache=False)
+    auto = choose_auto(graph, stats, tmp_path / "b.npz", methods=["minmax", "mse"])
+    assert "also in the statistics" in auto.holdout
+    assert "cannot be held back" in " ".join(capsys.readouterr().err.split())
