@@ -16,11 +16,14 @@ that skipped those elements would call a half-NaN output perfect. The counts are
 Agreement (argmax) depends on the output's shape (:func:`agreement_kind`):
 
 * ``class``: ``[N, C]`` (or ``[N, C, 1, 1]``) class scores: top-1 / top-5 agreement per sample;
-* ``position``: rank >= 3, argmax over the *last* axis at every position (a CTC recognizer's
+* ``position``: rank >= 3, argmax over the class axis at every position (a CTC recognizer's
   ``(N, T, C)``, NHWC maps): agreement per position and ``sequence_agreement`` (every position
-  of a sample agrees);
-* none: rank <= 1, a class axis of size 1, or a box/coordinate output: argmax means nothing and
-  only the drift metrics stand; :func:`agreement_kind` says why.
+  of a sample agrees). The class axis is the last one, except for a rank-4 output that comes
+  from a convolution (:func:`channels_first_outputs`: ONNX convolutions are NCHW), whose class
+  axis is 1: a segmentation map ``[N, C, H, W]``;
+* none: rank <= 1, a class axis of size 1 (e.g. a text detector's ``[N, 1, H, W]`` probability
+  map), or a box/coordinate output: argmax means nothing and only the drift metrics stand;
+  :func:`agreement_kind` says why.
 
 A model with several outputs is judged by its worst output (:func:`model_metrics`): an INT8
 model is only as good as its worst head, and a pooled sum would let a large-valued output hide a
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,14 +163,21 @@ def nonfinite_text(counts: Mapping[str, int], label: str = "candidate") -> str:
 # --------------------------------------------------------------------------- agreement
 
 
-def agreement_kind(shape: Sequence[int | str | None], name: str = "") -> tuple[str | None, str]:
+def agreement_kind(
+    shape: Sequence[int | str | None], name: str = "", channels_first: bool = False
+) -> tuple[str | None, str]:
     """Which argmax agreement an output of ``shape`` supports, and why not when none.
 
     Returns (``"class"`` | ``"position"`` | ``None`` | ``"unknown"``, reason). ``shape`` may
     hold symbolic dims (str/None) from the graph: ``"unknown"`` then means "decide on data".
+    ``channels_first``: a rank-4 output's class axis is 1 (NCHW), not the last.
     """
     if _COORDINATES.search(name):
         return None, f"{name!r} holds boxes/coordinates (by its name): argmax over it means nothing"
+    if _nchw_map(shape, channels_first):
+        if shape[1] == 1:
+            return None, "NCHW map with one channel (e.g. a probability map): argmax means nothing"
+        shape = _class_axis_last(shape)
     rest = list(shape[1:])
     if not rest:
         return None, f"rank-{len(shape)} output: no class axis to take an argmax over"
@@ -187,6 +197,8 @@ class AgreementAccumulator:
     accuracy of both sides against integer labels for class-score outputs."""
 
     name: str = ""
+    #: the output is NCHW (rank 4): its class axis is 1
+    channels_first: bool = False
     kind: str | None = None
     reason: str = ""
     samples: int = 0
@@ -203,9 +215,11 @@ class AgreementAccumulator:
     def update(self, a: np.ndarray, b: np.ndarray, labels: np.ndarray | None = None) -> None:
         """``labels``: integer class per sample, or None (then no accuracy)."""
         a, b = np.asarray(a), np.asarray(b)
-        self.kind, self.reason = agreement_kind(a.shape, self.name)
+        self.kind, self.reason = agreement_kind(a.shape, self.name, self.channels_first)
         if self.kind not in (CLASS, POSITION) or a.shape != b.shape:
             return
+        if _nchw_map(a.shape, self.channels_first):
+            a, b = _class_axis_last(a), _class_axis_last(b)
         finite_a, finite_b = bool(np.isfinite(a).all()), bool(np.isfinite(b).all())
         self.nonfinite_a |= not finite_a
         self.nonfinite_b |= not finite_b
@@ -259,6 +273,66 @@ class AgreementAccumulator:
         return {"A": acc_a, "B": acc_b, "delta": delta}
 
 
+def _nchw_map(shape: Sequence[int | str | None], channels_first: bool) -> bool:
+    """A rank-4 NCHW output with a spatial extent (``[N, C, 1, 1]`` is a classifier)."""
+    return channels_first and len(shape) == 4 and list(shape[2:]) != [1, 1]
+
+
+def _class_axis_last(x: Any) -> Any:
+    """NCHW -> NHWC, for a shape or an array."""
+    if isinstance(x, np.ndarray):
+        return np.moveaxis(x, 1, -1)
+    return (x[0], *x[2:], x[1])
+
+
+def channels_first_outputs(model: Any) -> frozenset[str]:
+    """Outputs of an ONNX model whose values come from a convolution-family op through
+    value-wise ops only (activations, arithmetic with constants, casts), so their layout is
+    NCHW: the class axis of a rank-4 one is 1."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    constants = {i.name for i in model.graph.initializer}
+    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    found = set()
+    for value in model.graph.output:
+        tensor = value.name
+        for _ in range(64):  # a chain of value-wise ops, not a walk of the whole graph
+            node = producer.get(tensor)
+            if node is None or node.op_type not in _VALUEWISE:
+                break
+            if node.op_type == "Softmax" and _softmax_axis(node) not in (1, -3):
+                break
+            data = [i for i in node.input if i and i not in constants]
+            if len(data) != 1:
+                break
+            tensor = data[0]
+        node = producer.get(tensor)
+        if node is not None and node.op_type in _NCHW_OPS:
+            found.add(value.name)
+    return frozenset(found)
+
+
+def _softmax_axis(node: Any) -> int:
+    return next((a.i for a in node.attribute if a.name == "axis"), -1)
+
+
+#: ops whose outputs are NCHW whatever their inputs' layout said
+_NCHW_OPS = frozenset(
+    {
+        *("Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "BatchNormalization"),
+        *("InstanceNormalization", "MaxPool", "AveragePool", "LpPool", "Resize", "Upsample"),
+        *("DepthToSpace", "SpaceToDepth"),
+    }
+)
+#: ops that keep the layout of their (one non-constant) input
+_VALUEWISE = frozenset(
+    {
+        *("Sigmoid", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Tanh", "HardSigmoid"),
+        *("HardSwish", "Clip", "Softplus", "Exp", "Log", "Neg", "Abs", "Sqrt", "Identity"),
+        *("Cast", "Mul", "Add", "Sub", "Div", "Pow", "Softmax", "Dropout"),
+    }
+)
+
+
 def _rows(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(N, ..., C) -> (N·positions, C): one row per position."""
     c = a.shape[-1]
@@ -281,12 +355,20 @@ def accuracy_output(kinds: Mapping[str, str | None]) -> str | None:
 
 def output_kinds(
     shapes: Mapping[str, Sequence[int | str | None] | None],
+    channels_first: Collection[str] = (),
 ) -> dict[str, tuple[str | None, str]]:
     """:func:`agreement_kind` of every output; a shape of ``None`` (rank unknown) is unknown."""
     return {
-        name: (UNKNOWN, "its shape is unknown") if shape is None else agreement_kind(shape, name)
+        name: (UNKNOWN, "its shape is unknown")
+        if shape is None
+        else agreement_kind(shape, name, name in channels_first)
         for name, shape in shapes.items()
     }
+
+
+def declared_output_kinds(model: Any) -> dict[str, tuple[str | None, str]]:
+    """:func:`output_kinds` of a model's outputs as it declares them."""
+    return output_kinds(declared_output_shapes(model), channels_first_outputs(model))
 
 
 def declared_output_shapes(model: Any) -> dict[str, tuple[int | str | None, ...] | None]:
@@ -341,12 +423,17 @@ class OutputsAccumulator:
 
     names: list[str]
     labels_usable: bool = True
+    #: outputs whose class axis is 1 (:func:`channels_first_outputs`)
+    channels_first: Collection[str] = ()
     drift: dict[str, DriftAccumulator] = field(default_factory=dict)
     agreement: dict[str, AgreementAccumulator] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.drift = {n: DriftAccumulator() for n in self.names}
-        self.agreement = {n: AgreementAccumulator(name=n) for n in self.names}
+        self.agreement = {
+            n: AgreementAccumulator(name=n, channels_first=n in self.channels_first)
+            for n in self.names
+        }
 
     def update(
         self,
@@ -363,7 +450,10 @@ class OutputsAccumulator:
             self.agreement[name].update(a, b, lab)
 
     def label_output(self, reference: Mapping[str, np.ndarray]) -> str | None:
-        kinds = {n: agreement_kind(np.shape(reference[n]), n)[0] for n in self.names}
+        kinds = {
+            n: agreement_kind(np.shape(reference[n]), n, n in self.channels_first)[0]
+            for n in self.names
+        }
         return accuracy_output(kinds)
 
     def rows(self) -> dict[str, dict[str, Any]]:

@@ -22,7 +22,7 @@ from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
 from quantbench.fileio import check_output_path
 from quantbench.graph import calibration_tensors, open_graph
-from quantbench.metrics import MODEL_METRICS, declared_output_shapes, metric_support, output_kinds
+from quantbench.metrics import MODEL_METRICS, declared_output_kinds, metric_support
 from quantbench.progress import info
 from quantbench.results import (
     GATE_METRICS,
@@ -124,7 +124,7 @@ def compare(
     label_array = load_labels(labels)
     if label_array is not None:
         label_array = labels_for_samples(label_array, max_samples, labels)
-    kinds = output_kinds(declared_output_shapes(graph.model))
+    kinds = declared_output_kinds(graph.model)
     for metric, _ in gates:
         if reason := metric_support(metric, kinds, label_array):
             raise QuantbenchError(f"--fail-below {metric}: {reason}")

@@ -37,6 +37,7 @@ from quantbench.metrics import (
     ClipCounter,
     DriftAccumulator,
     OutputsAccumulator,
+    channels_first_outputs,
     labels_accuracy_reason,
 )
 from quantbench.progress import progress_bar, warn
@@ -227,15 +228,18 @@ def run_comparison(
     ref_runner, ref_fetch, sides = prepare_sides(graph, cands, provider, threads)
     ref_out = _output_names(graph.model)
     usable = not labels_accuracy_reason(labels)
+    layout = channels_first_outputs(graph.model)
     for side in sides:
         if metric_script is not None:
             side.script = metric_script.session()
         if side.runner is not None:
             pairing = _pair_outputs(ref_out, _output_names(side.candidate.model))
-            side.outputs = OutputsAccumulator(list(pairing), labels_usable=usable)
+            side.outputs = OutputsAccumulator(
+                list(pairing), labels_usable=usable, channels_first=layout
+            )
             side.pairing = pairing
     label_iter = _label_batches(labels)
-    acc_ref = OutputsAccumulator(ref_out, labels_usable=usable)
+    acc_ref = OutputsAccumulator(ref_out, labels_usable=usable, channels_first=layout)
     seen = 0
     first_feed: Feed | None = None
     with progress_bar("Comparing", total=source.num_samples, show=show_progress) as advance:

@@ -27,12 +27,12 @@ from quantbench.metrics import (
     MODEL_METRICS,
     OutputsAccumulator,
     agreement_kind,
-    declared_output_shapes,
+    channels_first_outputs,
+    declared_output_kinds,
     labels_accuracy_reason,
     lower_is_better,
     metric_support,
     nonfinite_text,
-    output_kinds,
 )
 from quantbench.task_metrics import MetricScript, split_spec
 from quantbench.workerinput import WorkerInput
@@ -102,7 +102,7 @@ def parse_target(text: str, has_labels: bool, custom: bool = False) -> Target:
 def check_declared(graph: Graph, metric: str, labels: np.ndarray | None, option: str) -> None:
     """Fail in one line, before any inference, when the model's declared outputs cannot give
     ``metric`` (a symbolic class axis defers the check to :meth:`Evaluator.require`)."""
-    reason = metric_support(metric, output_kinds(declared_output_shapes(graph.model)), labels)
+    reason = metric_support(metric, declared_output_kinds(graph.model), labels)
     if reason:
         raise QuantbenchError(f"{option} {metric}: {reason}")
 
@@ -132,12 +132,15 @@ class Evaluator:
     threads: int | None = None
     script: MetricScript | None = None
     outputs: list[str] = field(default_factory=list)
+    #: outputs whose class axis is 1 (NCHW maps)
+    channels_first: frozenset[str] = field(default_factory=frozenset)
     reference: list[dict[str, np.ndarray]] = field(default_factory=list)
     batch_labels: list[np.ndarray | None] = field(default_factory=list)
     evaluations: int = 0
 
     def __post_init__(self) -> None:
         self.outputs = [o.name for o in self.graph.model.graph.output]
+        self.channels_first = channels_first_outputs(self.graph.model)
         if self.reference:  # a worker's copy: the driver's FP32 outputs, no second FP32 pass
             self.num_samples = self.source.num_samples or 0
             self.attach_script(self.script)
@@ -183,7 +186,10 @@ class Evaluator:
         if self.fp32_metrics.get(metric) is not None:
             return
         first = self.reference[0]
-        kinds = {o: agreement_kind(np.shape(first[o]), o) for o in self.outputs}
+        kinds = {
+            o: agreement_kind(np.shape(first[o]), o, o in self.channels_first)
+            for o in self.outputs
+        }
         reason = metric_support(metric, kinds, self.labels)
         if not reason and metric not in METRICS:
             returned = [k for k in self.fp32_metrics if k not in RESERVED]
@@ -194,7 +200,7 @@ class Evaluator:
         raise QuantbenchError(f"{option} {metric}: {reason}")
 
     def _fp32_nonfinite(self) -> str:
-        acc = OutputsAccumulator(self.outputs)
+        acc = OutputsAccumulator(self.outputs, channels_first=self.channels_first)
         for ref in self.reference:
             acc.update(ref, ref)
         texts = [
@@ -236,7 +242,9 @@ class Evaluator:
 
     def _score(self, candidate: Iterable[dict[str, np.ndarray]]) -> dict[str, float | None]:
         usable = not labels_accuracy_reason(self.labels)
-        acc = OutputsAccumulator(self.outputs, labels_usable=usable)
+        acc = OutputsAccumulator(
+            self.outputs, labels_usable=usable, channels_first=self.channels_first
+        )
         session = self.script.session() if self.script is not None else None
         for index, got in enumerate(candidate):  # the candidate drives: it checks its count
             ref, lab = self.reference[index], self.batch_labels[index]
