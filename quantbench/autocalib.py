@@ -191,6 +191,7 @@ def choose_auto(
     statistics when it comes from the calibration data), then :func:`auto_table` (with
     ``executor``, its candidate evaluations are tasks on the workers)."""
     held = 0 if holdout_data is not None else held_back_count(stats.num_samples)
+    held -= held % _static_batch(graph)  # a fixed batch of N reads whole batches
     samples = held or DEFAULT_HOLDOUT_SAMPLES
     fit, note = stats, ""
     if holdout_data is None:
@@ -235,6 +236,13 @@ def choose_auto(
     return result
 
 
+def _static_batch(graph: Graph) -> int:
+    """The model's fixed batch size when every input declares the same one, else 1."""
+    sizes = {spec.shape[0] if spec.shape else None for spec in graph.inputs}
+    size = sizes.pop() if len(sizes) == 1 else None
+    return size if isinstance(size, int) and size > 1 else 1
+
+
 def _held_back_stats(
     graph: Graph,
     stats: StatsFile,
@@ -253,7 +261,7 @@ def _held_back_stats(
         shown = min(total, DEFAULT_HOLDOUT_SAMPLES)
         return stats, (
             f"first {shown} calibration samples, also in the statistics ({total} samples are "
-            f"too few to hold back {MIN_HOLDBACK_SAMPLES // 2}; give --holdout-data)"
+            "too few to hold some back; give --holdout-data)"
         )
     part_source = open_data(
         calib_data, graph.inputs, batch_size=batch_size, max_samples=held, preset=preset

@@ -115,3 +115,14 @@ def test_auto_with_statistics_of_other_data_warns_and_judges_in_sample(
     auto = choose_auto(graph, stats, tmp_path / "b.npz", methods=["minmax", "mse"])
     assert "also in the statistics" in auto.holdout
     assert "cannot be held back" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_fixed_batch_holds_back_whole_batches(tmp_path):
+    """Batch fixed at 8, 40 samples: 20 would be held back, 16 (two batches) are."""
+    model = synthetic.save(synthetic.small_cnn(batch=8), tmp_path / "b8.onnx")
+    np.savez(tmp_path / "d.npz", input=synthetic.images(40))
+    graph = open_graph(model)
+    stats, _, _ = cal.obtain_stats(graph, tmp_path / "d.npz", tensors="all", use_cache=False)
+    auto = choose_auto(graph, stats, tmp_path / "d.npz", methods=["minmax", "mse"])
+    assert "first 16 calibration samples, held back" in auto.holdout
+    assert "other 24" in auto.holdout
