@@ -53,11 +53,12 @@ def _true_runner(fault: str | None = None):
 
     def run(spec, mode, inputs, output_scale, poison):
         if mode.startswith("int8"):
-            acc, v = harness.int8_expected(spec, inputs)
+            scales = harness.int8_scales(mode)
+            acc, v = harness.int8_expected(spec, inputs, scales)
             out = (
                 v.copy()
                 if mode == "int8_f32"
-                else harness.requantize_reference(acc, inputs.b, spec, output_scale)
+                else harness.requantize_reference(acc, inputs.b, spec, output_scale, scales)
             )
         else:
             ref = harness.reference_f64(spec, inputs.x, inputs.w, inputs.b)
@@ -67,7 +68,7 @@ def _true_runner(fault: str | None = None):
         if fault == "unwritten":
             flat[middle] = poison
         elif fault == "off_by_one":
-            if mode == "int8_i8":
+            if mode in ("int8_i8", "int8_tie"):
                 flat[middle] = flat[middle] + 1 if flat[middle] < 127 else 126
             else:
                 flat[middle] = np.nextafter(flat[middle], np.inf, dtype=flat.dtype)
@@ -95,10 +96,31 @@ def test_checker_rejects_an_unwritten_element(mode: str) -> None:
     assert row["unwritten"] == 1
 
 
-@pytest.mark.parametrize("mode", ["int8_i8", "int8_f32"])
-def test_checker_rejects_one_lsb_off_a_tie(mode: str) -> None:
+@pytest.mark.parametrize("mode", ["int8_i8", "int8_f32", "int8_tie"])
+def test_checker_rejects_one_lsb_off(mode: str) -> None:
     row = harness.check_case(_true_runner("off_by_one"), "dense_pb_k3", mode, seed=7)
     assert not row["passed"]
+
+
+def _round_half_up_runner():
+    """A stand-in that requantizes with round half up (what a fast path that misses ties does)."""
+
+    def run(spec, mode, inputs, output_scale, poison):
+        scales = harness.int8_scales(mode)
+        _, v = harness.int8_expected(spec, inputs, scales)
+        q = np.floor(v.astype(np.float64) / output_scale + 0.5)
+        return np.clip(q, -128, 127).astype(np.int8)
+
+    return run
+
+
+@pytest.mark.parametrize("name", ["dwr_k3_s2_w20", "dwr_k7_c20", "dw_pb_k3"])
+def test_tie_mode_has_ties_and_rejects_round_half_up(name: str) -> None:
+    good = harness.check_case(_true_runner(), name, "int8_tie", seed=11)
+    assert good["passed"], good
+    assert good["ties"] >= 0.05 * np.prod(harness.CASES[name].output_shape)
+    bad = harness.check_case(_round_half_up_runner(), name, "int8_tie", seed=11)
+    assert not bad["passed"] and bad["mismatches"] > 0
 
 
 @pytest.mark.parametrize("mode", ["f32", "f16"])

@@ -17,7 +17,7 @@
 //                    input value loaded is used 4 times.
 //
 // All paths accumulate in float32 (f32, f16 inputs) or int32 (int8 inputs) and share the same
-// epilogues (depthwise_rows through exact equivalents, see StoreI8ToI8::store4), so the numerics
+// epilogues (depthwise_rows through exact equivalents, see StoreI8ToI8::rows_store), so the numerics
 // do not depend on the path.
 
 #include "dwconv2d.h"
@@ -91,64 +91,134 @@ __device__ inline float small_int_to_float(int32_t v)
     return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0F);
 }
 
-// Each store functor has operator() (one element, every path) and store4() (4 adjacent outputs of
-// one row, depthwise_rows path): `vec` says the 4 outputs exist and the address allows one vector
-// store; otherwise the first `count` outputs are stored one by one.
+// Stores the outputs of one row segment (depthwise_rows path), NB bytes given as NB / 4
+// little-endian words, of which only the first `count_bytes` exist, in pieces of `chunk` bytes:
+// rows_wide_chunk(NB) (one 16-byte store, or 8 for 8-byte segments), 4, or ELEM (the output
+// element size). The host picks the widest that divides the row pitch and the pointer's
+// alignment (rows_out_chunk()), so count_bytes is a multiple of chunk.
+__host__ __device__ constexpr int rows_wide_chunk(int nb)
+{
+    return nb < 16 ? nb : 16;
+}
+
+template <int NB, int ELEM>
+__device__ inline void store_row_bytes(unsigned char* p, uint32_t const (&wd)[NB / 4], int chunk, int count_bytes)
+{
+    constexpr int WIDE = rows_wide_chunk(NB);
+    if (chunk == WIDE)
+    {
+#pragma unroll
+        for (int c = 0; c < NB / WIDE; ++c)
+        {
+            if (WIDE * c < count_bytes)
+            {
+                if constexpr (WIDE == 16)
+                {
+                    reinterpret_cast<uint4*>(p)[c] = make_uint4(wd[4 * c], wd[4 * c + 1], wd[4 * c + 2], wd[4 * c + 3]);
+                }
+                else if constexpr (WIDE == 8)
+                {
+                    reinterpret_cast<uint2*>(p)[c] = make_uint2(wd[2 * c], wd[2 * c + 1]);
+                }
+                else
+                {
+                    reinterpret_cast<uint32_t*>(p)[c] = wd[c];
+                }
+            }
+        }
+        return;
+    }
+    if constexpr (WIDE > 4)
+    {
+        if (chunk == 4)
+        {
+#pragma unroll
+            for (int c = 0; c < NB / 4; ++c)
+            {
+                if (4 * c < count_bytes)
+                {
+                    reinterpret_cast<uint32_t*>(p)[c] = wd[c];
+                }
+            }
+            return;
+        }
+    }
+    if constexpr (ELEM == 2)
+    {
+#pragma unroll
+        for (int c = 0; c < NB / 2; ++c)
+        {
+            if (2 * c < count_bytes)
+            {
+                reinterpret_cast<uint16_t*>(p)[c] = static_cast<uint16_t>(wd[c / 2] >> (16 * (c % 2)));
+            }
+        }
+    }
+    else if constexpr (ELEM == 1)
+    {
+#pragma unroll
+        for (int c = 0; c < NB; ++c)
+        {
+            if (c < count_bytes)
+            {
+                p[c] = static_cast<unsigned char>(wd[c / 4] >> (8 * (c % 4)));
+            }
+        }
+    }
+}
+
+// Each store functor has operator() (one element, every path), and for the depthwise_rows path
+// rows_plane() (per-plane constants from the bias, once per plane) and rows_store<V>() (V adjacent
+// outputs of one row, see store_row_bytes for chunk/count).
 struct StoreF32
 {
     float* y;
+    using RowsCtx = float;
     __device__ void operator()(int64_t i, float acc, float bias) const
     {
         y[i] = acc + bias;
     }
-    __device__ void store4(int64_t i, float const (&a)[4], float bias, bool vec, int count) const
+    __device__ float rows_plane(float bias) const
     {
-        float const v[4] = {a[0] + bias, a[1] + bias, a[2] + bias, a[3] + bias};
-        if (vec)
-        {
-            *reinterpret_cast<float4*>(y + i) = make_float4(v[0], v[1], v[2], v[3]);
-            return;
-        }
+        return bias;
+    }
+    template <int V>
+    __device__ void rows_store(int64_t i, float const (&a)[V], float bias, int chunk, int count) const
+    {
+        uint32_t wd[V];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < V; ++j)
         {
-            if (j < count)
-            {
-                y[i + j] = v[j];
-            }
+            wd[j] = __float_as_uint(a[j] + bias);
         }
+        store_row_bytes<4 * V, 4>(reinterpret_cast<unsigned char*>(y + i), wd, chunk, 4 * count);
     }
 };
 
 struct StoreF16
 {
     __half* y;
+    using RowsCtx = float;
     __device__ void operator()(int64_t i, float acc, float bias) const
     {
         y[i] = __float2half_rn(acc + bias);
     }
-    __device__ void store4(int64_t i, float const (&a)[4], float bias, bool vec, int count) const
+    __device__ float rows_plane(float bias) const
+    {
+        return bias;
+    }
+    template <int V>
+    __device__ void rows_store(int64_t i, float const (&a)[V], float bias, int chunk, int count) const
     {
         // __floats2half2_rn rounds each half to nearest even, exactly as __float2half_rn.
-        __half2 const lo = __floats2half2_rn(a[0] + bias, a[1] + bias);
-        __half2 const hi = __floats2half2_rn(a[2] + bias, a[3] + bias);
-        if (vec)
-        {
-            uint2 packed;
-            packed.x = *reinterpret_cast<uint32_t const*>(&lo);
-            packed.y = *reinterpret_cast<uint32_t const*>(&hi);
-            *reinterpret_cast<uint2*>(y + i) = packed;
-            return;
-        }
-        __half const h[4] = {__low2half(lo), __high2half(lo), __low2half(hi), __high2half(hi)};
+        uint32_t wd[V / 2];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int m = 0; m < V / 2; ++m)
         {
-            if (j < count)
-            {
-                y[i + j] = h[j];
-            }
+            __half2 const h = __floats2half2_rn(a[2 * m] + bias, a[2 * m + 1] + bias);
+            wd[m] = *reinterpret_cast<uint32_t const*>(&h);
         }
+        store_row_bytes<2 * V, 2>(reinterpret_cast<unsigned char*>(y + i), wd, chunk, 2 * count);
     }
 };
 
@@ -158,43 +228,48 @@ struct StoreI8ToF32
 {
     float* y;
     float acc_scale; // fl(input_scale * weight_scale)
+    using RowsCtx = float;
     __device__ void operator()(int64_t i, int32_t acc, float bias) const
     {
         y[i] = __fadd_rn(__fmul_rn(__int2float_rn(acc), acc_scale), bias);
     }
-    __device__ void store4(int64_t i, int32_t const (&a)[4], float bias, bool vec, int count) const
+    __device__ float rows_plane(float bias) const
     {
-        float v[4];
+        return bias;
+    }
+    template <int V>
+    __device__ void rows_store(int64_t i, int32_t const (&a)[V], float bias, int chunk, int count) const
+    {
+        uint32_t wd[V];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < V; ++j)
         {
-            v[j] = __fadd_rn(__fmul_rn(small_int_to_float(a[j]), acc_scale), bias);
+            wd[j] = __float_as_uint(__fadd_rn(__fmul_rn(small_int_to_float(a[j]), acc_scale), bias));
         }
-        if (vec)
-        {
-            *reinterpret_cast<float4*>(y + i) = make_float4(v[0], v[1], v[2], v[3]);
-            return;
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-        {
-            if (j < count)
-            {
-                y[i + j] = v[j];
-            }
-        }
+        store_row_bytes<4 * V, 4>(reinterpret_cast<unsigned char*>(y + i), wd, chunk, 4 * count);
     }
 };
+
+// Two int32 to two saturated int8 bytes above the low 16 bits of c: bytes (lo, hi, c0, c1).
+__device__ inline uint32_t pack_sat_s8(int32_t hi, int32_t lo, uint32_t c)
+{
+    uint32_t d;
+    asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(hi), "r"(lo), "r"(c));
+    return d;
+}
 
 struct StoreI8ToI8
 {
     int8_t* y;
     float acc_scale;
     float output_scale;
-    // fl(1 / output_scale), and whether the multiply below may stand in for the division (host:
-    // the reciprocal is a normal float far from overflow, see fast_requant_ok()).
-    float inv_output_scale;
-    int32_t fast;
+    float inv_output_scale; // fl(1 / output_scale)
+    // depthwise_rows: the fixed-point requantization below may stand in for the exact chain
+    // (host: 1/output_scale normal, c1 < 0.5, see make_i8_store()); c1_fixed = round(c1 * 2^32) with
+    // c1 = acc_scale / output_scale; eps_const: the part of the error bound independent of the bias.
+    int32_t fixed_ok;
+    int32_t c1_fixed;
+    float eps_const;
     __device__ int8_t exact(float v) const
     {
         float q = rintf(__fdiv_rn(v, output_scale)); // rintf: round half to even
@@ -205,47 +280,79 @@ struct StoreI8ToI8
     {
         y[i] = exact(__fadd_rn(__fmul_rn(__int2float_rn(acc), acc_scale), bias));
     }
-    // fl(v * inv) is within 2 ulp of fl(v / output_scale), so both round to the same integer
-    // unless the quotient lies within 2^-12 of a half-integer (or the clamp decides it): only
-    // those outputs take the exact division. Clamping first keeps |t| < 2^22, so adding
-    // 1.5 * 2^23 rounds to an integer (half to even) whose low byte is the int8 result.
-    __device__ void store4(int64_t i, int32_t const (&a)[4], float bias, bool vec, int count) const
+
+    // Per plane: z = acc * c1 + b / output_scale + 1/2 + eps in 32.32 fixed point (c2 holds all
+    // but the first term), with eps (as e = ceil(eps * 2^32)) the bound on |z - 1/2 - eps - w|,
+    // w = fl(fl(fl(acc * s) + b) / output_scale) the exact chain's quotient (see make_i8_store()).
+    struct RowsCtx
     {
-        float v[4];
-        uint32_t q[4]; // the int8 result in the low byte
-        bool slow = fast == 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
+        float bias;
+        long long c2;
+        uint32_t e2; // 2 * e
+        bool exact;  // every output of this plane takes the exact chain
+    };
+    __device__ RowsCtx rows_plane(float bias) const
+    {
+        RowsCtx c{};
+        c.bias = bias;
+        float const c2f = __fmul_rn(bias, inv_output_scale);
+        float const eps = eps_const + 0x1.4p-21F * fabsf(c2f); // + 1.25 * 2^-21 * |fl(b / os)|
+        c.exact = fixed_ok == 0 || !(eps <= 0x1p-5F);          // also a NaN or infinite bias
+        if (!c.exact)
         {
-            v[j] = __fadd_rn(__fmul_rn(small_int_to_float(a[j]), acc_scale), bias);
-            float const t = fminf(fmaxf(__fmul_rn(v[j], inv_output_scale), -128.0F), 127.0F);
-            float const r = __fadd_rn(t, 12582912.0F);
-            float const d = fabsf(__fsub_rn(t, __fsub_rn(r, 12582912.0F)));
-            slow = slow || d > 0.5F - 1.0F / 4096.0F;
-            q[j] = __float_as_uint(r);
+            uint32_t const e = __float2uint_ru(eps * 4294967296.0F);
+            c.c2 = __float2ll_rn(c2f * 4294967296.0F) + (1LL << 31) + e;
+            c.e2 = 2U * e;
+        }
+        return c;
+    }
+    // z = acc * c1_fixed + c2 with one 32 x 32 -> 64-bit multiply-add. With z0 = z - e, the value
+    // without the eps shift: if the low word of z is >= 2e, the low word of z0 lies in
+    // [e, 2^32 - e), i.e. z0 / 2^32 is at least eps from an integer, so floor(w + 1/2) =
+    // floor(z0 / 2^32) = the high word of z, and w is no rounding tie: rint(w) is that high word,
+    // which cvt.pack.sat clamps to [-128, 127] exactly as the exact chain does. Outputs whose low
+    // word is < 2e (w within about 2 eps of a tie), and every output of a plane whose bound is too
+    // loose, take the exact chain.
+    __device__ static long long mad_wide(int32_t a, int32_t b, long long c)
+    {
+        long long d;
+        asm("mad.wide.s32 %0, %1, %2, %3;" : "=l"(d) : "r"(a), "r"(b), "l"(c));
+        return d;
+    }
+    template <int V>
+    __device__ void rows_store(int64_t i, int32_t const (&a)[V], RowsCtx const& c, int chunk, int count) const
+    {
+        static_assert(V % 4 == 0, "int8 rows store whole words");
+        int32_t h[V];
+        bool slow = c.exact;
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+        {
+            long long const z = mad_wide(a[j], c1_fixed, c.c2);
+            h[j] = static_cast<int32_t>(z >> 32);
+            slow = slow || static_cast<uint32_t>(z) < c.e2;
+        }
+        uint32_t wd[V / 4];
+#pragma unroll
+        for (int m = 0; m < V / 4; ++m)
+        {
+            wd[m] = pack_sat_s8(h[4 * m + 1], h[4 * m], pack_sat_s8(h[4 * m + 3], h[4 * m + 2], 0U));
         }
         if (slow)
         {
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
+            for (int j = 0; j < V; ++j)
             {
-                q[j] = static_cast<uint32_t>(static_cast<uint8_t>(exact(v[j])));
+                long long const z = mad_wide(a[j], c1_fixed, c.c2);
+                if (c.exact || static_cast<uint32_t>(z) < c.e2)
+                {
+                    float const v = __fadd_rn(__fmul_rn(small_int_to_float(a[j]), acc_scale), c.bias);
+                    uint32_t const q = static_cast<uint8_t>(exact(v));
+                    wd[j / 4] = (wd[j / 4] & ~(0xFFU << (8 * (j % 4)))) | (q << (8 * (j % 4)));
+                }
             }
         }
-        if (vec)
-        {
-            *reinterpret_cast<uint32_t*>(y + i)
-                = __byte_perm(__byte_perm(q[0], q[1], 0x0040U), __byte_perm(q[2], q[3], 0x0040U), 0x5410U);
-            return;
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-        {
-            if (j < count)
-            {
-                y[i + j] = static_cast<int8_t>(q[j]);
-            }
-        }
+        store_row_bytes<V, 1>(reinterpret_cast<unsigned char*>(y + i), wd, chunk, count);
     }
 };
 
@@ -496,39 +603,66 @@ __global__ void __launch_bounds__(kMaxThreads) depthwise_tiled_kernel(TIn const*
 // PPB planes into shared memory with 16-byte (or 8/4-byte) asynchronous copies (cp.async, no
 // registers held), zero columns on both sides and zero rows above/below the image, so the stencil
 // needs no bounds checks. Blocks are persistent with 2-4 buffers per plane slot: the next planes
-// are in flight while the current ones are computed. Each thread computes 4 adjacent outputs of
-// 7 rows (filter in registers, each input row read once per thread with vector shared loads) and
-// writes them with one vector store per row. INT8 keeps the bytes packed and forms each output's
-// 4-tap windows with byte permutes, so one dp4a does 4 multiply-adds (filter rows padded with zero
-// taps to a multiple of 4); its epilogue avoids the quarter-rate conversions and the division
-// (StoreI8ToI8::store4). FP16 is widened to float32 as it is read from shared memory.
+// are in flight while the current ones are computed. Each thread computes V adjacent outputs of
+// 7 rows (V = 8 for INT8 and FP16 3x3, else 4, see rows_v(); filter in registers, each input row
+// read once per thread with vector shared loads) and writes them with the widest vector stores
+// the row pitch allows. The next plane's filter and bias are fetched while the current one is
+// computed (INT8, FP16 3x3). INT8 keeps the bytes packed and forms each output's 4-tap windows
+// with byte permutes, so one dp4a does 4 multiply-adds (filter rows padded with zero taps to a
+// multiple of 4, packed from aligned words with funnel shifts); its epilogue requantizes in
+// fixed point with an exactness check (StoreI8ToI8::rows_store). FP16 is widened to float32 as
+// it is read from shared memory.
 
-constexpr int kRowsV = 4;            // adjacent outputs along W per thread
 constexpr int kRowsR = 7;            // output rows per thread (7 * 2^k is a common plane size)
-constexpr int kRowsMaxThreads = 512; // per block
+constexpr int kRowsMaxThreads = 512; // per block with V = 4 (half that with V = 8)
 constexpr int kRowsMinBlocks = 264;  // keep at least 2 blocks per multiprocessor of an H100/H200
 constexpr int kRowsSmemMax = 96 * 1024; // per block, for wide planes (opt-in above 48 KiB)
+#ifndef DWCONV2D_ROWS_MAX_TY
+#define DWCONV2D_ROWS_MAX_TY 512
+#endif
+constexpr int kRowsMaxTY = DWCONV2D_ROWS_MAX_TY; // threads along H per plane (more: row bands)
 #ifndef DWCONV2D_ROWS_AHEAD_BYTES
 #define DWCONV2D_ROWS_AHEAD_BYTES (4 * 1024)
 #endif
 constexpr int kRowsAheadBytes = DWCONV2D_ROWS_AHEAD_BYTES; // input bytes in flight per plane slot
+#ifndef DWCONV2D_ROWS_AHEAD_BYTES_3X3
+#define DWCONV2D_ROWS_AHEAD_BYTES_3X3 (8 * 1024)
+#endif
+constexpr int kRowsAheadBytes3x3 = DWCONV2D_ROWS_AHEAD_BYTES_3X3; // 3x3: more (measured)
 
 __host__ __device__ constexpr int floor_div4(int v)
 {
     return v >= 0 ? v / 4 : -((-v + 3) / 4);
 }
 
+// Outputs along W per thread, per element size and kernel size: 8 for the narrow types' 3x3
+// (half the per-output cost of addressing, stores and, for INT8, the window permutes), else 4:
+// the larger filters and strided planes are short of threads per plane, and wider threads would
+// leave too few warps per multiprocessor (measured on an H200).
+#ifndef DWCONV2D_ROWS_V_NARROW
+#define DWCONV2D_ROWS_V_NARROW 8
+#endif
+__host__ __device__ constexpr int rows_v(int elem, int ks)
+{
+    return elem < 4 && ks == 3 ? DWCONV2D_ROWS_V_NARROW : 4;
+}
+
+__host__ __device__ constexpr int rows_max_threads(int elem, int ks)
+{
+    return rows_v(elem, ks) == 4 ? kRowsMaxThreads : kRowsMaxThreads / 2;
+}
+
 // Last 4-element group (float/half) or 4-byte word (int8) of an input row a thread reads,
 // relative to the group of its first output column.
-__host__ __device__ constexpr int rows_hi_word(int ks, int stride, bool packed_int8)
+__host__ __device__ constexpr int rows_hi_word(int ks, int stride, bool packed_int8, int v)
 {
-    return packed_int8 ? floor_div4((kRowsV - 1) * stride - ks / 2 + 4 * ((ks + 3) / 4 - 1) + 3)
-                       : floor_div4((kRowsV - 1) * stride + ks - 1 - ks / 2);
+    return packed_int8 ? floor_div4((v - 1) * stride - ks / 2 + 4 * ((ks + 3) / 4 - 1) + 3)
+                       : floor_div4((v - 1) * stride + ks - 1 - ks / 2);
 }
 
 struct RowsPlan
 {
-    int32_t TX, TY, TXY; // threads per plane along W (4 outputs each) and H (kRowsR rows each)
+    int32_t TX, TY, TXY; // threads per plane along W (V outputs each) and H (kRowsR rows each)
     int32_t PPB;         // planes per block and buffer
     int32_t groups;      // ceil(planes / PPB)
     int32_t bands;       // blocks along H per plane (TY * kRowsR output rows each), gridDim.y
@@ -536,9 +670,10 @@ struct RowsPlan
     int32_t P;           // their pitch in elements (16-byte multiple)
     int32_t slice_bytes; // per plane and buffer
     int32_t NV;          // copies per input row
-    int32_t rstep;       // TXY / NV: rows apart of one thread's copies
+    int32_t rstep;       // max(1, TXY / NV): rows apart of one thread's copies
+    int32_t cstep;       // min(NV, TXY): copies apart of one thread's copies within a row
     int32_t load_bytes;  // 16, 8 or 4
-    int32_t out_vec;     // output rows allow 4-wide vector stores
+    int32_t out_chunk;   // bytes per output store, see store_row_bytes
     int32_t planes;      // N * K
     int32_t stages;      // buffers per plane slot (2..4): stages - 1 groups of planes in flight
 };
@@ -589,13 +724,16 @@ __device__ inline void rows_issue(T const* xp, T* tile, ConvShape const& s, Rows
     constexpr int LPAD = 16 / static_cast<int>(sizeof(T));
     int32_t const rlo = max(0, -ih_start);
     int32_t const rhi = min(pl.NRS, s.H - ih_start);
-    T const* const src = xp + vc * NE;
-    T* const dst = tile + LPAD + vc * NE;
-    for (int32_t r = r0; r < rhi; r += pl.rstep)
+    for (int32_t v = vc; v < pl.NV; v += pl.cstep)
     {
-        if (r >= rlo)
+        T const* const src = xp + v * NE;
+        T* const dst = tile + LPAD + v * NE;
+        for (int32_t r = r0; r < rhi; r += pl.rstep)
         {
-            cp_async<LB>(dst + r * pl.P, src + (ih_start + r) * s.W);
+            if (r >= rlo)
+            {
+                cp_async<LB>(dst + r * pl.P, src + (ih_start + r) * s.W);
+            }
         }
     }
 }
@@ -621,19 +759,34 @@ __device__ inline void load4(__half const* p, float* f)
     f[3] = c.y;
 }
 
-// 3x3: at most 64 registers, so that registers do not cap the planes in flight below what shared
-// memory allows (the larger filters need their registers).
+// Minimum blocks per multiprocessor (__launch_bounds__), which caps the registers: 3x3 float and
+// FP16 kernels 2 (64 registers at 512 threads, 128 at 256), so that registers do not cap the
+// planes in flight below what shared memory allows; INT8 DWCONV2D_ROWS_MIN_BLOCKS_I8; the larger
+// float filters need their registers.
 #ifndef DWCONV2D_ROWS_MIN_BLOCKS_3X3
 #define DWCONV2D_ROWS_MIN_BLOCKS_3X3 2
 #endif
+#ifndef DWCONV2D_ROWS_MIN_BLOCKS_I8
+#define DWCONV2D_ROWS_MIN_BLOCKS_I8 2
+#endif
+#ifndef DWCONV2D_ROWS_MIN_BLOCKS_I8_LARGE
+#define DWCONV2D_ROWS_MIN_BLOCKS_I8_LARGE 1
+#endif
+__host__ __device__ constexpr int rows_min_blocks(int elem, int ks)
+{
+    return elem == 1 ? (ks == 3 ? DWCONV2D_ROWS_MIN_BLOCKS_I8 : DWCONV2D_ROWS_MIN_BLOCKS_I8_LARGE)
+                     : (ks == 3 ? DWCONV2D_ROWS_MIN_BLOCKS_3X3 : 1);
+}
+
 template <int KS, int S, class TIn, class TB, class Store>
-__global__ void __launch_bounds__(kRowsMaxThreads, KS == 3 ? DWCONV2D_ROWS_MIN_BLOCKS_3X3 : 1)
+__global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn)), KS),
+    rows_min_blocks(static_cast<int>(sizeof(TIn)), KS))
     depthwise_rows_kernel(TIn const* __restrict__ x,
     TIn const* __restrict__ w, TB const* __restrict__ b, Store store, ConvShape s, RowsPlan pl)
 {
     using Acc = typename Traits<TIn>::Acc;
     constexpr bool kInt8 = std::is_same<TIn, int8_t>::value;
-    constexpr int V = kRowsV;
+    constexpr int V = rows_v(static_cast<int>(sizeof(TIn)), KS);
     constexpr int R = kRowsR;
     constexpr int PAD = KS / 2;
     constexpr int LPAD = 16 / static_cast<int>(sizeof(TIn));
@@ -658,7 +811,8 @@ __global__ void __launch_bounds__(kRowsMaxThreads, KS == 3 ? DWCONV2D_ROWS_MIN_B
     }
     __syncthreads();
 
-    // This thread's copies: column vc of rows r0, r0 + rstep, ... (none when lt >= rstep * NV).
+    // This thread's copies: columns vc, vc + cstep, ... of rows r0, r0 + rstep, ... (none when
+    // lt >= rstep * NV).
     int32_t const r0 = lt < pl.rstep * pl.NV ? lt / pl.NV : INT32_MAX;
     int32_t const vc = lt - (r0 == INT32_MAX ? 0 : r0) * pl.NV;
     auto issue = [&](int32_t group, int32_t buf) {
@@ -685,7 +839,51 @@ __global__ void __launch_bounds__(kRowsMaxThreads, KS == 3 ? DWCONV2D_ROWS_MIN_B
     int32_t const col0 = tx * V;
     int32_t const orow0 = oh0 + ty * R;
     int const count = min(V, s.Wo - col0);
-    bool const vec = pl.out_vec != 0 && count == V;
+
+    // The filter and bias of a group's plane, fetched from global memory one group ahead (INT8,
+    // FP16 3x3) so that their latency hides behind the current group's work, or at the start of
+    // the group's iteration (float, whose 3x3 kernel has no registers to spare; FP16 5x5/7x7,
+    // whose filters are too many registers). INT8 keeps the aligned words that hold the filter's
+    // bytes (a word read holds at least one of them) and packs them when they are used.
+    constexpr bool kAhead = kInt8 || (sizeof(TIn) == 2 && KS == 3);
+    // INT8: words fetched; the last group's window starts at byte sh0 + KS (KS - 1) + 4 (G - 1)
+    // and reads the word after the one holding that byte.
+    constexpr int NFW = (KS * (KS - 1) + 4 * (G - 1)) / 4 + 3;
+    struct Fetched
+    {
+        uint32_t raw[kInt8 ? NFW : 1];
+        int32_t sh0; // byte offset of the filter in raw[0]
+        TIn wt[kInt8 ? 1 : KS * KS];
+        float bias;
+    };
+    auto fetch = [&](int32_t group, Fetched& f) {
+        int32_t const plane = group * pl.PPB + p;
+        bool const ok = group < pl.groups && plane < pl.planes && orow0 < s.Ho;
+        int32_t const n = ok ? plane / s.K : 0;
+        int32_t const k = ok ? plane - n * s.K : 0;
+        TIn const* const wp = w + (s.weight_per_batch ? static_cast<int64_t>(n) * s.K * (KS * KS) : 0)
+            + static_cast<int64_t>(k) * (KS * KS);
+        if constexpr (kInt8)
+        {
+            auto const addr = reinterpret_cast<uintptr_t>(wp);
+            uint32_t const* const w32 = reinterpret_cast<uint32_t const*>(addr & ~uintptr_t{3});
+            f.sh0 = static_cast<int32_t>(addr & 3U);
+#pragma unroll
+            for (int i = 0; i < NFW; ++i)
+            {
+                f.raw[i] = ok && 4 * i < f.sh0 + KS * KS ? __ldg(w32 + i) : 0U;
+            }
+        }
+        else
+        {
+#pragma unroll
+            for (int i = 0; i < KS * KS; ++i)
+            {
+                f.wt[i] = ok ? wp[i] : TIn(0);
+            }
+        }
+        f.bias = ok ? load_bias(b, s, n, k) : 0.0F;
+    };
 
     // Groups of planes g0, g0 + stride, ... go through buffers 0, 1, .., stages - 1, 0, ...;
     // stages - 1 of them are in flight while one is computed.
@@ -694,16 +892,26 @@ __global__ void __launch_bounds__(kRowsMaxThreads, KS == 3 ? DWCONV2D_ROWS_MIN_B
     {
         issue(static_cast<int32_t>(blockIdx.x) + ahead * stride, ahead);
     }
+    Fetched cur;
+    if constexpr (kAhead)
+    {
+        fetch(static_cast<int32_t>(blockIdx.x), cur);
+    }
     for (int32_t group = static_cast<int32_t>(blockIdx.x); group < pl.groups; group += stride)
     {
         issue(group + (stages - 1) * stride, buf == 0 ? stages - 1 : buf - 1);
+        [[maybe_unused]] Fetched nxt;
+        if constexpr (kAhead)
+        {
+            fetch(group + stride, nxt);
+        }
+        else
+        {
+            fetch(group, cur);
+        }
 
         int32_t const plane = group * pl.PPB + p;
         bool const active = plane < pl.planes && orow0 < s.Ho;
-        int32_t const n = plane < pl.planes ? plane / s.K : 0;
-        int32_t const k = plane < pl.planes ? plane - n * s.K : 0;
-        TIn const* const wp = w + (s.weight_per_batch ? static_cast<int64_t>(n) * s.K * (KS * KS) : 0)
-            + static_cast<int64_t>(k) * (KS * KS);
         TIn const* const tile = reinterpret_cast<TIn const*>(smem_raw + buf * buf_bytes + p * pl.slice_bytes);
 
         Acc acc[R][V];
@@ -720,33 +928,31 @@ __global__ void __launch_bounds__(kRowsMaxThreads, KS == 3 ? DWCONV2D_ROWS_MIN_B
         if constexpr (kInt8)
         {
             constexpr int WLO = floor_div4(-PAD);
-            constexpr int WHI = rows_hi_word(KS, S, true);
+            constexpr int WHI = rows_hi_word(KS, S, true, V);
             constexpr int NW = WHI - WLO + 1;
-            // The filter rows packed into 4-tap words (zero taps past KS), loaded while the
-            // copies are in flight.
-            uint32_t wk[KS * G];
-#pragma unroll
-            for (int kh = 0; kh < KS; ++kh)
-            {
-#pragma unroll
-                for (int g = 0; g < G; ++g)
-                {
-                    uint32_t word = 0U;
-#pragma unroll
-                    for (int u = 0; u < 4; ++u)
-                    {
-                        if (active && 4 * g + u < KS)
-                        {
-                            word |= static_cast<uint32_t>(static_cast<uint8_t>(wp[kh * KS + 4 * g + u])) << (8 * u);
-                        }
-                    }
-                    wk[kh * G + g] = word;
-                }
-            }
             rows_wait(stages);
             __syncthreads();
             if (active)
             {
+                // The filter rows packed into 4-tap words (zero taps past KS): the bytes of
+                // row kh, group g start at byte sh0 + c (c = kh * KS + 4 g) of raw[].
+                uint32_t wk[KS * G];
+#pragma unroll
+                for (int kh = 0; kh < KS; ++kh)
+                {
+#pragma unroll
+                    for (int g = 0; g < G; ++g)
+                    {
+                        constexpr uint32_t kAll = 0xFFFFFFFFU;
+                        int const c = kh * KS + 4 * g;
+                        bool const up = cur.sh0 + (c & 3) >= 4; // the window starts one word later
+                        uint32_t const lo = up ? cur.raw[c / 4 + 1] : cur.raw[c / 4];
+                        uint32_t const hi = up ? cur.raw[c / 4 + 2] : cur.raw[c / 4 + 1];
+                        uint32_t const word = __funnelshift_r(lo, hi, 8 * ((cur.sh0 + c) & 3));
+                        int const valid = KS - 4 * g;
+                        wk[kh * G + g] = valid >= 4 ? word : word & (kAll >> (32 - 8 * valid));
+                    }
+                }
                 unsigned char const* const base
                     = reinterpret_cast<unsigned char const*>(tile) + (ty * R * S) * pl.P + LPAD + col0 * S;
 #pragma unroll
@@ -788,18 +994,18 @@ __global__ void __launch_bounds__(kRowsMaxThreads, KS == 3 ? DWCONV2D_ROWS_MIN_B
         else
         {
             constexpr int CLO = floor_div4(-PAD);
-            constexpr int CHI = rows_hi_word(KS, S, false);
+            constexpr int CHI = rows_hi_word(KS, S, false, V);
             constexpr int NCH = CHI - CLO + 1;
-            float wr[KS * KS]; // loaded while the copies are in flight
-#pragma unroll
-            for (int i = 0; i < KS * KS; ++i)
-            {
-                wr[i] = active ? Traits<TIn>::load(wp[i]) : 0.0F;
-            }
             rows_wait(stages);
             __syncthreads();
             if (active)
             {
+                float wr[KS * KS];
+#pragma unroll
+                for (int i = 0; i < KS * KS; ++i)
+                {
+                    wr[i] = Traits<TIn>::load(cur.wt[i]);
+                }
                 TIn const* const base = tile + (ty * R * S) * pl.P + LPAD + col0 * S;
 #pragma unroll
                 for (int r = 0; r < NR; ++r)
@@ -834,19 +1040,23 @@ __global__ void __launch_bounds__(kRowsMaxThreads, KS == 3 ? DWCONV2D_ROWS_MIN_B
 
         if (active)
         {
-            float const bias = load_bias(b, s, n, k);
+            auto const ctx = store.rows_plane(cur.bias);
             int64_t const y0 = (static_cast<int64_t>(plane) * s.Ho + orow0) * s.Wo + col0;
 #pragma unroll
             for (int i = 0; i < R; ++i)
             {
                 if (orow0 + i < s.Ho)
                 {
-                    store.store4(y0 + static_cast<int64_t>(i) * s.Wo, acc[i], bias, vec, count);
+                    store.template rows_store<V>(y0 + static_cast<int64_t>(i) * s.Wo, acc[i], ctx, pl.out_chunk, count);
                 }
             }
         }
         __syncthreads(); // every read of this buffer is done before it is refilled
         buf = buf + 1 == stages ? 0 : buf + 1;
+        if constexpr (kAhead)
+        {
+            cur = nxt;
+        }
     }
     cp_async_wait<0>();
 }
@@ -1314,20 +1524,22 @@ bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out)
     }
     int const ks = s.kH;
     int const st = s.sh;
-    int64_t const TX = ceil_div(s.Wo, kRowsV);
-    if (TX > kRowsMaxThreads)
+    int64_t const V = rows_v(elem, ks);
+    int64_t const max_threads = rows_max_threads(elem, ks);
+    int64_t const TX = ceil_div(s.Wo, V);
+    if (TX > max_threads)
     {
         return false;
     }
     int64_t const lpad = 16 / elem;
-    int64_t const hi = rows_hi_word(ks, st, elem == 1);
-    int64_t const need = lpad + (TX - 1) * kRowsV * st + 4 * (hi + 1);
+    int64_t const hi = rows_hi_word(ks, st, elem == 1, static_cast<int>(V));
+    int64_t const need = lpad + (TX - 1) * V * st + 4 * (hi + 1);
     int64_t const P = round_up(std::max<int64_t>(need, lpad + s.W), 16 / elem);
     auto slice = [&](int64_t ty) {
         int64_t const nrs = (ty * kRowsR - 1) * st + ks;
         return round_up(nrs * P * elem, 16);
     };
-    int64_t TY = std::min<int64_t>(ceil_div(s.Ho, kRowsR), kRowsMaxThreads / TX);
+    int64_t TY = std::min<int64_t>({ceil_div(s.Ho, kRowsR), max_threads / TX, kRowsMaxTY});
     while (TY > 1 && 2 * slice(TY) > kSmemBudget)
     {
         --TY;
@@ -1337,11 +1549,7 @@ bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out)
         return false;
     }
     int64_t const TXY = TX * TY;
-    int64_t const NV = static_cast<int64_t>(s.W) * elem / load_bytes;
-    if (NV > TXY)
-    {
-        return false;
-    }
+    int64_t const NV = static_cast<int64_t>(s.W) * elem / load_bytes; // copies per row (> TXY: several per thread)
     int64_t const bands = ceil_div(s.Ho, TY * kRowsR);
     if (bands > 65535) // gridDim.y
     {
@@ -1349,13 +1557,14 @@ bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out)
     }
     // Enough stages that kRowsAheadBytes per plane slot are in flight (small planes, narrow types).
     int64_t const plane_bytes = std::min<int64_t>(pl_rows(TY, st, ks), s.H) * s.W * elem;
-    int64_t stages = std::min<int64_t>(4, 1 + ceil_div(kRowsAheadBytes, std::max<int64_t>(plane_bytes, 1)));
+    int64_t const ahead = ks == 3 ? kRowsAheadBytes3x3 : kRowsAheadBytes;
+    int64_t stages = std::min<int64_t>(4, 1 + ceil_div(ahead, std::max<int64_t>(plane_bytes, 1)));
     while (stages > 2 && stages * slice(TY) > kRowsSmemMax)
     {
         --stages;
     }
     int64_t PPB = std::max<int64_t>(
-        1, std::min<int64_t>({kRowsMaxThreads / TXY, kSmemBudget / (stages * slice(TY)), planes}));
+        1, std::min<int64_t>({max_threads / TXY, kSmemBudget / (stages * slice(TY)), planes}));
     while (PPB > 1 && (planes + PPB - 1) / PPB * bands < kRowsMinBlocks)
     {
         --PPB;
@@ -1371,9 +1580,10 @@ bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out)
     pl.P = static_cast<int32_t>(P);
     pl.slice_bytes = static_cast<int32_t>(slice(TY));
     pl.NV = static_cast<int32_t>(NV);
-    pl.rstep = static_cast<int32_t>(TXY / NV);
+    pl.rstep = static_cast<int32_t>(std::max<int64_t>(1, TXY / NV));
+    pl.cstep = static_cast<int32_t>(std::min<int64_t>(NV, TXY));
     pl.load_bytes = load_bytes;
-    pl.out_vec = 0;
+    pl.out_chunk = 1; // set by launch_rows() from the output pointer
     pl.planes = static_cast<int32_t>(planes);
     pl.stages = static_cast<int32_t>(stages);
     *out = pl;
@@ -1389,10 +1599,10 @@ int select_path(DWConv2DParams const& p)
     ConvShape const s = make_shape(p);
     if (s.Cg == 1)
     {
+        // 16-byte aligned tensors assumed, as CUDA allocations are (see run()); the plans differ
+        // per element type (outputs per thread, threads per block), so all three must exist.
         RowsPlan rows{};
-        // float rows and W / 4 loads per row: the largest plan of any element type (16-byte
-        // aligned tensors assumed, as CUDA allocations are; see run()).
-        if (plan_rows(s, 4, 16, &rows))
+        if (plan_rows(s, 4, 16, &rows) && plan_rows(s, 2, 16, &rows) && plan_rows(s, 1, 16, &rows))
         {
             return DWCONV2D_PATH_DEPTHWISE_ROWS;
         }
@@ -1445,6 +1655,23 @@ int launch_rows_ks(TIn const* x, TIn const* w, TB const* b, Store store, ConvSha
     return static_cast<int>(cudaGetLastError());
 }
 
+// The store width of depthwise_rows (see store_row_bytes): the widest of rows_wide_chunk(seg), 4
+// and the element size that divides the row pitch and the output pointer's alignment, so that
+// every thread's row segment, the last one included, is whole chunks.
+int rows_out_chunk(int seg_bytes, int out_elem, int32_t wo, void const* y)
+{
+    auto const ya = reinterpret_cast<uintptr_t>(y);
+    int64_t const pitch = static_cast<int64_t>(wo) * out_elem;
+    for (int ch : {rows_wide_chunk(seg_bytes), 4})
+    {
+        if (ch > out_elem && pitch % ch == 0 && ya % ch == 0)
+        {
+            return ch;
+        }
+    }
+    return out_elem;
+}
+
 // Plans and launches depthwise_rows for these pointers; false (nothing launched) when the shape or
 // the pointers' alignment does not allow it, and the caller takes the tiled path.
 template <class TIn, class TB, class Store>
@@ -1471,7 +1698,7 @@ bool launch_rows(TIn const* x, TIn const* w, TB const* b, Store store, void cons
     {
         return false;
     }
-    pl.out_vec = s.Wo % kRowsV == 0 && reinterpret_cast<uintptr_t>(y) % (kRowsV * out_elem) == 0 ? 1 : 0;
+    pl.out_chunk = rows_out_chunk(rows_v(in_elem, s.kH) * out_elem, out_elem, s.Wo, y);
     int const key = s.kH * 10 + s.sh;
     switch (key)
     {
@@ -1597,6 +1824,39 @@ bool finite_positive(float v)
     return std::isfinite(v) && v > 0.0F;
 }
 
+// The INT8 -> INT8 epilogue, with the constants of depthwise_rows' fixed-point requantization
+// (StoreI8ToI8::rows_store). Exactness bound, per output, with A = kH * kW * 2^14 >= |acc| and
+// w = fl(fl(fl(acc * s) + b) / os) the exact chain's quotient (each fl() one float32 rounding,
+// relative error <= 2^-24 while normal):
+//   |w - (acc * c1 + b / os)|  <= 3 * 2^-24 * |acc| * c1 + 2^-23 * |b / os|  (+ 2^-49 subnormal)
+//   |acc * c1_fixed / 2^32 - acc * c1| <= A * (2^-33 + c1 * 2^-53)            (c1 in double)
+//   |c2 / 2^32 - 1/2 - b / os|         <= 2^-33 + 2^-23 * |b / os|            (fl(b * fl(1/os)))
+// so eps = 1.25 * (A * 2^-33 + 2^-32 + 2^-40 + 2^-22 * A * c1) + 1.25 * 2^-21 * |fl(b / os)|
+// bounds |z / 2^32 - 1/2 - w| with room to spare (the 1.25 also covers the float rounding of eps
+// itself). The fixed-point path needs 1/os normal and within 2^+-100 (so the subnormal terms stay
+// below 2^-40), c1 * 2^32 within int32, and eps <= 2^-5 (else every output takes the exact chain).
+StoreI8ToI8 make_i8_store(DWConv2DParams const& p, int8_t* y, float acc_scale)
+{
+    StoreI8ToI8 st{};
+    st.y = y;
+    st.acc_scale = acc_scale;
+    st.output_scale = p.output_scale;
+    st.inv_output_scale = 1.0F / p.output_scale;
+    double const c1 = static_cast<double>(acc_scale) / static_cast<double>(p.output_scale);
+    double const a = static_cast<double>(p.in_channels / p.group) * p.kernel_h * p.kernel_w * 16384.0;
+    double const eps = 1.25 * (a * 0x1p-33 + 0x1p-32 + 0x1p-40 + 0x1p-22 * a * c1);
+    double const c1_fixed = std::nearbyint(c1 * 0x1p32);
+    float const inv = st.inv_output_scale;
+    bool const ok = std::isnormal(inv) && inv < 0x1p100F && inv > 0x1p-100F && c1_fixed <= INT32_MAX
+        && eps <= 0x1p-5;
+    st.fixed_ok = ok ? 1 : 0;
+    st.c1_fixed = ok ? static_cast<int32_t>(c1_fixed) : 0;
+    // Rounded up: the float must not be below the double bound.
+    float const eps_f = static_cast<float>(eps);
+    st.eps_const = static_cast<double>(eps_f) >= eps ? eps_f : std::nextafter(eps_f, INFINITY);
+    return st;
+}
+
 } // namespace
 
 extern "C" {
@@ -1679,11 +1939,7 @@ int dwconv2d_forward_int8(
     }
     if (p.output_scale > 0.0F)
     {
-        float const inv = 1.0F / p.output_scale;
-        // The multiply stands in for the division only while both stay normal floats.
-        int32_t const fast = std::isnormal(inv) && inv < 0x1p100F && inv > 0x1p-100F ? 1 : 0;
-        return run(x, w, b, StoreI8ToI8{static_cast<int8_t*>(y), acc_scale, p.output_scale, inv, fast}, y, 1, p,
-            stream);
+        return run(x, w, b, make_i8_store(p, static_cast<int8_t*>(y), acc_scale), y, 1, p, stream);
     }
     return run(x, w, b, StoreI8ToF32{static_cast<float*>(y), acc_scale}, y, 4, p, stream);
 }
