@@ -104,28 +104,41 @@ class TensorStats:
         if x.size == 0:
             return None
         seen = binning.scan(x, self.exponent)
+        counts = seen.counts
+        if counts is None and seen.finite:
+            counts = binning.finite_counts(x, self.regrid_exponent(seen))
+        return self.add_scanned(seen, counts)
+
+    def regrid_exponent(self, seen: binning.Scan) -> int:
+        """The exponent a batch scanned at this tensor's grid is binned at when it did not fit."""
+        return max(self.exponent, exponent_for(max(abs(seen.lo), abs(seen.hi))))
+
+    def add_scanned(self, seen: binning.Scan, counts: np.ndarray | None) -> BatchCounts | None:
+        """:meth:`update` with the reading done by the caller (possibly in parallel chunks,
+        :func:`binning.merge_scans`): ``seen`` scanned at :attr:`exponent`, and ``counts`` its
+        finite values binned at :meth:`regrid_exponent` when ``seen.counts`` is ``None``."""
         self.nan_count += seen.nan
         self.inf_count += seen.inf
-        if seen.finite == 0:
+        if seen.finite == 0 or counts is None:
             return None
-        counts = seen.counts
-        if counts is None:
-            self._grow(exponent_for(max(abs(seen.lo), abs(seen.hi))))
-            counts = binning.finite_counts(x, self.exponent)
+        if seen.counts is None:
+            self._grow(self.regrid_exponent(seen))
         self.counts += counts
         self._add_range(seen.finite, seen.lo, seen.hi)
         return BatchCounts(counts, self.exponent, seen.lo, seen.hi, seen.nan + seen.inf == 0)
 
-    def update_relu(self, source: BatchCounts | None, values: np.ndarray) -> None:
+    def update_relu(self, source: BatchCounts | None, values: binning.Values) -> None:
         """Add ``max(values, 0)`` reusing the source batch's bins when the grids coincide.
 
         Exact: moving the negative bins into bin 0 is what binning ``max(x, 0)`` gives; when
-        this tensor's grid is finer than the source's it bins ``max(x, 0)`` itself.
+        this tensor's grid is finer than the source's it bins ``max(x, 0)`` itself. ``values``
+        may be pieces (a list of arrays) standing for their concatenation.
         """
         if source is None:
             return
+        pieces = values if isinstance(values, list) else [values]
         if not source.finite_only:
-            self.update(np.maximum(values, 0))
+            self.update(np.concatenate([np.maximum(p, 0).reshape(-1) for p in pieces]))
             return
         lo, hi = max(source.lo, 0.0), max(source.hi, 0.0)
         self._grow(exponent_for(hi))
@@ -133,7 +146,8 @@ class TensorStats:
             self.counts[HALF_BINS:] += source.counts[HALF_BINS:]
             self.counts[HALF_BINS] += source.counts[:HALF_BINS].sum()
         else:
-            self.counts += binning.finite_counts(np.maximum(values, 0), self.exponent)
+            relu = [np.maximum(p, 0) for p in pieces]
+            self.counts += binning.finite_counts(relu, self.exponent)
         self._add_range(int(source.counts.sum()), lo, hi)
 
     def _add_range(self, n: int, lo: float, hi: float) -> None:

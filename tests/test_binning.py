@@ -36,10 +36,21 @@ def _edge_values() -> np.ndarray:
     return np.concatenate([edges, near, special, top]).astype(np.float32)
 
 
-def test_edge_values_land_in_the_exact_bins() -> None:
+def _tiled(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """``x`` repeated past :data:`binning.SMALL` values (so :func:`binning.scan` takes the
+    compiled path, not the numpy one it uses for small arrays) and the repeat count."""
+    reps = binning.SMALL // x.size + 1
+    return np.tile(x, reps), reps
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=["small", "compiled-size"])
+def test_edge_values_land_in_the_exact_bins(tiled: bool) -> None:
     x = _edge_values()[:-1]  # without -HALF_BINS * 2**e, which is off the grid
     e = -10
     expected = _exact_bins(x, e)
+    if tiled:
+        x, reps = _tiled(x)
+        expected = expected * reps
     assert np.array_equal(binning.numpy_finite_counts(x, e), expected)
     assert np.array_equal(binning.finite_counts(x, e), expected)
     for scan in (binning.scan, binning.numpy_scan):
@@ -48,30 +59,40 @@ def test_edge_values_land_in_the_exact_bins() -> None:
         assert (seen.lo, seen.hi, seen.finite) == (float(x.min()), float(x.max()), x.size)
 
 
-def test_a_value_on_the_grid_edge_is_off_the_grid() -> None:
+@pytest.mark.parametrize("tiled", [False, True], ids=["small", "compiled-size"])
+def test_a_value_on_the_grid_edge_is_off_the_grid(tiled: bool) -> None:
     """|v| == HALF_BINS * 2**e needs the next exponent (stats.exponent_for agrees)."""
     e = -10
     edge = np.float32(-binning.HALF_BINS * 2.0**e)
     assert exponent_for(abs(float(edge))) == e + 1
+    x, reps = _tiled(np.array([0.5, edge], np.float32)) if tiled else ([0.5, edge], 1)
     for scan in (binning.scan, binning.numpy_scan):
-        seen = scan(np.array([0.5, edge], np.float32), e)
-        assert seen.counts is None and seen.lo == float(edge) and seen.finite == 2
+        seen = scan(np.asarray(x, np.float32), e)
+        assert seen.counts is None and seen.lo == float(edge) and seen.finite == 2 * reps
 
 
-def test_non_finite_values_are_counted_not_binned() -> None:
+@pytest.mark.parametrize("tiled", [False, True], ids=["small", "compiled-size"])
+def test_non_finite_values_are_counted_not_binned(tiled: bool) -> None:
     x = np.array([1.0, np.nan, -np.inf, 2.5, np.inf, np.nan, -3.0], np.float32)
+    nonfinite = np.array([np.nan, np.inf], np.float32)
     e = -4
     expected = _exact_bins(np.array([1.0, 2.5, -3.0], np.float32), e)
+    reps = 1
+    if tiled:
+        (x, reps), (nonfinite, _) = _tiled(x), _tiled(nonfinite)
+        expected = expected * reps
     for scan, counts in (
         (binning.scan, binning.finite_counts),
         (binning.numpy_scan, binning.numpy_finite_counts),
     ):
         seen = scan(x, e)
-        assert (seen.lo, seen.hi, seen.finite, seen.nan, seen.inf) == (-3.0, 2.5, 3, 2, 2)
+        assert (seen.lo, seen.hi) == (-3.0, 2.5)
+        assert (seen.finite, seen.nan, seen.inf) == (3 * reps, 2 * reps, 2 * reps)
         assert np.array_equal(seen.counts, expected)
         assert np.array_equal(counts(x, e), expected)
-        empty = scan(np.array([np.nan, np.inf], np.float32), e)
-        assert (empty.finite, empty.nan, empty.inf, empty.counts) == (0, 1, 1, None)
+        empty = scan(nonfinite, e)
+        assert (empty.finite, empty.counts) == (0, None)
+        assert empty.nan == empty.inf == nonfinite.size // 2
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
@@ -95,7 +116,7 @@ def test_compiled_and_numpy_bins_are_identical(dtype: type, shape: str) -> None:
 
 
 def test_sample_matches_exact_arithmetic() -> None:
-    x = np.random.default_rng(3).laplace(size=2000).astype(np.float32)
+    x = np.random.default_rng(3).laplace(size=5000).astype(np.float32)  # > SMALL: compiled
     e = exponent_for(float(np.abs(x).max()))
     assert np.array_equal(binning.finite_counts(x, e), _exact_bins(x, e))
 
@@ -184,3 +205,97 @@ def test_large_batches_run_in_parts_with_the_same_statistics(
     assert parts.num_samples == whole.num_samples == 40
     for name in names:
         assert np.array_equal(parts[name].counts, whole[name].counts), name
+
+
+def test_chunks_scanned_apart_merge_to_the_whole_scan() -> None:
+    """merge_scans of a tensor's chunks equals scanning it whole: counts, range, NaN/Inf, and
+    'off the grid' when any chunk is; a chunk of only NaN/Inf changes nothing but the counts."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(30_000) * 3).astype(np.float32)
+    x[100:140] = np.nan
+    x[7000] = -np.inf
+    x[20_000:29_000] = np.nan  # a whole chunk without a finite value
+    e = exponent_for(float(np.nanmax(np.abs(x[np.isfinite(x)]))))
+    for exponent in (e, e - 1):  # fits / the largest |x| is off the grid
+        whole = binning.numpy_scan(x, exponent)
+        chunks = [x[i : i + 4500] for i in range(0, x.size, 4500)]
+        assert any(np.isnan(c).all() for c in chunks)
+        merged = binning.merge_scans([binning.scan(c, exponent) for c in chunks])
+        fields = ("lo", "hi", "finite", "nan", "inf")
+        assert [getattr(merged, f) for f in fields] == [getattr(whole, f) for f in fields]
+        if whole.counts is None:
+            assert merged.counts is None
+        else:
+            assert np.array_equal(merged.counts, whole.counts)
+
+
+def test_statistics_do_not_depend_on_the_chunk_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tensor binned in many small chunks on several threads (the grid widening between
+    batches) gives the statistics of binning it whole on one thread, bit for bit."""
+    graph = open_graph(save(small_cnn(), tmp_path / "m.onnx"))
+    np.savez(tmp_path / "d.npz", input=images(24, seed=2) * 5)
+    names = calibration_tensors(graph, "all")
+    runs = []
+    scanned: list[list[int]] = []
+    scan = binning.scan
+
+    def spy(x: binning.Values, e: int) -> binning.Scan:
+        scanned[-1].append(sum(np.size(p) for p in (x if isinstance(x, list) else [x])))
+        return scan(x, e)
+
+    monkeypatch.setattr(binning, "scan", spy)
+    for threads, chunk, pool in ((1, 1 << 30, 1 << 30), (4, 5000, 20_000)):
+        scanned.append([])
+        monkeypatch.setattr(collect._Binner, "CHUNK", chunk)
+        monkeypatch.setattr(collect._Binner, "POOL", pool)
+        source = open_data(tmp_path / "d.npz", graph.inputs, batch_size=4)
+        runs.append(
+            collect_stats(graph, source, names, binning_threads=threads, show_progress=False)
+        )
+    whole, chunked = runs
+    assert max(scanned[0]) > 20_000 and max(scanned[1]) == 5000  # whole, then in chunks
+    for name in names:
+        a, b = whole[name], chunked[name]
+        assert (a.count, a.min, a.max, a.exponent) == (b.count, b.min, b.max, b.exponent), name
+        assert (a.nan_count, a.inf_count) == (b.nan_count, b.inf_count), name
+        assert np.array_equal(a.counts, b.counts), name
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_pieces_scan_as_their_concatenation(nonfinite: bool) -> None:
+    """A list of arrays (a tensor's pooled batches, never copied) scans and counts as the
+    concatenated array does; pieces of any size, an empty one included."""
+    rng = np.random.default_rng(8)
+    pieces = [(rng.standard_normal(n) * 2).astype(np.float32) for n in (7000, 1, 0, 300, 9000)]
+    if nonfinite:
+        pieces[3][5] = np.nan
+        pieces[4][:2] = -np.inf
+    whole = np.concatenate(pieces)
+    finite = whole[np.isfinite(whole)]
+    e = exponent_for(float(np.abs(finite).max()))
+    for exponent in (e, e - 1):
+        a, b = binning.scan(pieces, exponent), binning.numpy_scan(whole, exponent)
+        assert (a.lo, a.hi, a.finite, a.nan, a.inf) == (b.lo, b.hi, b.finite, b.nan, b.inf)
+        assert (a.counts is None) == (b.counts is None) == (exponent != e)
+        if b.counts is not None:
+            assert np.array_equal(a.counts, b.counts)
+    assert np.array_equal(binning.finite_counts(pieces, e), _exact_bins(finite, e))
+
+
+def test_relu_of_pieces_equals_relu_of_the_whole() -> None:
+    """update_relu given pieces bins max(x, 0) as given the concatenated array (both paths:
+    the source's bins reused, and the finer grid binned afresh)."""
+    rng = np.random.default_rng(4)
+    for neg_scale in (1.0, 50.0):  # 50: the negatives set the source's grid, Relu's is finer
+        pieces = [rng.standard_normal(n).astype(np.float32) for n in (5000, 6000)]
+        pieces = [np.where(p < 0, p * neg_scale, p) for p in pieces]
+        whole = np.concatenate(pieces)
+        src, relu_pieces, relu_whole = TensorStats("x"), TensorStats("r"), TensorStats("r")
+        added = src.update(whole)
+        relu_pieces.update_relu(added, pieces)
+        relu_whole.update(np.maximum(whole, 0))
+        assert relu_pieces.exponent == relu_whole.exponent
+        assert np.array_equal(relu_pieces.counts, relu_whole.counts)
+        assert (relu_pieces.count, relu_pieces.max) == (relu_whole.count, relu_whole.max)
