@@ -1,24 +1,29 @@
 """One streaming onnxruntime pass that turns calibration data into a :class:`StatsFile`.
 
-The tensors to calibrate are exposed as extra graph outputs; each batch updates their
-:class:`TensorStats` and is then dropped, so memory is bounded by one batch of activations plus
-the fixed-size histograms. Histogram updates of batch *k* run in a worker thread while
-onnxruntime computes batch *k+1* (both release the GIL for most of their work).
+The tensors to calibrate are exposed as extra graph outputs; each part of a batch updates their
+:class:`TensorStats` and is then dropped, so memory is bounded by one part's activations plus
+the fixed-size histograms. onnxruntime and the binning take turns on all the cores: a part is
+inferred by onnxruntime's threads, then binned by every worker thread at once (tensors cut into
+chunks, merged exactly), and dropped before the next part is inferred. Taking turns keeps one
+part's activations in memory instead of two, so a part can be twice as large at the same peak
+(larger parts keep onnxruntime's threads busier), and neither side's threads preempt the
+other's.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from quantbench import __version__
+from quantbench import __version__, binning
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
 from quantbench.data import Batch, DataSource, Feed, StreamFingerprint, feed_num_samples
+from quantbench.devicecollect import collect_on_device, wants_device_stats
 from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph, TensorSpec
 from quantbench.progress import progress_bar
@@ -61,46 +66,49 @@ def collect_stats(
 ) -> StatsFile:
     """Run the data through the model once and return statistics of ``tensors``.
 
-    ``binning_threads`` (default: the usable cores) bin different tensors at once; each tensor
-    is binned by one task at a time, so the statistics do not depend on the thread count.
+    ``binning_threads`` (default: the usable cores) bin the chunks of every tensor at once;
+    binning is exact and order-independent, so the statistics do not depend on the thread
+    count.
     """
     input_names = {s.name for s in graph.inputs}
     plan = derivation_plan(graph, tensors)
+    if wants_device_stats(provider):  # CUDA: activations stay on the GPU (devicecollect)
+        return collect_on_device(
+            graph, source, tensors, plan, provider=provider, show_progress=show_progress
+        )
     measured = [t for t in tensors if t not in plan]
     from_feed = [t for t in measured if t in input_names]
     from_outputs = [t for t in measured if t not in input_names]
-    runner = OnnxRuntimeRunner(
-        expose(graph.model, from_outputs, graph.elem_types),
-        provider,
-        threads,
-        spin=False,
-        generated_from=graph.model,
-    )
     stats = {name: TensorStats(name) for name in tensors}
     binner = _Binner(stats, [(t, src) for t, (kind, src) in plan.items() if kind == "relu"])
     fingerprint = None if source.fingerprint else StreamFingerprint()
     num_samples = 0
-    with (
-        progress_bar("Calibrating", total=source.num_samples, show=show_progress) as advance,
-        _stats_workers(binning_threads) as pool,
-    ):
-        pending: list[Future[None]] = []
-        measured = [0]  # bytes of exposed activations per sample, after the first run
-        for feed in _nonempty(source.batches(), source):
-            if fingerprint is not None:
-                fingerprint.update(feed)
-            for part in _parts(feed, graph.inputs, lambda: measured[0]):
-                outputs = runner.infer(part, from_outputs) if from_outputs else {}
-                n = feed_num_samples(part, graph.inputs)
-                if not measured[0]:
-                    measured[0] = max(1, -(-sum(a.nbytes for a in outputs.values()) // n))
-                _wait(pending)  # part k is binned while onnxruntime computes part k+1
-                values = {**{t: part[t] for t in from_feed}, **outputs}
-                pending = binner.submit(pool, values)
-                num_samples += n
-                advance(n)
-        _wait(pending)
-        _wait(binner.submit_flush(pool))
+    with _stats_workers(binning_threads) as pool:
+        warm = pool.submit(binning.warm_up)  # the compiled kernels load while onnxruntime starts
+        runner = OnnxRuntimeRunner(
+            expose(graph.model, from_outputs, graph.elem_types, types_of_model=True),
+            provider,
+            threads,
+            spin=False,
+            generated_from=graph.model,
+        )
+        with progress_bar("Calibrating", total=source.num_samples, show=show_progress) as advance:
+            per_sample = [0]  # bytes of exposed activations per sample, after the first run
+            for feed in _prefetched(_nonempty(source.batches(), source)):
+                if fingerprint is not None:
+                    fingerprint.update(feed)
+                for part in _parts(feed, graph.inputs, lambda: per_sample[0]):
+                    outputs = runner.infer(part, from_outputs) if from_outputs else {}
+                    n = feed_num_samples(part, graph.inputs)
+                    if not per_sample[0]:
+                        per_sample[0] = max(1, -(-sum(a.nbytes for a in outputs.values()) // n))
+                    warm.result()  # loaded during the first inference; a no-op after
+                    due = binner.add({**{t: part[t] for t in from_feed}, **outputs})
+                    binner.bin(pool, due)
+                    del outputs, due  # freed before onnxruntime infers the next part
+                    num_samples += n
+                    advance(n)
+            binner.bin(pool, binner.flush())
     for name, (kind, src) in plan.items():
         if kind == "same":
             stats[name] = stats[src].renamed(name)
@@ -116,8 +124,10 @@ def collect_stats(
 
 #: exposed activations one inference may return: a larger batch of a dynamic-batch model is
 #: run in parts (binning is exact and order-independent, so the bins do not change), which keeps
-#: peak memory near two parts whatever --batch-size asks for.
-ACTIVATION_BUDGET = 128 << 20
+#: peak memory near one part whatever --batch-size asks for. 256 MiB: on 16 cores (ResNet-18,
+#: batch 32) parts of ~18 samples ran 15 % faster than 128 MiB parts of ~9, where onnxruntime's
+#: threads have less work per operator.
+ACTIVATION_BUDGET = 256 << 20
 
 
 def _parts(feed: Feed, inputs: list[TensorSpec], per_sample: Callable[[], int]) -> Iterator[Feed]:
@@ -165,16 +175,20 @@ def derivation_plan(graph: Graph, tensors: list[str]) -> dict[str, tuple[str, st
 
 
 class _Binner:
-    """Bins batches into their TensorStats, one task per tensor, pooling small batches first.
+    """Pools small batches per tensor, then bins what is due on every worker at once.
 
     A histogram update has a fixed cost (a 32768-bin count and add: ~0.5 MB of memory traffic)
     that exceeds binning a small activation (7x7x512 at batch 1); pooling up to ``POOL`` values
     per tensor keeps memory bounded and, binning being exact and order-independent, gives
-    bit-identical statistics. A tensor and the Relu outputs derived from it are one task, so no
-    two threads ever touch the same TensorStats.
+    bit-identical statistics (the pooled pieces are binned where they lie, never copied). A due
+    tensor is cut into chunks of ``CHUNK`` values so one large activation spreads over every
+    core: the chunks are scanned in parallel, merged exactly (:func:`binning.merge_scans`)
+    and, where the grid widened, re-binned in parallel; then one task per tensor writes its
+    TensorStats and those of the Relus derived from it, so no two threads share one.
     """
 
     POOL = 1 << 18
+    CHUNK = 1 << 21
 
     def __init__(self, stats: dict[str, TensorStats], relus: list[tuple[str, str]]):
         self.stats = stats
@@ -184,30 +198,80 @@ class _Binner:
         self.pool: dict[str, list[np.ndarray]] = {}
         self.pooled: dict[str, int] = {}
 
-    def submit(self, pool: ThreadPoolExecutor, values: dict[str, np.ndarray]) -> list[Future]:
-        """Queue one batch: tensors whose pool fills are binned by the workers."""
+    def add(self, values: dict[str, np.ndarray]) -> list[tuple[str, list[np.ndarray]]]:
+        """Pool one part's values; returns the tensors whose pool is full, as flat pieces."""
         due = []
         for name, value in values.items():
             self.pool.setdefault(name, []).append(np.asarray(value).reshape(-1))
             self.pooled[name] = self.pooled.get(name, 0) + value.size
             if self.pooled[name] >= self.POOL:
                 due.append(self._take(name))
-        return [pool.submit(self._bin, name, parts) for name, parts in due]
+        return due
 
-    def submit_flush(self, pool: ThreadPoolExecutor) -> list[Future]:
-        """Queue what is left in every pool (the end of the data)."""
-        due = [self._take(name) for name in list(self.pool)]
-        return [pool.submit(self._bin, name, parts) for name, parts in due if parts]
+    def flush(self) -> list[tuple[str, list[np.ndarray]]]:
+        """What is left in every pool (the end of the data)."""
+        return [self._take(name) for name in list(self.pool) if self.pool[name]]
 
     def _take(self, name: str) -> tuple[str, list[np.ndarray]]:
         self.pooled.pop(name, None)
         return name, self.pool.pop(name, [])
 
-    def _bin(self, name: str, parts: list[np.ndarray]) -> None:
-        x = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        added = self.stats[name].update(x)
+    def bin(self, pool: ThreadPoolExecutor, due: list[tuple[str, list[np.ndarray]]]) -> None:
+        """Bin ``due`` into their statistics on ``pool``: every chunk scanned (and, where the
+        grid must widen, re-binned) by its own task, then one task per tensor merges its
+        chunks and writes its TensorStats and its Relus' (disjoint, so no locks)."""
+        chunks = {name: self._chunks(pieces) for name, pieces in due}
+        scans = _map(
+            pool,
+            binning.scan,
+            [(c, self.stats[n].exponent) for n, cs in chunks.items() for c in cs],
+        )
+        seen: dict[str, binning.Scan] = {}
+        start = 0
+        for name, cs in chunks.items():
+            seen[name] = binning.merge_scans(scans[start : start + len(cs)])
+            start += len(cs)
+        regrid = {
+            name: self.stats[name].regrid_exponent(s)
+            for name, s in seen.items()
+            if s.counts is None and s.finite
+        }
+        recounted = _map(
+            pool, binning.finite_counts, [(c, e) for n, e in regrid.items() for c in chunks[n]]
+        )
+        counts: dict[str, np.ndarray | None] = {n: s.counts for n, s in seen.items()}
+        start = 0
+        for name in regrid:
+            counts[name] = np.sum(recounted[start : start + len(chunks[name])], axis=0)
+            start += len(chunks[name])
+        _map(pool, self._apply, [(n, pieces, seen[n], counts[n]) for n, pieces in due])
+
+    def _apply(
+        self, name: str, pieces: list[np.ndarray], seen: binning.Scan, counts: np.ndarray | None
+    ) -> None:
+        added = self.stats[name].add_scanned(seen, counts)
         for relu in self.relus_of.get(name, ()):
-            self.stats[relu].update_relu(added, x)
+            self.stats[relu].update_relu(added, pieces)
+
+    def _chunks(self, pieces: list[np.ndarray]) -> list[list[np.ndarray]]:
+        """``pieces`` regrouped into tasks of at most ``CHUNK`` values (large ones cut)."""
+        tasks: list[list[np.ndarray]] = []
+        size = self.CHUNK
+        for piece in pieces:
+            for start in range(0, piece.size, self.CHUNK):
+                cut = piece[start : start + self.CHUNK]
+                if size + cut.size > self.CHUNK:
+                    tasks.append([])
+                    size = 0
+                tasks[-1].append(cut)
+                size += cut.size
+        return tasks or [pieces]
+
+
+def _map(pool: ThreadPoolExecutor, fn: Callable, args: list[tuple]) -> list:
+    """``fn(*a)`` for every ``a`` on the pool's threads, results in order."""
+    futures = [pool.submit(fn, *a) for a in args]
+    return [f.result() for f in futures]
 
 
 def usable_cores() -> int:
@@ -234,9 +298,14 @@ def _stats_workers(threads: int | None) -> Iterator[ThreadPoolExecutor]:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _wait(futures: list[Future]) -> None:
-    for f in futures:
-        f.result()
+def _prefetched(feeds: Iterator[Feed]) -> Iterator[Feed]:
+    """``feeds`` read one ahead in a thread: the next batch is loaded (file reads, decoding,
+    the non-finite check) while this one is inferred and binned."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-read") as reader:
+        ahead = reader.submit(next, feeds, None)
+        while (feed := ahead.result()) is not None:
+            ahead = reader.submit(next, feeds, None)
+            yield feed
 
 
 def _nonempty(batches: Iterator[Feed], source: DataSource) -> Iterator[Feed]:

@@ -51,3 +51,51 @@ def test_plan_derives_relu_and_reshape_only_from_measured(cnn_path):
     assert plan["r1"] == ("relu", "c1")
     assert plan["flat"] == ("same", "gap")
     assert "c2" not in plan and "sum" not in plan
+
+
+def test_expose_with_the_models_own_types_skips_nothing(cnn_path, monkeypatch):
+    """``types_of_model``: the graph's own inferred types give the outputs a second inference
+    would (and it is not run); a tensor they do not type is still inferred."""
+    from quantbench.backends import onnxruntime as backend
+
+    g = open_graph(cnn_path)
+    names = [t for t in calibration_tensors(g, "all") if t not in {s.name for s in g.inputs}]
+
+    def types(model):
+        return {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
+
+    inferred = types(expose(g.model, names, g.elem_types))
+    calls = []
+    real = backend._inferred_types
+    monkeypatch.setattr(
+        backend, "_inferred_types", lambda m, n: calls.append(list(n)) or real(m, n)
+    )
+    assert types(expose(g.model, names, g.elem_types, types_of_model=True)) == inferred
+    assert calls == []
+    partial = {k: v for k, v in g.elem_types.items() if k != names[0]}
+    assert types(expose(g.model, names, partial, types_of_model=True)) == inferred
+    assert len(calls) == 1 and names[0] in calls[0]
+
+
+def test_batches_read_ahead_keep_their_order_and_errors():
+    """The next batch is read in a thread while this one runs: same order, and a data error
+    surfaces in the caller as it would without the read-ahead."""
+    import threading
+
+    from quantbench import collect
+    from quantbench.errors import QuantbenchError
+
+    readers = []
+
+    def feeds():
+        for i in range(5):
+            readers.append(threading.current_thread().name)
+            yield {"i": i}
+        raise QuantbenchError("data.npz: sample 5 is broken")
+
+    got = []
+    with pytest.raises(QuantbenchError, match="sample 5 is broken"):
+        for feed in collect._prefetched(feeds()):
+            got.append(feed["i"])
+    assert got == [0, 1, 2, 3, 4]
+    assert all(name.startswith("quantbench-read") for name in readers)

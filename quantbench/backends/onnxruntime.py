@@ -7,6 +7,9 @@ calibration and per-layer comparison read activations without a second model.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -44,23 +47,57 @@ def resolve_provider(provider: str | None) -> str:
         raise QuantbenchError(
             f"onnxruntime provider {name} is not available{hint}; available: {', '.join(available)}"
         )
+    if name == "CUDAExecutionProvider":
+        _preload_cuda_libraries()
     return name
 
 
+@functools.cache
+def _preload_cuda_libraries() -> None:
+    """onnxruntime-gpu from PyPI finds CUDA and cuDNN in the nvidia-* wheels only once they are
+    preloaded; its notes go to stdout, which must stay machine-readable."""
+    import onnxruntime as ort
+
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        with contextlib.redirect_stdout(io.StringIO()):
+            preload()
+
+
+def check_session_provider(session: object, provider: str) -> None:
+    """onnxruntime falls back to the CPU when a GPU provider fails to start (no GPU, driver or
+    CUDA/cuDNN library): a run that asked for ``provider`` must not quietly run elsewhere."""
+    used = session.get_providers()  # type: ignore[attr-defined]
+    if provider not in used:
+        raise QuantbenchError(
+            f"onnxruntime could not start {provider} (it fell back to {', '.join(used)}): "
+            "check that a GPU and its driver are visible and that the CUDA and cuDNN libraries "
+            "onnxruntime-gpu needs are installed (pip install 'quantbench[gpu]')"
+        )
+
+
 def expose(
-    model: onnx.ModelProto, tensors: Iterable[str], elem_types: Mapping[str, int]
+    model: onnx.ModelProto,
+    tensors: Iterable[str],
+    elem_types: Mapping[str, int],
+    *,
+    types_of_model: bool = False,
 ) -> onnx.ModelProto:
     """Copy of ``model`` whose graph also outputs ``tensors``.
 
     Each exposed tensor's type is the one it has in ``model`` itself (ONNX shape inference on
     that model): a model quantbench derived (FP16, Q/DQ, isolated twins) may type a tensor
     differently from the FP32 original. ``elem_types`` only fills in where inference has
-    nothing (contrib ops it does not know)."""
+    nothing (contrib ops it does not know). ``types_of_model``: ``elem_types`` were inferred
+    from ``model`` itself (``graph.elem_types`` of ``graph.model``), so a second inference
+    (a serialisation and a pass over the whole model) is skipped where they type every tensor.
+    """
     out = onnx.ModelProto()
     out.CopyFrom(model)
     present = {o.name for o in out.graph.output} | {i.name for i in out.graph.input}
     wanted = [t for t in dict.fromkeys(tensors) if t not in present]
-    inferred = _inferred_types(out, wanted)
+    known = types_of_model and all(elem_types.get(t) for t in wanted)
+    inferred = {} if known else _inferred_types(out, wanted)
     for name in wanted:
         elem = inferred.get(name) or elem_types.get(name, onnx.TensorProto.FLOAT)
         vi = onnx.helper.make_tensor_value_info(name, elem, None)
@@ -162,6 +199,7 @@ class OnnxRuntimeRunner:
                     f"onnxruntime cannot load a model quantbench generated from yours: {first}"
                 ) from exc
             raise QuantbenchError(f"onnxruntime cannot load the model: {first}") from None
+        check_session_provider(self.session, self.provider)
         self.threads = threads or os.cpu_count() or 1
         self.output_names = [o.name for o in self.session.get_outputs()]
 

@@ -1,0 +1,346 @@
+"""GPU calibration benchmark: `quantbench calibrate --provider cuda`, its floor and its peer.
+
+Run on a machine with an NVIDIA GPU, onnxruntime-gpu and CuPy (``pip install -e '.[gpu]'``).
+Two workloads, same samples and batch for every job of a workload, each job a whole process of
+its own (benchmarks/_jobs.py; ``seconds`` excludes interpreter start-up and imports, the
+process column includes them):
+
+* ``resnet18``: the ResNet-18-shaped model of models.py (dynamic batch);
+* ``resnet50``: a ResNet-50-shaped model built here the same way (bottleneck blocks 3-4-6-3,
+  53 Conv, BatchNorm statistics measured and folded; 25.6 M parameters).
+
+Jobs: ours = ``quantbench calibrate MODEL --data D --method all --no-cache --provider cuda
+--batch-size B`` through the Python API (statistics on the GPU; the tables of all seven methods
+are computed on the host afterwards), and the same with ``--method entropy`` alone; floor =
+plain onnxruntime-gpu FP32 inference (CUDAExecutionProvider) over the same samples and batch;
+peer = onnxruntime ``quantize_static`` with CalibrationMethod.Entropy and
+``calibration_providers=[CUDA]``. The peer keeps every calibrated activation of every sample in
+host memory, so it runs on 32 and 64 samples and its full-count time is the straight line
+through those (marked ``~``). One untimed warm-up round first (CuPy compiles its kernels once
+per machine and caches them on disk; cuDNN loads), then ``--repeat`` alternating rounds, medians.
+Target (issue 12): ours / floor <= 1.3x.
+
+    python benchmarks/bench_gpu.py [--samples 1024] [--batch 32] [--repeat 3] [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _jobs  # noqa: E402
+from _jobs import (  # noqa: E402
+    JobFailed,
+    JobResult,
+    job,
+    load_feeds,
+    make_console,
+    ratio,
+    ratio_cell,
+    run_alternating,
+    write_json,
+    write_npz,
+)
+
+#: the second "ours" row: one method's table instead of all seven
+ONE_METHOD = "entropy"
+DEFAULT_SAMPLES = 1024
+DEFAULT_BATCH = 32
+DEFAULT_REPEAT = 3
+PEER_SAMPLES = (32, 64)
+MAX_FLOOR_RATIO = 1.3
+JOB_TIMEOUT_S = 900.0
+CUDA = "CUDAExecutionProvider"
+#: ResNet-50: (width, blocks, first stride) per stage; the block output is 4x the width.
+RESNET50_STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))
+
+
+# ============================================================================ the jobs (child side)
+
+
+def _cuda_session(model: str) -> Any:
+    import onnxruntime as ort
+
+    ort.preload_dlls()  # CUDA and cuDNN from the nvidia-* wheels, as quantbench does
+    session = ort.InferenceSession(model, providers=[CUDA])
+    if CUDA not in session.get_providers():
+        raise SystemExit(f"{CUDA} did not start: {session.get_providers()}")
+    return session
+
+
+@job("gpu-ort-fp32", imports=("onnxruntime",))
+def gpu_ort_fp32(model: str, data: str, batch: int, max_samples: int | None = None) -> dict:
+    """The floor: plain FP32 inference on the GPU over the same samples and batch."""
+    session = _cuda_session(model)
+    feeds = load_feeds(data, [i.name for i in session.get_inputs()], max_samples)
+    for feed in _jobs.ArrayReader(feeds, batch=batch):
+        session.run(None, feed)
+    return {"samples": len(next(iter(feeds.values())))}
+
+
+@job("gpu-qb-calibrate", imports=("quantbench.calibrate", "cupy", "onnxruntime"))
+def gpu_qb_calibrate(
+    model: str, data: str, batch: int, methods: list[str], max_samples: int | None = None
+) -> dict:
+    """``quantbench calibrate --method M --no-cache --provider cuda``, Python API."""
+    from quantbench.calibrate import calibrate
+    from quantbench.devicecollect import wants_device_stats
+
+    on_device = wants_device_stats("cuda")
+    result = calibrate(
+        model,
+        data,
+        methods=methods,
+        use_cache=False,
+        provider="cuda",
+        batch_size=batch,
+        max_samples=max_samples,
+        show_progress=False,
+    )
+    return {
+        "samples": result.stats.num_samples,
+        "tensors": len(result.stats),
+        "methods": len(result.tables),
+        "device_binning": on_device,
+    }
+
+
+@job("gpu-ort-entropy", imports=("onnxruntime.quantization",))
+def gpu_ort_entropy(
+    model: str, data: str, output: str, batch: int, max_samples: int | None = None
+) -> dict:
+    """onnxruntime ``quantize_static`` Entropy (QDQ, per-channel, symmetric), CUDA calibration."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    ort.preload_dlls()
+    feeds = load_feeds(data, _jobs.model_input_names(model), max_samples)
+    quantize_static(
+        model,
+        output,
+        _jobs.ArrayReader(feeds, batch=batch),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CalibrationMethod.Entropy,
+        calibration_providers=[CUDA],
+        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+    )
+    return {"samples": len(next(iter(feeds.values())))}
+
+
+# ============================================================================ inputs (parent side)
+
+
+def build_resnet50(path: Path, seed: int = 0) -> Path:
+    """A ResNet-50-shaped model with a dynamic batch axis (models.py's builder and weights)."""
+    import models
+
+    b = models._Builder(rng=np.random.default_rng([seed, 50]))
+    x = (models.INPUT_NAME, models._images(models.BN_STAT_SAMPLES, seed, 1))
+    x = b.conv_bn("conv1", x, 64, 7, 2, "stem", relu=True)
+    b.nodes.append(
+        helper.make_node(
+            "MaxPool", [x[0]], ["maxpool_output"], name="maxpool",
+            kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+        )
+    )  # fmt: skip
+    x = ("maxpool_output", models._maxpool_3x3_s2(x[1]))
+    for stage, (width, blocks, stride) in enumerate(RESNET50_STAGES, start=1):
+        for block in range(blocks):
+            x = _bottleneck(b, f"layer{stage}.{block}", x, width, stride if block == 0 else 1)
+    b.head(x)
+    shape = ["N", 3, models.IMAGE_SIZE, models.IMAGE_SIZE]
+    graph = helper.make_graph(
+        b.nodes,
+        "resnet50",
+        [helper.make_tensor_value_info(models.INPUT_NAME, TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(models.OUTPUT_NAME, TensorProto.FLOAT, ["N", 1000])],
+        initializer=b.initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", models.OPSET)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def _bottleneck(b: Any, name: str, x: tuple, width: int, stride: int) -> tuple:
+    """torchvision Bottleneck (v1.5: stride on the 3x3): 1x1, 3x3, 1x1 (4x), + shortcut."""
+    branch = b.conv_bn(f"{name}.conv1", x, width, 1, 1, "inner", relu=True)
+    branch = b.conv_bn(f"{name}.conv2", branch, width, 3, stride, "inner", relu=True)
+    branch = b.conv_bn(f"{name}.conv3", branch, 4 * width, 1, 1, "branch_out", relu=False)
+    shortcut = x
+    if stride != 1 or x[1].shape[1] != 4 * width:
+        shortcut = b.conv_bn(f"{name}.downsample", x, 4 * width, 1, stride, "downsample", False)
+    b.nodes.append(helper.make_node("Add", [branch[0], shortcut[0]], [f"{name}.add_output"]))
+    return b.relu(f"{name}.relu", (f"{name}.add_output", branch[1] + shortcut[1]))
+
+
+def prepare(work: Path, samples: int) -> dict[str, Path]:
+    """Both models and one data file (the same images for both), built once per work folder."""
+    import models
+
+    work.mkdir(parents=True, exist_ok=True)
+    paths = {"resnet18": work / "resnet18-dyn.onnx", "resnet50": work / "resnet50-dyn.onnx"}
+    if not paths["resnet18"].is_file():
+        models.build_resnet18(paths["resnet18"], seed=0, dynamic_batch=True)
+    if not paths["resnet50"].is_file():
+        build_resnet50(paths["resnet50"])
+    data = work / f"images-{samples}.npz"
+    if not data.is_file():
+        write_npz(data, input=models.make_resnet18_data(samples, seed=1))
+    return {**paths, "data": data}
+
+
+# ============================================================================ measuring
+
+
+def measure(model: Path, data: Path, work: Path, samples: int, batch: int, repeat: int) -> dict:
+    common = {"model": str(model), "data": str(data), "batch": batch, "max_samples": samples}
+    jobs = {
+        "floor": ("gpu-ort-fp32", common),
+        "ours": ("gpu-qb-calibrate", {**common, "methods": ["all"]}),
+        "ours_entropy": ("gpu-qb-calibrate", {**common, "methods": [ONE_METHOD]}),
+    }
+    run_alternating(jobs, repeat=1, timeout=JOB_TIMEOUT_S)  # warm-up: kernel caches, cuDNN
+    results: dict[str, Any] = run_alternating(jobs, repeat=repeat, timeout=JOB_TIMEOUT_S)
+    probes: dict[int, JobResult | JobFailed] = {}
+    for n in PEER_SAMPLES:
+        args = {**common, "max_samples": n, "output": str(work / f"{model.stem}-ort-{n}.onnx")}
+        probes[n] = run_alternating(
+            {"peer": ("gpu-ort-entropy", args)}, repeat=1, timeout=JOB_TIMEOUT_S
+        )["peer"]
+    results["peer_probes"] = probes
+    results["peer"] = _peer_at(probes, samples)
+    return results
+
+
+def _peer_at(probes: dict[int, JobResult | JobFailed], samples: int) -> dict[str, Any]:
+    """The peer at ``samples``: measured if probed there, else the line through two probes."""
+    ok = {n: r for n, r in probes.items() if isinstance(r, JobResult)}
+    if samples in ok:
+        return {"seconds": ok[samples].seconds, "process_seconds": ok[samples].process_seconds,
+                "estimated": False}  # fmt: skip
+    if len(ok) < 2:
+        failed = [str(r) for r in probes.values() if isinstance(r, JobFailed)]
+        return {"error": "; ".join(failed) or "not measured"}
+    (n1, r1), (n2, r2) = sorted(ok.items())[:2]
+
+    def line(a: float, b: float) -> float:
+        return a + (b - a) * (samples - n1) / (n2 - n1)
+
+    return {
+        "seconds": line(r1.seconds, r2.seconds),
+        "process_seconds": line(r1.process_seconds, r2.process_seconds),
+        "estimated": True,
+    }
+
+
+def _cell(result: Any, key: str = "seconds") -> str:
+    if isinstance(result, JobFailed):
+        return f"failed: {result.summary}"
+    value = getattr(result, key, None) if isinstance(result, JobResult) else result.get(key)
+    if value is None:
+        return result.get("error", "-") if isinstance(result, dict) else "-"
+    mark = "~" if isinstance(result, dict) and result.get("estimated") else ""
+    return f"{mark}{value:.2f} s"
+
+
+def _seconds(result: Any, key: str = "seconds") -> float | None:
+    if isinstance(result, JobResult):
+        return getattr(result, key)
+    return result.get(key) if isinstance(result, dict) else None
+
+
+def render(console: Any, key: str, samples: int, batch: int, results: dict) -> dict[str, Any]:
+    from rich.table import Table
+
+    table = Table(title=f"{key}: {samples} samples, batch {batch}, H200 (CUDA)")
+    for column in ("job", "work", "process", "vs floor (work)", "vs floor (process)"):
+        table.add_column(column)
+    floor = results["floor"]
+    rows = {
+        "floor: onnxruntime-gpu FP32 inference": floor,
+        "ours: quantbench calibrate -m all --provider cuda": results["ours"],
+        f"ours_entropy: quantbench calibrate -m {ONE_METHOD} --provider cuda": results[
+            "ours_entropy"
+        ],
+        "peer: onnxruntime quantize_static Entropy (CUDA)": results["peer"],
+    }
+    verdict: dict[str, Any] = {}
+    for label, result in rows.items():
+        work_ratio = ratio(_seconds(result), _seconds(floor))
+        proc_ratio = ratio(_seconds(result, "process_seconds"), _seconds(floor, "process_seconds"))
+        table.add_row(
+            label,
+            _cell(result),
+            _cell(result, "process_seconds"),
+            ratio_cell(work_ratio),
+            ratio_cell(proc_ratio),
+        )
+        verdict[label.split(":")[0]] = {"work_ratio": work_ratio, "process_ratio": proc_ratio}
+    console.print(table)
+    ours = verdict["ours"]["work_ratio"]
+    met = ours is not None and ours <= MAX_FLOOR_RATIO
+    console.print(f"ours / floor (work) {ratio_cell(ours)}: target <= {MAX_FLOOR_RATIO}x "
+                  f"{'met' if met else 'missed'}")  # fmt: skip
+    return verdict
+
+
+def _doc(result: Any) -> Any:
+    if isinstance(result, JobResult):
+        return result.to_dict()
+    if isinstance(result, JobFailed):
+        return {"error": str(result)}
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] in _jobs.JOBS:  # a child: run one job
+        return _jobs.child_main(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES)
+    parser.add_argument("--batch", type=int, default=DEFAULT_BATCH)
+    parser.add_argument("--repeat", type=int, default=DEFAULT_REPEAT)
+    parser.add_argument("--only", default="resnet18,resnet50")
+    parser.add_argument("--work", type=Path, default=_jobs.WORK / "gpu")
+    args = parser.parse_args(argv)
+    # the children are this script (its jobs are registered here), run by _jobs' runner
+    _jobs.JOBS_SCRIPT = Path(__file__).resolve()
+    console = make_console()
+    start = time.perf_counter()
+    inputs = prepare(args.work, args.samples)
+    console.print(f"inputs ready in {time.perf_counter() - start:.1f} s")
+    document: dict[str, Any] = {"samples": args.samples, "batch": args.batch, "workloads": {}}
+    for key in [k.strip() for k in args.only.split(",") if k.strip()]:
+        results = measure(inputs[key], inputs["data"], args.work, args.samples, args.batch,
+                          args.repeat)  # fmt: skip
+        verdict = render(console, key, args.samples, args.batch, results)
+        document["workloads"][key] = {
+            **{k: _doc(v) for k, v in results.items() if k != "peer_probes"},
+            "peer_probes": {n: _doc(r) for n, r in results["peer_probes"].items()},
+            "ratios": verdict,
+        }
+    document["wall_seconds"] = time.perf_counter() - start
+    document["gpu"] = os.environ.get("QB_GPU_NAME", "")
+    write_json(args.work / "bench_gpu.json", document)
+    console.print(f"total {document['wall_seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Device binning (CuPy) against the host TensorStats on the SAME values: identical bins.
+
+The host reference is quantbench.stats.TensorStats (binning.py: numba, or numpy), an independent
+implementation of the bin rule; the device side is quantbench.devicestats on CuPy arrays. Values
+are chosen to break a careless kernel: exact bin edges and their float neighbours, powers of
+two, negatives (floor, not truncation), +-0, float32/float16 subnormals (no flush to zero),
+NaN/Inf (counted, never binned), ranges that force the grid to widen by small and huge steps,
+float16/float64, and tens of millions of values (atomics under contention at the ReLU spike).
+Run on the device machine: ``python3 -m pytest -q -m gpu tests/gpu --noconftest``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from quantbench import binning
+from quantbench.binning import HALF_BINS, NUM_BINS
+from quantbench.stats import TensorStats
+
+
+def _cupy_or_reason():
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return None, "no CUDA device"
+        return cupy, None
+    except Exception as exc:  # noqa: BLE001 - any failure means: no usable CuPy here
+        return None, f"CuPy unusable: {type(exc).__name__}: {exc}"
+
+
+cp, REASON = _cupy_or_reason()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cp is None, reason=REASON or "")]
+
+TINY32 = 2.0**-149
+TINY16 = 2.0**-24
+
+
+def _edges(exponent: int, dtype: type) -> np.ndarray:
+    """Bin edges k * 2**e (k over the whole grid, sparsely) and both float neighbours."""
+    ks = np.unique(np.concatenate([np.arange(-40, 41), np.linspace(-HALF_BINS, HALF_BINS - 1, 97)]))
+    edges = (ks.astype(np.float64) * 2.0**exponent).astype(dtype)
+    edges = edges[np.abs(edges.astype(np.float64)) < HALF_BINS * 2.0**exponent]
+    up = np.nextafter(edges, np.array(np.inf, dtype))
+    down = np.nextafter(edges, np.array(-np.inf, dtype))
+    both = np.concatenate([edges, up, down])
+    return both[np.abs(both.astype(np.float64)) < HALF_BINS * 2.0**exponent]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("exponent", [-160, -149, -30, -14, -1, 0, 3, 20, 100])
+def test_kernel_bins_equal_the_host_formula(dtype, exponent):
+    from quantbench.devicestats import BinOps
+
+    if dtype is np.float16 and not -40 <= exponent <= 5:
+        pytest.skip("float16 has no values on this grid")
+    if dtype is np.float32 and exponent > 100:
+        pytest.skip("no float32 values")
+    values = _edges(exponent, dtype)
+    if dtype is np.float32:
+        values = np.concatenate([values, np.array([TINY32, -TINY32, 0.0, -0.0], dtype)])
+    values = values[np.abs(values.astype(np.float64)) < HALF_BINS * 2.0**exponent]
+    host = binning.numpy_finite_counts(values, exponent)
+    dev = cp.zeros(NUM_BINS, dtype=cp.int64)
+    BinOps(cp).add(dev, cp.asarray(values), exponent)
+    assert host.sum() == values.size
+    np.testing.assert_array_equal(dev.get(), host)
+    relu = cp.zeros(NUM_BINS, dtype=cp.int64)  # max(x, 0) binned in the same pass
+    BinOps(cp).add(relu, cp.asarray(values), exponent, relu=True)
+    np.testing.assert_array_equal(
+        relu.get(), binning.numpy_finite_counts(np.maximum(values, 0), exponent)
+    )
+    ranged = BinOps(cp).range(cp.asarray(values)).get()
+    assert list(ranged) == [float(values.min()), float(values.max())]
+
+
+def _sequences() -> dict[str, list[np.ndarray]]:
+    rng = np.random.default_rng(12)
+    relu_like = np.maximum(rng.normal(0.2, 1.0, 20_000_000), 0).astype(np.float32)
+    return {
+        "subnormals-first": [
+            np.array([TINY32, -TINY32, 3 * TINY32, -0.0, 0.0], np.float32),
+            np.array([-TINY32 * 7, 1e-38], np.float32),
+            rng.normal(0, 1e-20, 10_000).astype(np.float32),
+            rng.normal(0, 1.0, 100_000).astype(np.float32),
+        ],
+        "edges-then-widen": [
+            _edges(-10, np.float32),
+            _edges(-3, np.float32),
+            _edges(7, np.float32),
+            np.array([3.4e38, -3.4e38], np.float32),
+            _edges(-10, np.float32),
+        ],
+        "nonfinite": [
+            np.array([np.nan] * 5, np.float32),
+            np.array([np.inf, -np.inf], np.float32),
+            np.array([np.nan, 1.0, -2.0, np.inf, 0.5], np.float32),
+            np.where(rng.random(1_000_000) < 0.01, np.nan, rng.normal(size=1_000_000)).astype(
+                np.float32
+            ),
+            np.array([-np.inf, 1e30], np.float32),
+        ],
+        "powers-of-two": [
+            np.array([s * 2.0**k for k in range(-149, 128) for s in (1, -1)], np.float32),
+            np.array([s * 2.0**k for k in range(-24, 16) for s in (1, -1)], np.float32),
+        ],
+        "relu-spike-20M": [relu_like, -relu_like, relu_like * 1e3],
+        "conv-like-4d": [rng.normal(0, s, (8, 64, 56, 56)).astype(np.float32) for s in (1, 4, 2)],
+        "float16": [
+            np.array([TINY16, -TINY16, 65504.0, -65504.0, np.nan, 0.0], np.float16),
+            rng.normal(0, 3, 100_000).astype(np.float16),
+        ],
+        "float64": [
+            np.array([1e-300, -1e-300, 5e-324, -5e-324], np.float64),
+            rng.normal(0, 1e5, 100_000),
+            np.array([1e300, -1e-10], np.float64),
+        ],
+        "empty": [np.zeros(0, np.float32), np.zeros((0, 3), np.float32), np.ones(3, np.float32)],
+    }
+
+
+SEQUENCES = _sequences()
+
+
+def _fields(t: TensorStats) -> tuple:
+    return (t.count, t.min, t.max, t.nan_count, t.inf_count, t.exponent)
+
+
+@pytest.mark.parametrize("name", sorted(SEQUENCES))
+def test_device_statistics_equal_host_statistics(name):
+    from quantbench.devicestats import BinOps, DeviceTensorStats
+
+    ops = BinOps(cp)
+    host, host_relu = TensorStats("x"), TensorStats("r")
+    dev, dev_relu = DeviceTensorStats("x", ops), DeviceTensorStats("r", ops)
+    for step, batch in enumerate(SEQUENCES[name]):
+        on_device = cp.asarray(batch)
+        host_relu.update_relu(host.update(batch), batch)
+        dev_relu.update_relu(dev.update(on_device), on_device)
+        got = dev.to_host()
+        assert _fields(got) == _fields(host), (name, step)
+        np.testing.assert_array_equal(got.counts, host.counts, err_msg=f"{name} step {step}")
+    got_relu = dev_relu.to_host()
+    assert _fields(got_relu) == _fields(host_relu), name
+    np.testing.assert_array_equal(got_relu.counts, host_relu.counts)
