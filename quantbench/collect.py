@@ -22,9 +22,15 @@ import numpy as np
 
 from quantbench import __version__, binning
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
-from quantbench.data import Batch, DataSource, Feed, StreamFingerprint, feed_num_samples
+from quantbench.data import (
+    DataSource,
+    Feed,
+    StreamFingerprint,
+    feed_num_samples,
+    feed_parts,
+    nonempty,
+)
 from quantbench.devicecollect import collect_on_device, wants_device_stats
-from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph, TensorSpec
 from quantbench.progress import progress_bar
 from quantbench.stats import StatsFile, TensorStats
@@ -94,7 +100,7 @@ def collect_stats(
         )
         with progress_bar("Calibrating", total=source.num_samples, show=show_progress) as advance:
             per_sample = [0]  # bytes of exposed activations per sample, after the first run
-            for feed in _prefetched(_nonempty(source.batches(), source)):
+            for feed in _prefetched(nonempty(source.batches(), source)):
                 if fingerprint is not None:
                     fingerprint.update(feed)
                 for part in _parts(feed, graph.inputs, lambda: per_sample[0]):
@@ -131,20 +137,9 @@ ACTIVATION_BUDGET = 256 << 20
 
 
 def _parts(feed: Feed, inputs: list[TensorSpec], per_sample: Callable[[], int]) -> Iterator[Feed]:
-    """``feed`` cut along its batch axis into parts of at most :data:`ACTIVATION_BUDGET` of
-    exposed activations (``per_sample()`` bytes each, measured on a first one-sample part), or
-    whole when it cannot be cut (a fixed batch, one sample, no batch axis)."""
-    n = feed_num_samples(feed, inputs)
-    dynamic = all(spec.shape and not isinstance(spec.shape[0], int) for spec in inputs)
-    if n <= 1 or not dynamic or any(np.shape(a)[:1] != (n,) for a in feed.values()):
-        yield feed
-        return
-    start = 0
-    while start < n:
-        known = per_sample()
-        stop = min(n, start + (max(1, ACTIVATION_BUDGET // known) if known else 1))
-        yield Batch({k: v[start:stop] for k, v in feed.items()}, stop - start)
-        start = stop
+    """``feed`` in parts of at most :data:`ACTIVATION_BUDGET` of exposed activations
+    (``per_sample()`` measured on a first one-sample part)."""
+    return feed_parts(feed, inputs, per_sample, ACTIVATION_BUDGET)
 
 
 #: ops whose output holds exactly the input's values (rearranged): same statistics.
@@ -306,12 +301,3 @@ def _prefetched(feeds: Iterator[Feed]) -> Iterator[Feed]:
         while (feed := ahead.result()) is not None:
             ahead = reader.submit(next, feeds, None)
             yield feed
-
-
-def _nonempty(batches: Iterator[Feed], source: DataSource) -> Iterator[Feed]:
-    empty = True
-    for feed in batches:
-        empty = False
-        yield feed
-    if empty:
-        raise QuantbenchError(f"{source.description}: the data set is empty (no batches)")

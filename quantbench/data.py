@@ -1010,3 +1010,40 @@ def feed_num_samples(feed: Feed, inputs: list[TensorSpec]) -> int:
         return feed.num_samples
     first = feed[inputs[0].name]
     return int(first.shape[0]) if first.ndim and len(inputs[0].shape) else 1
+
+
+def feed_parts(
+    feed: Feed,
+    inputs: list[TensorSpec],
+    per_sample: Callable[[], int],
+    budget: int,
+    first: int = 1,
+) -> Iterator[Feed]:
+    """``feed`` cut along its batch axis into parts of at most ``budget`` bytes of exposed
+    activations (``per_sample()`` bytes a sample, 0 until measured on the first part of
+    ``first`` samples), or whole when it cannot be cut (a fixed batch, one sample, no batch
+    axis) or fits. Statistics are exact and order-independent, so parts change no bin."""
+    n = feed_num_samples(feed, inputs)
+    dynamic = all(spec.shape and not isinstance(spec.shape[0], int) for spec in inputs)
+    if n <= 1 or not dynamic or any(np.shape(a)[:1] != (n,) for a in feed.values()):
+        yield feed
+        return
+    start = 0
+    while start < n:
+        known = per_sample()
+        stop = min(n, start + (max(1, budget // known) if known else first))
+        if start == 0 and stop == n:
+            yield feed
+        else:
+            yield Batch({k: v[start:stop] for k, v in feed.items()}, stop - start)
+        start = stop
+
+
+def nonempty(batches: Iterable[Feed], source: DataSource) -> Iterator[Feed]:
+    """``batches``, or one line naming ``source`` when it yields none."""
+    empty = True
+    for feed in batches:
+        empty = False
+        yield feed
+    if empty:
+        raise QuantbenchError(f"{source.description}: the data set is empty (no batches)")

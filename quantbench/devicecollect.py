@@ -20,7 +20,14 @@ import numpy as np
 from quantbench import __version__
 from quantbench.backends.onnxruntime import expose, resolve_provider
 from quantbench.backends.ortdevice import CUDA_PROVIDER, DeviceOutputRunner
-from quantbench.data import Batch, DataSource, Feed, StreamFingerprint, feed_num_samples
+from quantbench.data import (
+    DataSource,
+    Feed,
+    StreamFingerprint,
+    feed_num_samples,
+    feed_parts,
+    nonempty,
+)
 from quantbench.devicestats import (
     BinOps,
     DeviceBatch,
@@ -87,7 +94,7 @@ def collect_on_device(
     num_samples = 0
     per_sample = [0]  # bytes of exposed activations per sample, after the first part
     with progress_bar("Calibrating", total=source.num_samples, show=show_progress) as advance:
-        for feed in _nonempty(source.batches(), source):
+        for feed in nonempty(source.batches(), source):
             if fingerprint is not None:
                 fingerprint.update(feed)
             for part in _parts(feed, graph.inputs, lambda: per_sample[0]):
@@ -146,31 +153,7 @@ class _DeviceBinner:
 
 
 def _parts(feed: Feed, inputs: list[TensorSpec], per_sample: Callable[[], int]) -> Iterator[Feed]:
-    """``feed`` cut along its batch axis into parts of at most :data:`DEVICE_ACTIVATION_BUDGET`
-    of exposed activations (the first part: at most :data:`FIRST_PART` samples), or whole when
-    it cannot be cut (a fixed batch, one sample, no batch axis). The host pass's rule
-    (``collect._parts``) with a GPU-sized budget and a first part that keeps one shape."""
-    n = feed_num_samples(feed, inputs)
-    dynamic = all(spec.shape and not isinstance(spec.shape[0], int) for spec in inputs)
-    if n <= 1 or not dynamic or any(np.shape(a)[:1] != (n,) for a in feed.values()):
-        yield feed
-        return
-    start = 0
-    while start < n:
-        known = per_sample()
-        step = max(1, DEVICE_ACTIVATION_BUDGET // known) if known else FIRST_PART
-        stop = min(n, start + step)
-        if start == 0 and stop == n:
-            yield feed
-        else:
-            yield Batch({k: v[start:stop] for k, v in feed.items()}, stop - start)
-        start = stop
-
-
-def _nonempty(batches: Iterator[Feed], source: DataSource) -> Iterator[Feed]:
-    empty = True
-    for feed in batches:
-        empty = False
-        yield feed
-    if empty:
-        raise QuantbenchError(f"{source.description}: the data set is empty (no batches)")
+    """``feed`` in parts of at most :data:`DEVICE_ACTIVATION_BUDGET` of exposed activations;
+    the first part holds up to :data:`FIRST_PART` samples, so the usual batch sizes run whole
+    (one input shape, one cuDNN search). The host pass's rule with a GPU-sized budget."""
+    return feed_parts(feed, inputs, per_sample, DEVICE_ACTIVATION_BUDGET, FIRST_PART)
