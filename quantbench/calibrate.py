@@ -20,7 +20,7 @@ from quantbench.clipguard import (
     clip_warning,
 )
 from quantbench.collect import cached_stats_path, collect_stats, find_cached_stats
-from quantbench.data import open_data
+from quantbench.data import can_reread, open_data
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
 from quantbench.fileio import check_output_path
@@ -186,6 +186,14 @@ def method_table(
             "--method auto needs data to judge the calibrators on and only statistics were "
             f"given: using {registry.DATA_FREE_METHOD} (the most robust method that needs no "
             "data on the real-model corpus); give --data or --holdout-data for auto"
+        )
+        return build_table(stats, registry.DATA_FREE_METHOD), None
+    if method == AUTO and holdout_data is None and not can_reread(calib_data):
+        warn(
+            f"method auto reads the calibration data again to judge the calibrators, and a "
+            f"{type(calib_data).__name__} can be read only once (a reader without rewind(), or "
+            f"a generator): using {registry.DATA_FREE_METHOD}; give holdout data, or a reader "
+            "with rewind(), for auto"
         )
         return build_table(stats, registry.DATA_FREE_METHOD), None
     if method != AUTO:

@@ -685,17 +685,25 @@ def _from_python(
             f"data of type {type(obj).__name__} is neither a path, a CalibrationDataReader "
             "(get_next()) nor an iterable of feed dicts"
         )
-    consumed = False
     where = type(obj).__name__
 
     def batches(record: NonFiniteSamples) -> Iterator[Batch]:
-        nonlocal consumed
-        if consumed and hasattr(obj, "get_next") and hasattr(obj, "rewind"):
-            obj.rewind()
-        consumed = True
+        if hasattr(obj, "get_next") and hasattr(obj, "rewind"):
+            obj.rewind()  # another pass (or an earlier source) may have read it to the end
         yield from _stream(_feeds_of(obj), inputs, where, batch_size, max_samples, record)
 
     return DataSource(f"{where} (Python)", None, None, batches)
+
+
+def can_reread(data: object) -> bool:
+    """Whether ``data`` can be read more than once: paths (files, folders, scripts) can; a
+    CalibrationDataReader only with ``rewind()``; an iterable unless it is its own iterator (a
+    generator)."""
+    if isinstance(data, (str, Path)):
+        return True
+    if hasattr(data, "get_next"):
+        return hasattr(data, "rewind")
+    return isinstance(data, Iterable) and iter(data) is not data
 
 
 def _from_script(

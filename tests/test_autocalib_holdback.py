@@ -128,3 +128,39 @@ def test_a_fixed_batch_holds_back_whole_batches(tmp_path):
     auto = choose_auto(graph, stats, tmp_path / "d.npz", methods=["minmax", "mse"])
     assert "first 16 of 40 calibration samples, held back" in auto.holdout
     assert "other 24" in auto.holdout
+
+
+class _Reader:
+    """onnxruntime's CalibrationDataReader protocol over 40 images, one per feed."""
+
+    def __init__(self, images: np.ndarray, rewindable: bool):
+        self.images, self.i = images, 0
+        if rewindable:
+            self.rewind = self._rewind
+
+    def get_next(self):
+        if self.i >= len(self.images):
+            return None
+        self.i += 1
+        return {"input": self.images[self.i - 1 : self.i]}
+
+    def _rewind(self):
+        self.i = 0
+
+
+def test_auto_with_a_reader_that_rewinds_holds_back(cnn_path):
+    result = cal.calibrate(
+        cnn_path, _Reader(synthetic.images(40), True), methods=["auto"], show_progress=False
+    )
+    assert "first 20 of 40 calibration samples, held back" in result.auto.holdout
+
+
+def test_auto_with_a_read_once_reader_falls_back_and_says_so(cnn_path, capsys):
+    """A reader without rewind() cannot be read again: auto would judge on nothing."""
+    result = cal.calibrate(
+        cnn_path, _Reader(synthetic.images(40), False), methods=["auto"], show_progress=False
+    )
+    assert result.auto is None
+    table = result.tables["auto"]
+    assert {e.method for e in table.entries.values()} == {"percentile:99.99"}
+    assert "can be read only once" in " ".join(capsys.readouterr().err.split())
