@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from quantbench.graph import constant_tensors
+
 #: drift metrics of one tensor pair (each undefined when the tensor holds NaN/Inf).
 DRIFT_KEYS = ("cosine", "sqnr_db", "rel_l2", "max_abs", "mean_abs")
 #: model-level metrics built from the outputs; ``accuracy``/``accuracy_drop`` need labels.
@@ -290,8 +292,7 @@ def channels_first_outputs(model: Any) -> frozenset[str]:
     value-wise ops only (activations, arithmetic with constants, casts), so their layout is
     NCHW: the class axis of a rank-4 one is 1."""
     producer = {out: node for node in model.graph.node for out in node.output}
-    constants = {i.name for i in model.graph.initializer}
-    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    constants = constant_tensors(model)
     found = set()
     for value in model.graph.output:
         tensor = value.name

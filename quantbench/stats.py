@@ -180,17 +180,19 @@ class TensorStats:
     def merge(self, other: TensorStats) -> TensorStats:
         """Return the statistics of both sample sets together (exact)."""
         out = TensorStats(self.name)
-        out.counts = self.counts.copy()
-        out.exponent = self.exponent
-        out._grow(other.exponent)
-        theirs = TensorStats(other.name, exponent=other.exponent, counts=other.counts.copy())
-        theirs._grow(out.exponent)
-        out.counts += theirs.counts
+        out.exponent = max(self.exponent, other.exponent)
+        out.counts = self.counts_at(out.exponent) + other.counts_at(out.exponent)
         out.count = self.count + other.count
         out.min, out.max = min(self.min, other.min), max(self.max, other.max)
         out.nan_count = self.nan_count + other.nan_count
         out.inf_count = self.inf_count + other.inf_count
         return out
+
+    def counts_at(self, exponent: int) -> np.ndarray:
+        """These counts on the grid of ``exponent`` (not finer than this one's), exact."""
+        copy = TensorStats(self.name, exponent=self.exponent, counts=self.counts.copy())
+        copy._grow(exponent)
+        return copy.counts
 
     def without(self, part: TensorStats) -> TensorStats | None:
         """The statistics of the values seen that are not in ``part`` (``--method auto``'s
@@ -202,9 +204,7 @@ class TensorStats:
         """
         if part.exponent > self.exponent or part.count > self.count:
             return None
-        theirs = TensorStats(part.name, exponent=part.exponent, counts=part.counts.copy())
-        theirs._grow(self.exponent)
-        counts = self.counts - theirs.counts
+        counts = self.counts - part.counts_at(self.exponent)
         nan, inf = self.nan_count - part.nan_count, self.inf_count - part.inf_count
         if counts.min(initial=0) < 0 or nan < 0 or inf < 0:
             return None
