@@ -41,7 +41,7 @@ import numpy as np
 from quantbench import calibrators as registry
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
 from quantbench.collect import collect_stats
-from quantbench.data import DataSource, open_data
+from quantbench.data import DataSource, dynamic_batch, open_data
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec, run_tasks, task_threads
 from quantbench.graph import Graph
@@ -153,7 +153,7 @@ def _holdout_batch(
     folder) has one: up to :data:`HOLDOUT_BATCH` samples, at most :data:`HOLDOUT_ELEMENTS` input
     values per feed (the slice is run a dozen times: batches amortise onnxruntime's per-run
     cost, while a detector's large images stay one per feed). None: feed as the data comes."""
-    if not all(spec.shape and not isinstance(spec.shape[0], int) for spec in graph.inputs):
+    if not dynamic_batch(graph.inputs):
         return None
     try:
         probe = holdout_source(

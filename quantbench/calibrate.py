@@ -181,20 +181,8 @@ def method_table(
     ``auto`` judges candidates on data; with statistics alone (``--stats``/``--merge``, no
     data) it falls back, saying so, to :data:`~quantbench.calibrators.DATA_FREE_METHOD`.
     """
-    if method == AUTO and calib_data is None and holdout_data is None:
-        warn(
-            "--method auto needs data to judge the calibrators on and only statistics were "
-            f"given: using {registry.DATA_FREE_METHOD} (the most robust method that needs no "
-            "data on the real-model corpus); give --data or --holdout-data for auto"
-        )
-        return build_table(stats, registry.DATA_FREE_METHOD), None
-    if method == AUTO and holdout_data is None and not can_reread(calib_data):
-        warn(
-            f"method auto reads the calibration data again to judge the calibrators, and a "
-            f"{type(calib_data).__name__} can be read only once (a reader without rewind(), or "
-            f"a generator): using {registry.DATA_FREE_METHOD}; give holdout data, or a reader "
-            "with rewind(), for auto"
-        )
+    if method == AUTO and holdout_data is None and (why := _cannot_judge(calib_data)):
+        warn(why)
         return build_table(stats, registry.DATA_FREE_METHOD), None
     if method != AUTO:
         return build_table(stats, method), None
@@ -210,6 +198,25 @@ def method_table(
         executor=executor,
     )
     return auto.table, auto
+
+
+def _cannot_judge(calib_data: object | None) -> str:
+    """Why ``auto`` cannot judge on ``calib_data`` (and so falls back to the data-free
+    method), or ''."""
+    if calib_data is None:
+        return (
+            "--method auto needs data to judge the calibrators on and only statistics were "
+            f"given: using {registry.DATA_FREE_METHOD} (the most robust method that needs no "
+            "data on the real-model corpus); give --data or --holdout-data for auto"
+        )
+    if not can_reread(calib_data):
+        return (
+            f"method auto reads the calibration data again to judge the calibrators, and a "
+            f"{type(calib_data).__name__} can be read only once (a reader without rewind(), or "
+            f"a generator): using {registry.DATA_FREE_METHOD}; give holdout data, or a reader "
+            "with rewind(), for auto"
+        )
+    return ""
 
 
 def calibrate(

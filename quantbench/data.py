@@ -1020,6 +1020,11 @@ def feed_num_samples(feed: Feed, inputs: list[TensorSpec]) -> int:
     return int(first.shape[0]) if first.ndim and len(inputs[0].shape) else 1
 
 
+def dynamic_batch(inputs: list[TensorSpec]) -> bool:
+    """Every input has a first axis and it is dynamic (-1/0/named dims are, see graph)."""
+    return all(spec.shape and not isinstance(spec.shape[0], int) for spec in inputs)
+
+
 def feed_parts(
     feed: Feed,
     inputs: list[TensorSpec],
@@ -1032,8 +1037,7 @@ def feed_parts(
     ``first`` samples), or whole when it cannot be cut (a fixed batch, one sample, no batch
     axis) or fits. Statistics are exact and order-independent, so parts change no bin."""
     n = feed_num_samples(feed, inputs)
-    dynamic = all(spec.shape and not isinstance(spec.shape[0], int) for spec in inputs)
-    if n <= 1 or not dynamic or any(np.shape(a)[:1] != (n,) for a in feed.values()):
+    if n <= 1 or not dynamic_batch(inputs) or any(np.shape(a)[:1] != (n,) for a in feed.values()):
         yield feed
         return
     start = 0
