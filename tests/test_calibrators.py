@@ -20,6 +20,7 @@ import scipy.stats
 from quantbench.calibrators import (
     all_methods,
     compute_amax,
+    compute_amaxes,
     expand_methods,
     parse_method,
     spec,
@@ -212,6 +213,42 @@ def test_entropy_trt_fast_kl_matches_direct_kl(stats_by_name: dict[str, TensorSt
     assert np.array_equal(np.isinf(fast), np.isinf(direct))
     finite = np.isfinite(direct)
     np.testing.assert_allclose(fast[finite], direct[finite], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["laplace_outliers", "relu", "tiny", "flat"])
+def test_entropy_shared_level_kl_matches_direct_kl(
+    name: str, stats_by_name: dict[str, TensorStats]
+) -> None:
+    """The KL that shares the levels of equal group sizes equals the plain per-candidate sum,
+    and picks the same candidate, exact ties included (a flat histogram: many equal KLs)."""
+    if name == "flat":
+        bins = np.zeros(2048)
+        bins[:1500] = 3.0
+    else:
+        bins = stats_by_name[name].abs_histogram(2048)
+    edges = entropy_module.floor_group_edges(2048, 128, 128)
+    shared = entropy_module.kl_divergences_floor_groups(bins, edges)
+    direct = np.array([entropy_module.kl_divergence_direct(bins, row) for row in edges])
+    assert np.array_equal(np.isinf(shared), np.isinf(direct))
+    finite = np.isfinite(direct)
+    np.testing.assert_allclose(shared[finite], direct[finite], rtol=0, atol=1e-12)
+    best = int(np.flatnonzero(direct == direct[finite].min())[0])
+    assert entropy_module.best_candidate(bins, edges, kl=shared) == best
+
+
+def test_a_table_of_many_tensors_matches_the_references(
+    stats_by_name: dict[str, TensorStats],
+) -> None:
+    """The vectorised table path (one matrix product for mse) gives every tensor the amax of
+    the slow references, in order, and 0 to an empty tensor."""
+    tensors = [*stats_by_name.values(), TensorStats("empty")]
+    mse = compute_amaxes("mse", tensors)
+    slides = compute_amaxes("entropy:slides", tensors)
+    for t, got_mse, got_slides in zip(tensors[:-1], mse, slides, strict=False):
+        bins = t.abs_histogram(2048)
+        assert got_mse == pytest.approx(brute_force_mse_amax(bins, t.max_abs), rel=1e-12, abs=0)
+        assert got_slides == slide_entropy_amax(bins, t.max_abs)
+    assert mse[-1] == slides[-1] == 0.0
 
 
 def test_entropy_trt_level_edges_for_non_multiple_of_128() -> None:

@@ -29,10 +29,9 @@ def build_table(stats: StatsFile, method: str) -> CalibrationTable:
             tool_version=__version__,
         ),
     )
-    for t in stats:
-        if t.count == 0 and t.has_nonfinite:
-            continue
-        table.set(t.name, registry.compute_amax(method, t), name)
+    kept = [t for t in stats if not (t.count == 0 and t.has_nonfinite)]
+    for t, amax in zip(kept, registry.compute_amaxes(method, kept), strict=True):
+        table.set(t.name, amax, name)
     return table
 
 
