@@ -99,3 +99,34 @@ def test_batches_read_ahead_keep_their_order_and_errors():
             got.append(feed["i"])
     assert got == [0, 1, 2, 3, 4]
     assert all(name.startswith("quantbench-read") for name in readers)
+
+
+def test_types_are_inferred_without_weights_as_with_them(cnn_path):
+    """``weightless`` drops only large payloads (a small shape tensor is kept) and ONNX type
+    inference gives every tensor the type it gives on the full model."""
+    import onnx
+    from onnx import shape_inference
+
+    from quantbench.graph import WEIGHTLESS_ABOVE, weightless
+
+    model = onnx.load(cnn_path)
+    light = weightless(model)
+    for full, stub in zip(model.graph.initializer, light.graph.initializer, strict=True):
+        assert (stub.name, stub.data_type, list(stub.dims)) == (
+            full.name,
+            full.data_type,
+            list(full.dims),
+        )
+        assert stub.ByteSize() < full.ByteSize() or full.ByteSize() <= WEIGHTLESS_ABOVE
+    assert any(i.ByteSize() > WEIGHTLESS_ABOVE for i in model.graph.initializer)
+
+    def types(m):
+        g = shape_inference.infer_shapes(m, strict_mode=False).graph
+        return {v.name: v.type.tensor_type.elem_type for v in [*g.value_info, *g.output]}
+
+    assert types(light) == types(model) and len(types(model)) > 5
+    assert open_graph(cnn_path).elem_types == {
+        **types(model),
+        **{i.name: i.data_type for i in model.graph.initializer},
+        **{v.name: v.type.tensor_type.elem_type for v in model.graph.input},
+    }
