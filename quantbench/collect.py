@@ -32,6 +32,7 @@ from quantbench.data import (
 )
 from quantbench.devicecollect import collect_on_device, wants_device_stats
 from quantbench.graph import Graph, TensorSpec
+from quantbench.machine import usable_cores
 from quantbench.progress import progress_bar
 from quantbench.stats import StatsFile, TensorStats
 
@@ -267,14 +268,6 @@ def _map(pool: ThreadPoolExecutor, fn: Callable, args: list[tuple]) -> list:
     """``fn(*a)`` for every ``a`` on the pool's threads, results in order."""
     futures = [pool.submit(fn, *a) for a in args]
     return [f.result() for f in futures]
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (affinity-aware where the platform tells)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def default_binning_threads() -> int:

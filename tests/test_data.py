@@ -153,3 +153,25 @@ def test_static_batch_model_rejects_other_batch_size(tmp_path):
     assert len(_all(open_data(tmp_path / "d.npz", g.inputs))) == 4
     with pytest.raises(QuantbenchError, match="fixed batch size of 1"):
         open_data(tmp_path / "d.npz", g.inputs, batch_size=2)
+
+
+def test_file_fingerprint_hashes_every_block_in_order(tmp_path, monkeypatch):
+    """The data fingerprint is sha256(prefix, then per file its name and the sha256 of each
+    block in order), computed by hand here; any byte of any block changes it."""
+    import hashlib
+
+    from quantbench import data as data_module
+
+    monkeypatch.setattr(data_module, "DIGEST_BLOCK", 1000)
+    body = bytes(range(256)) * 10  # 2560 bytes: blocks of 1000, 1000, 560
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(body)
+    b.write_bytes(b"")
+    expected = hashlib.sha256(b"arrays")
+    expected.update(b"a.bin")
+    for start in (0, 1000, 2000):
+        expected.update(hashlib.sha256(body[start : start + 1000]).digest())
+    expected.update(b"b.bin" + hashlib.sha256(b"").digest())
+    assert data_module._file_digest([a, b], "arrays") == expected.hexdigest()
+    a.write_bytes(body[:1500] + b"\x00" + body[1501:])
+    assert data_module._file_digest([a, b], "arrays") != expected.hexdigest()
