@@ -166,8 +166,9 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     if not model.graph.node and not model.graph.output:
         raise QuantbenchError(f"{p}: not an ONNX model (empty graph); is the file truncated?")
     _check_input_ranks(model, p)
-    try:
-        onnx.checker.check_model(checkable(model))
+    checked = checkable(model)
+    try:  # the file itself when it is what is checked: no serialising the proto back to C++
+        onnx.checker.check_model(str(p) if checked is model else checked)
     except Exception as exc:  # noqa: BLE001
         first = first_line(exc)
         raise QuantbenchError(f"{p}: invalid ONNX model: {first}") from None
