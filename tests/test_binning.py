@@ -299,3 +299,27 @@ def test_relu_of_pieces_equals_relu_of_the_whole() -> None:
         assert relu_pieces.exponent == relu_whole.exponent
         assert np.array_equal(relu_pieces.counts, relu_whole.counts)
         assert (relu_pieces.count, relu_pieces.max) == (relu_whole.count, relu_whole.max)
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("what", ["nan", "inf", "off-grid"])
+def test_one_odd_value_anywhere_in_a_long_array(where: str, what: str) -> None:
+    """A NaN, an Inf or a value off the grid at the start, in the middle or at the end of a
+    long array given in two pieces gives exactly the numpy scan of the whole array (its
+    counts, or none)."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(400_000) * 4).astype(np.float32)
+    e = exponent_for(float(np.abs(x).max()))
+    at = {"first": 5, "middle": 131_149, "last": x.size - 3}[where]
+    x[at] = {"nan": np.nan, "inf": -np.inf, "off-grid": binning.HALF_BINS * 2.0**e}[what]
+    fast, slow = binning.scan([x[:1000], x[1000:]], e), binning.numpy_scan(x, e)
+    assert (fast.lo, fast.hi, fast.finite, fast.nan, fast.inf) == (
+        slow.lo,
+        slow.hi,
+        slow.finite,
+        slow.nan,
+        slow.inf,
+    )
+    assert (fast.counts is None) == (slow.counts is None)
+    if slow.counts is not None:
+        assert np.array_equal(fast.counts, slow.counts)
