@@ -21,6 +21,11 @@ per machine and caches them on disk; cuDNN loads), then ``--repeat`` alternating
 Target (issue 12): ours / floor <= 1.3x.
 
     python benchmarks/bench_gpu.py [--samples 1024] [--batch 32] [--repeat 3] [--work DIR]
+                                   [--only resnet18,resnet50] [--no-peer] [--profile FILE]
+
+``--profile FILE`` measures instead where the time of one calibration goes (first workload of
+``--only``, in this process: phase wall times, a cProfile, and CUDA-event times of one part's
+inference and statistics) and writes it to FILE.
 """
 
 from __future__ import annotations
@@ -140,6 +145,154 @@ def gpu_ort_entropy(
     return {"samples": len(next(iter(feeds.values())))}
 
 
+# ============================================================================ where the time goes
+
+
+#: functions whose wall time the profile adds up (module, attribute path)
+PHASES = (
+    ("quantbench.calibrate", "open_graph"),
+    ("quantbench.calibrate", "collect_stats"),
+    ("quantbench.devicecollect", "expose"),
+    ("quantbench.devicecollect", "DeviceOutputRunner.__init__"),
+    ("quantbench.devicecollect", "DeviceOutputRunner.infer"),
+    ("quantbench.devicecollect", "_DeviceBinner.bin"),
+    ("quantbench.devicecollect", "_DeviceBinner.results"),
+    ("quantbench.devicecollect", "StatsFile"),
+    ("quantbench.data", "StreamFingerprint.update"),
+)
+
+
+def _timed_phases(totals: dict[str, list[float]]) -> list[tuple[Any, str, Any]]:
+    """Wrap each of :data:`PHASES` to add its wall seconds and calls to ``totals``; returns
+    what to restore."""
+    import functools
+    import importlib
+
+    undo = []
+    for module_name, path in PHASES:
+        owner: Any = importlib.import_module(module_name)
+        *parents, attr = path.split(".")
+        for p in parents:
+            owner = getattr(owner, p, None)
+        if owner is None or not hasattr(owner, attr):
+            continue
+        original = getattr(owner, attr)
+
+        def wrapped(*a: Any, _f: Any = original, _k: str = path, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _f(*a, **kw)
+            finally:
+                entry = totals.setdefault(_k, [0.0, 0])
+                entry[0] += time.perf_counter() - t0
+                entry[1] += 1
+
+        functools.update_wrapper(wrapped, original)
+        setattr(owner, attr, wrapped)
+        undo.append((owner, attr, original))
+    return undo
+
+
+def profile(model: Path, data: Path, batch: int, samples: int, out: Path) -> None:
+    """In this process: where ``calibrate -m all --provider cuda`` spends its time (phase wall
+    times, a cProfile by cumulative time) and the device time of one part's statistics (CUDA
+    events: onnxruntime's inference, the range + count kernels), written to ``out``."""
+    import cProfile
+    import io
+    import pstats
+
+    import cupy as cp
+
+    from quantbench.calibrate import calibrate
+
+    lines: list[str] = []
+    args = dict(methods=["all"], use_cache=False, provider="cuda", batch_size=batch,
+                max_samples=samples, show_progress=False)  # fmt: skip
+
+    def timed(label: str, **extra: Any) -> float:
+        t0 = time.perf_counter()
+        calibrate(str(model), str(data), **{**args, **extra})
+        seconds = time.perf_counter() - t0
+        lines.append(f"{label}: {seconds:.3f} s")
+        return seconds
+
+    timed("first call (imports, kernel compile/cache, cuDNN)")
+    timed("calibrate -m all")
+    timed("calibrate -m entropy", methods=["entropy"])
+    totals: dict[str, list[float]] = {}
+    undo = _timed_phases(totals)
+    try:
+        timed("calibrate -m all, phases timed")
+    finally:
+        for owner, attr, original in undo:
+            setattr(owner, attr, original)
+    for key, (seconds, calls) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"  {key:<40} {seconds:8.3f} s  {calls:5d} calls")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    calibrate(str(model), str(data), **args)
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(60)
+    lines.append(text.getvalue())
+    lines.extend(_device_part_times(model, data, batch, cp))
+    out.write_text("\n".join(lines))
+    print("\n".join(lines[:40]))
+
+
+def _device_part_times(model: Path, data: Path, batch: int, cp: Any) -> list[str]:
+    """CUDA-event times of one part of ``batch`` samples: the exposed inference and the
+    statistics kernels, each alone, 10 runs after 2 warm-ups (median)."""
+    import statistics
+
+    from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
+    from quantbench.backends.ortdevice import DeviceOutputRunner
+    from quantbench.collect import derivation_plan
+    from quantbench.devicecollect import _DeviceBinner
+    from quantbench.graph import calibration_tensors, open_graph
+
+    graph = open_graph(str(model))
+    tensors = calibration_tensors(graph, "all")
+    plan = derivation_plan(graph, tensors)
+    inputs = {s.name for s in graph.inputs}
+    measured = [t for t in tensors if t not in plan and t not in inputs]
+    feed = {graph.inputs[0].name: np.load(data)["input"][:batch]}
+    runner = DeviceOutputRunner(expose(graph.model, measured, graph.elem_types), cp, "cuda")
+    plain = OnnxRuntimeRunner(str(model), "cuda")
+
+    def gpu_ms(step: Any) -> float:
+        times = []
+        for i in range(12):
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            t0 = time.perf_counter()
+            start.record()
+            step()
+            stop.record()
+            stop.synchronize()
+            if i >= 2:
+                wall = (time.perf_counter() - t0) * 1e3
+                times.append((cp.cuda.get_elapsed_time(start, stop), wall))
+        return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+
+    outputs = runner.infer(feed, measured)
+    n_values = sum(int(a.size) for a in outputs.values())
+    relus = len([1 for kind, _ in plan.values() if kind == "relu"])
+    lines = [f"one part: batch {batch}, {len(measured)} measured tensors, "
+             f"{n_values / 1e6:.1f} M values, {relus} Relus from bins"]  # fmt: skip
+    binner = _DeviceBinner(cp, tensors, plan)
+    arrays = [a.reshape(-1) for a in outputs.values()]
+    steps = {
+        "plain inference (session.run)": lambda: plain.infer(feed),
+        "exposed inference (IOBinding)": lambda: runner.infer(feed, measured),
+        "statistics (range, sync, count)": lambda: binner.bank.add(outputs),
+        "range kernel and sync alone": lambda: binner.bank._ranges(arrays),
+    }
+    for label, step in steps.items():
+        device, wall = gpu_ms(step)
+        lines.append(f"  {label:<34} {device:8.2f} ms device {wall:8.2f} ms wall")
+    return lines
+
+
 # ============================================================================ inputs (parent side)
 
 
@@ -208,7 +361,9 @@ def prepare(work: Path, samples: int) -> dict[str, Path]:
 # ============================================================================ measuring
 
 
-def measure(model: Path, data: Path, work: Path, samples: int, batch: int, repeat: int) -> dict:
+def measure(
+    model: Path, data: Path, work: Path, samples: int, batch: int, repeat: int, peer: bool = True
+) -> dict:
     common = {"model": str(model), "data": str(data), "batch": batch, "max_samples": samples}
     jobs = {
         "floor": ("gpu-ort-fp32", common),
@@ -218,7 +373,7 @@ def measure(model: Path, data: Path, work: Path, samples: int, batch: int, repea
     run_alternating(jobs, repeat=1, timeout=JOB_TIMEOUT_S)  # warm-up: kernel caches, cuDNN
     results: dict[str, Any] = run_alternating(jobs, repeat=repeat, timeout=JOB_TIMEOUT_S)
     probes: dict[int, JobResult | JobFailed] = {}
-    for n in PEER_SAMPLES:
+    for n in PEER_SAMPLES if peer else ():
         args = {**common, "max_samples": n, "output": str(work / f"{model.stem}-ort-{n}.onnx")}
         probes[n] = run_alternating(
             {"peer": ("gpu-ort-entropy", args)}, repeat=1, timeout=JOB_TIMEOUT_S
@@ -318,6 +473,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=DEFAULT_REPEAT)
     parser.add_argument("--only", default="resnet18,resnet50")
     parser.add_argument("--work", type=Path, default=_jobs.WORK / "gpu")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="write where the time goes to this file "
+        "(first workload of --only, in this process) instead of the benchmark",
+    )
+    parser.add_argument("--no-peer", action="store_true", help="skip onnxruntime quantize_static")
     args = parser.parse_args(argv)
     # the children are this script (its jobs are registered here), run by _jobs' runner
     _jobs.JOBS_SCRIPT = Path(__file__).resolve()
@@ -325,10 +487,14 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     inputs = prepare(args.work, args.samples)
     console.print(f"inputs ready in {time.perf_counter() - start:.1f} s")
+    if args.profile:
+        key = args.only.split(",")[0].strip()
+        profile(inputs[key], inputs["data"], args.batch, args.samples, args.profile)
+        return 0
     document: dict[str, Any] = {"samples": args.samples, "batch": args.batch, "workloads": {}}
     for key in [k.strip() for k in args.only.split(",") if k.strip()]:
         results = measure(inputs[key], inputs["data"], args.work, args.samples, args.batch,
-                          args.repeat)  # fmt: skip
+                          args.repeat, peer=not args.no_peer)  # fmt: skip
         verdict = render(console, key, args.samples, args.batch, results)
         document["workloads"][key] = {
             **{k: _doc(v) for k, v in results.items() if k != "peer_probes"},

@@ -5,8 +5,8 @@ installed. Same plan as the host pass (tensors derived from another one's bins a
 same statistics bit for bit (:mod:`quantbench.devicestats`); what differs is where the work
 happens: onnxruntime writes the exposed tensors into its CUDA arena (IOBinding), CuPy bins them
 there, and the arena gets the memory back before the next part runs. GPU memory is bounded by
-one part's activations (:data:`DEVICE_ACTIVATION_BUDGET`) plus 256 KiB of counts per tensor,
-whatever the number of samples.
+two parts' activations (:data:`DEVICE_ACTIVATION_BUDGET` each: one counted while onnxruntime
+infers the next) plus 256 KiB of counts per tensor, whatever the number of samples.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
-
-import numpy as np
 
 from quantbench import __version__
 from quantbench.backends.onnxruntime import expose, resolve_provider
@@ -28,13 +26,7 @@ from quantbench.data import (
     feed_parts,
     nonempty,
 )
-from quantbench.devicestats import (
-    BinOps,
-    DeviceBatch,
-    DeviceTensorStats,
-    device_binning_wanted,
-    import_cupy,
-)
+from quantbench.devicestats import StatsBank, device_binning_wanted, import_cupy
 from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph, TensorSpec
 from quantbench.progress import progress_bar, warn
@@ -78,7 +70,12 @@ def collect_on_device(
     """:func:`quantbench.collect.collect_stats` with inference and binning on the GPU.
 
     ``plan`` is ``collect.derivation_plan(graph, tensors)``: ``same`` tensors are renamed copies
-    of their root, ``relu`` tensors are binned from their source's bins.
+    of their root, ``relu`` tensors are binned from their source's values in its pass.
+
+    Per part: onnxruntime runs (its outputs stay in its CUDA arena), then one range kernel,
+    one host sync and one count kernel for all of the part's tensors (:class:`StatsBank`), on a
+    stream of our own; the count kernel runs while onnxruntime infers the next part, and a
+    part's outputs go back to the arena once its counting is done (two parts at most alive).
     """
     cp = import_cupy()
     input_names = {s.name for s in graph.inputs}
@@ -87,13 +84,17 @@ def collect_on_device(
     from_outputs = [t for t in measured if t not in input_names]
     runner = None
     if from_outputs:
-        exposed = expose(graph.model, from_outputs, graph.elem_types)
+        exposed = expose(graph.model, from_outputs, graph.elem_types, types_of_model=True)
         runner = DeviceOutputRunner(exposed, cp, provider, generated_from=graph.model)
     binner = _DeviceBinner(cp, tensors, plan)
     fingerprint = None if source.fingerprint else StreamFingerprint()
     num_samples = 0
     per_sample = [0]  # bytes of exposed activations per sample, after the first part
-    with progress_bar("Calibrating", total=source.num_samples, show=show_progress) as advance:
+    stream = cp.cuda.Stream(non_blocking=True)
+    with (
+        stream,
+        progress_bar("Calibrating", total=source.num_samples, show=show_progress) as advance,
+    ):
         for feed in nonempty(source.batches(), source):
             if fingerprint is not None:
                 fingerprint.update(feed)
@@ -102,16 +103,16 @@ def collect_on_device(
                 n = feed_num_samples(part, graph.inputs)
                 if not per_sample[0]:
                     per_sample[0] = max(1, -(-sum(a.nbytes for a in outputs.values()) // n))
-                values = {**{t: cp.asarray(part[t]) for t in from_feed}, **outputs}
-                binner.bin(values)
-                del values, outputs  # back to onnxruntime's arena (after the sync in bin)
+                binner.bin({**{t: cp.asarray(part[t]) for t in from_feed}, **outputs})
+                del outputs  # the binner holds the part until its counting is done
                 num_samples += n
                 advance(n)
+        stats = binner.results()
     return StatsFile(
         model_hash=graph.hash,
         data_fingerprint=source.fingerprint or (fingerprint.hexdigest() if fingerprint else ""),
         num_samples=num_samples,
-        tensors=binner.results(),
+        tensors=stats,
         tool_version=__version__,
         model_path=str(graph.path or ""),
     )
@@ -122,30 +123,35 @@ class _DeviceBinner:
     CuPy, or numpy, which runs the same logic on the host)."""
 
     def __init__(self, cp: ModuleType, tensors: list[str], plan: dict[str, tuple[str, str]]):
-        self.cp = cp
         self.tensors = tensors
         self.plan = plan
-        ops = BinOps(cp)
-        self.stats = {
-            t: DeviceTensorStats(t, ops) for t in tensors if plan.get(t, ("",))[0] != "same"
-        }
-        self.relus_of: dict[str, list[str]] = {}
+        relus_of: dict[str, list[str]] = {}
         for t, (kind, src) in plan.items():
             if kind == "relu":
-                self.relus_of.setdefault(src, []).append(t)
+                relus_of.setdefault(src, []).append(t)
+        self.bank = StatsBank(cp, [t for t in tensors if t not in plan], relus_of)
+        #: the previous part, alive until the GPU has counted it
+        self.pending: tuple[Any, dict[str, Any]] | None = None
 
     def bin(self, values: dict[str, Any]) -> None:
-        """Bin one part; returns once the GPU is done reading ``values``."""
-        for name, x in values.items():
-            added: DeviceBatch | None = self.stats[name].update(x)
-            for relu in self.relus_of.get(name, ()):
-                self.stats[relu].update_relu(added, x)
-        if self.cp is not np:  # numpy: the CPU tests of this logic
-            self.cp.cuda.get_current_stream().synchronize()
+        """Bin one part. Returns once its ranges are known; its counting runs on (``values``
+        are kept until it is done, and the previous part's are released)."""
+        self.bank.add(values)
+        done = self.bank.fence()
+        self._release()
+        self.pending = (done, values)
+
+    def _release(self) -> None:
+        if self.pending is not None:
+            event, _ = self.pending
+            if event is not None:
+                event.synchronize()
+            self.pending = None
 
     def results(self) -> dict[str, TensorStats]:
         """Host statistics in ``tensors`` order (the counts' one trip to the host)."""
-        host = {t: s.to_host() for t, s in self.stats.items()}
+        host = self.bank.results()
+        self._release()
         for t, (kind, src) in self.plan.items():
             if kind == "same":
                 host[t] = host[src].renamed(t)

@@ -8,13 +8,14 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from quantbench import devicecollect
+from quantbench import binning, devicecollect, devicestats
 from quantbench.backends import onnxruntime as ortbackend
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
+from quantbench.binning import HALF_BINS
 from quantbench.collect import collect_stats, derivation_plan
 from quantbench.data import open_data
 from quantbench.devicecollect import _DeviceBinner, wants_device_stats
-from quantbench.devicestats import BinOps, DeviceTensorStats
+from quantbench.devicestats import StatsBank
 from quantbench.errors import QuantbenchError
 from quantbench.graph import calibration_tensors, open_graph
 from quantbench.stats import TensorStats
@@ -66,30 +67,121 @@ def _same(host: TensorStats, dev: TensorStats) -> None:
     assert np.array_equal(dev.counts, host.counts)
 
 
+def _bank_pair(batches: list[np.ndarray], relus: int = 1) -> tuple[TensorStats, ...]:
+    bank = StatsBank(np, ["x"], {"x": [f"r{k}" for k in range(relus)]})
+    for batch in batches:
+        bank.add({"x": batch})
+    got = bank.results()
+    return (got["x"], *(got[f"r{k}"] for k in range(relus)))
+
+
 @pytest.mark.parametrize("name", sorted(_sequences()))
-def test_device_stats_on_numpy_equal_the_host_update(name):
+def test_bank_on_numpy_equals_the_host_update(name):
     batches = _sequences()[name]
-    ops = BinOps(np)
     host, relu_host = TensorStats("x"), TensorStats("r")
-    dev, relu_dev = DeviceTensorStats("x", ops), DeviceTensorStats("r", ops)
     for batch in batches:
         relu_host.update_relu(host.update(batch), batch)
-        relu_dev.update_relu(dev.update(batch), batch)
-        _same(host, dev.to_host())
-    _same(relu_host, relu_dev.to_host())
+    got, relu = _bank_pair(batches)
+    _same(host, got)
+    _same(relu_host, relu)
 
 
-def test_relu_from_a_coarser_source_grid_bins_the_values():
-    """update_relu's other branch: the Relu's grid is finer than its source's (negatives wide)."""
-    values = np.array([-1000.0, 0.25, 0.5, 1.0], np.float32)
-    ops = BinOps(np)
-    host, dev = TensorStats("r"), DeviceTensorStats("r", ops)
-    source = TensorStats("x")
-    host.update_relu(source.update(values), values)
-    dev.update_relu(DeviceTensorStats("x", ops).update(values), values)
-    # 1000 < 16384 * 2**-4 needs e = -4 for the source; 1.0 < 16384 * 2**-13 only e = -13
-    assert (source.exponent, host.exponent) == (-4, -13)
-    _same(host, dev.to_host())
+def test_relu_finer_than_its_source_and_all_nonfinite_batches():
+    """The Relu's grid is finer than its source's (negatives wide); a batch without a finite
+    value adds NaN/Inf to the source only (update() returns None, update_relu skips it)."""
+    batches = [
+        np.array([-1000.0, 0.25, 0.5, 1.0], np.float32),
+        np.array([np.nan, -np.inf], np.float32),
+        np.array([-np.inf, np.inf, np.nan, 0.75], np.float32),
+    ]
+    host, relu_host = TensorStats("x"), TensorStats("r")
+    for batch in batches:
+        relu_host.update_relu(host.update(batch), batch)
+    assert (host.exponent, relu_host.exponent) == (-4, -13)
+    got, relu = _bank_pair(batches)
+    _same(host, got)
+    _same(relu_host, relu)
+    assert relu.count == 4 + 2 and relu.nan_count == 1 and relu.inf_count == 1  # -Inf -> 0
+
+
+class _Fake:
+    """A flat array with a device-style address (``.data.ptr``), for the table tests."""
+
+    def __init__(self, values: np.ndarray, ptr: int):
+        self.values, self.size, self.dtype = values, values.size, values.dtype
+        self.data = type("P", (), {"ptr": ptr})()
+
+
+def _emulate_count(ints, reals, ntasks, ntensors, arrays, counts):
+    """qb_count's reading of its tables, in numpy (the kernel's arithmetic is the host's): the
+    tensor's chunk binned, derived Relus from the chunk's bins (non-negative bins kept, the
+    negative ones and -Inf into bin 0), binned Relus from max(x, 0)."""
+    tasks = ints[: 8 * ntasks].reshape(ntasks, 8)
+    tptr = ints[8 * ntasks : 8 * ntasks + ntensors]
+    trow = ints[8 * ntasks + ntensors : 8 * ntasks + 2 * ntensors]
+    rrow = ints[8 * ntasks + 2 * ntensors :]
+    tscale, rscale = reals[:ntensors], reals[ntensors:]
+    by_ptr = {a.data.ptr: a.values for a in arrays}
+    for t, start, end, own, r0, r1, d0, d1 in tasks:
+        x = by_ptr[int(tptr[t])][start:end]
+        assert r1 - r0 <= devicestats.MAX_RELUS
+        assert own or d0 == d1  # derived Relus need the tensor's bins
+        if own:
+            exponent = -int(np.log2(tscale[t]))
+            chunk = binning.numpy_finite_counts(x, exponent)
+            counts[trow[t]] += chunk
+            for r in range(d0, d1):
+                assert rscale[r] == tscale[t]  # derived only on the tensor's own grid
+                counts[rrow[r], HALF_BINS:] += chunk[HALF_BINS:]
+                counts[rrow[r], HALF_BINS] += chunk[:HALF_BINS].sum() + np.sum(x == -np.inf)
+        for r in range(r0, r1):
+            exponent = -int(np.log2(rscale[r]))
+            counts[rrow[r]] += binning.numpy_finite_counts(np.maximum(x, 0), exponent)
+
+
+def test_count_tables_cover_every_value_once(monkeypatch):
+    """The count kernel's tables (chunks, Relus derived from the tensor's bins or binned
+    MAX_RELUS at a time, rows, scales), read the way qb_count reads them, give the counts of
+    the numpy path: a source with 7 Relus of which some share its grid (a Relu's grid follows
+    its own past maximum), -Inf and NaN values, chunks cut mid-tensor, two parts."""
+    monkeypatch.setattr(devicestats, "COUNT_CHUNK", 1000)
+    rng = np.random.default_rng(5)
+    relus = {"a": [f"ra{k}" for k in range(7)], "b": ["rb"]}
+    reference = StatsBank(np, ["a", "b"], relus)
+    bank = StatsBank(np, ["a", "b"], relus)
+    for k in range(6):  # this Relu's grid is made coarser by a larger earlier maximum
+        bank.slots[f"ra{k}"].exponent = reference.slots[f"ra{k}"].exponent = -3 - k % 3
+    derived_seen = binned_seen = 0
+    for step in range(2):
+        a = rng.normal(-20 * step, 3, 4321).astype(np.float32)
+        a[[7, 1500]] = -np.inf
+        a[99] = np.nan
+        values = {"a": a, "b": rng.normal(0, 1, 999)}
+        reference.add(values)
+        flat = {n: bank._flat(v) for n, v in values.items()}
+        ranges = bank._ranges(list(flat.values()))
+        fakes = [_Fake(x, 4096 * (i + 1)) for i, x in enumerate(flat.values())]
+        work = [bank._rules(bank.slots[n], f, r) for n, f, r in zip(flat, fakes, ranges)]
+        ints, reals, ntasks = devicestats._count_tables(work)
+        tasks = ints[: 8 * ntasks].reshape(ntasks, 8)
+        derived_seen += int((tasks[:, 7] - tasks[:, 6]).sum())
+        binned_seen += int((tasks[:, 5] - tasks[:, 4]).sum())
+        _emulate_count(ints, reals, ntasks, len(work), fakes, bank.counts)
+    assert derived_seen and binned_seen  # both kinds of Relu were exercised
+    want, got = reference.results(), bank.results()
+    for name in want:
+        _same(want[name], got[name])
+
+
+def test_range_blocks_reduce_to_the_tensor_range(monkeypatch):
+    monkeypatch.setattr(devicestats, "CHUNK", 7)
+    x = np.array([np.nan, 1, -2, np.inf, 5, -np.inf, 0, 3, 9, -7, np.nan, 4, 2, 1, 0], np.float64)
+    y = np.array([np.inf, np.inf], np.float32)
+    tasks = devicestats._tasks([x, y])
+    assert tasks.tolist() == [[0, 0, 7], [0, 7, 14], [0, 14, 15], [1, 0, 2]]
+    blocks = np.array([devicestats._numpy_range(([x, y][t])[a:b]) for t, a, b in tasks])
+    got = devicestats._reduce_blocks(blocks, tasks[:, 0], 2)
+    assert got.tolist() == [[-7, 9, 2, 1, 1], [np.inf, -np.inf, 0, 2, 0]]
 
 
 def test_device_binner_equals_the_host_pass(cnn_path, cnn_data):

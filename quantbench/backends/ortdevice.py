@@ -45,8 +45,12 @@ class DeviceOutputRunner:
         cupy: ModuleType,
         provider: str | None = "cuda",
         generated_from: onnx.ModelProto | None = None,
+        threads: int | None = None,
+        optimization: str = "all",
     ):
-        self.runner = OnnxRuntimeRunner(model, provider, spin=False, generated_from=generated_from)
+        self.runner = OnnxRuntimeRunner(
+            model, provider, threads, optimization, spin=False, generated_from=generated_from
+        )
         if self.runner.provider != CUDA_PROVIDER:
             raise QuantbenchError(
                 f"outputs on the GPU need the CUDA provider, not {self.runner.provider}"

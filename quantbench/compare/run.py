@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import onnx
 
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
+from quantbench.backends.ortdevice import DeviceOutputRunner
 from quantbench.clipguard import DEFAULT_SQNR_FLOOR_DB, OpDrift, sqnr_flags, sqnr_warning
 from quantbench.compare.candidates import CalibrationContext, Candidate, resolve
+from quantbench.compare.devicedrift import DeviceDrift, device_arrays, to_host
 from quantbench.compare.latency import measure_latency
 from quantbench.data import DataSource, Feed, feed_num_samples
 from quantbench.errors import QuantbenchError
@@ -119,9 +123,15 @@ def _elem_types(graph: Graph, names: list[str]) -> dict[str, int]:
 
 
 def prepare_sides(
-    graph: Graph, cands: list[Candidate], provider: str | None, threads: int | None
+    graph: Graph,
+    cands: list[Candidate],
+    provider: str | None,
+    threads: int | None,
+    device: ModuleType | None = None,
 ) -> tuple[OnnxRuntimeRunner, list[str], list[Side]]:
-    """Build the reference runner (with isolated copies) and one runner per candidate."""
+    """Build the reference runner (with isolated copies) and one runner per candidate
+    (``device``: CuPy, whose runners leave their outputs on the GPU, :mod:`.devicedrift`)."""
+    runner = OnnxRuntimeRunner if device is None else partial(DeviceOutputRunner, cupy=device)
     sides = [Side(k, c) for k, c in zip(SIDES, cands)]
     ref_model = graph.model
     ref_tensors: set[str] = set()
@@ -163,17 +173,20 @@ def prepare_sides(
     ref_fetch = list(dict.fromkeys(out_names + ordered + list(isolated_twins)))
     types = _elem_types(graph, ordered + out_names)
     types.update({twin: types.get(t, onnx.TensorProto.FLOAT) for twin, t in isolated_twins.items()})
-    ref_runner = OnnxRuntimeRunner(
-        expose(ref_model, ref_fetch, types), provider, threads, generated_from=graph.model
+    ref_runner = runner(
+        expose(ref_model, ref_fetch, types),
+        provider=provider,
+        threads=threads,
+        generated_from=graph.model,
     )
     for side in sides:
         if side.candidate.is_reference:
             continue
         cand_fetch = list(dict.fromkeys(_output_names(side.candidate.model) + side.tensors))
-        side.runner = OnnxRuntimeRunner(
+        side.runner = runner(
             expose(side.candidate.model, cand_fetch, _elem_types(graph, cand_fetch)),
-            provider,
-            threads,
+            provider=provider,
+            threads=threads,
             optimization="none" if has_fp16_qdq(side.candidate.model) else "all",
             generated_from=_origin(side.candidate, graph),
         )
@@ -225,7 +238,9 @@ def run_comparison(
 ) -> dict[str, Any]:
     """Everything ``compare`` measures, as the ``layers/outputs/task/latency/flags`` parts."""
     cands = [resolve(s, graph, ctx) for s in specs]
-    ref_runner, ref_fetch, sides = prepare_sides(graph, cands, provider, threads)
+    xp = device_arrays(provider)
+    drift = DeviceDrift(xp) if xp is not None else None
+    ref_runner, ref_fetch, sides = prepare_sides(graph, cands, provider, threads, xp)
     ref_out = _output_names(graph.model)
     usable = not labels_accuracy_reason(labels)
     layout = channels_first_outputs(graph.model)
@@ -249,15 +264,18 @@ def run_comparison(
             lab = label_iter(n) if labels is not None else None
             ref = ref_runner.infer(feed, ref_fetch)
             ref.update(feed)
-            acc_ref.update(ref, ref, lab)
+            ref_host = ref if drift is None else {o: to_host(ref[o]) for o in ref_out}
+            acc_ref.update(ref_host, ref_host, lab)
             for side in sides:
-                _update_side(side, ref, ref_out, feed, lab)
+                _update_side(side, ref, ref_out, feed, lab, drift, ref_host)
             seen += n
             advance(n)
     if seen == 0:
         raise QuantbenchError(f"{source.description}: the evaluation data set is empty")
     if labels is not None and seen != len(labels):
         raise QuantbenchError(f"labels: {len(labels)} labels for {seen} evaluation samples")
+    if drift is not None:
+        drift.finish()
     doc = _document(graph, sides, ref_out, acc_ref, labels)
     doc["sqnr_floor_db"] = sqnr_floor
     doc["flags"] = _floor_flags(sides, doc["layers"], ctx, sqnr_floor)
@@ -334,17 +352,34 @@ def _label_batches(labels: np.ndarray | None):
 
 def _update_side(
     side: Side,
-    ref: dict[str, np.ndarray],
+    ref: dict[str, Any],
     ref_out: list[str],
     feed: Feed,
     labels: np.ndarray | None,
+    drift: DeviceDrift | None = None,
+    ref_host: dict[str, np.ndarray] | None = None,
 ) -> None:
-    ref_outputs = {o: ref[o] for o in ref_out}
+    """One batch of one side. ``drift``: the tensors are on the GPU; the per-layer sums are
+    taken there (``ref_host``: the reference's outputs, on the host for the output metrics)."""
+    ref_outputs = {o: (ref_host or ref)[o] for o in ref_out}
     if side.runner is None:  # the FP32 reference itself: a metric script scores FP32 vs FP32
         if side.script is not None:
             side.script.update(ref_outputs, ref_outputs, labels)
         return
     got = side.runner.infer(feed, list(dict.fromkeys(list(side.pairing.values()) + side.tensors)))
+    if drift is not None:
+        _queue_drift(side, ref, got, drift)
+        got = {co: to_host(got[co]) for co in side.pairing.values()}
+    else:
+        _host_drift(side, ref, got)
+    cand_outputs = {ro: got[co] for ro, co in side.pairing.items()}
+    assert side.outputs is not None
+    side.outputs.update(ref_outputs, cand_outputs, labels)
+    if side.script is not None:
+        side.script.update(ref_outputs, cand_outputs, labels)
+
+
+def _host_drift(side: Side, ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> None:
     for t, acc in side.accumulated.items():
         acc.update(ref[t], got[t])
     for t, acc in side.isolated_acc.items():
@@ -353,11 +388,19 @@ def _update_side(
         src = side.clip[t][0]
         if src in ref:
             acc.update(ref[src])
-    cand_outputs = {ro: got[co] for ro, co in side.pairing.items()}
-    assert side.outputs is not None
-    side.outputs.update(ref_outputs, cand_outputs, labels)
-    if side.script is not None:
-        side.script.update(ref_outputs, cand_outputs, labels)
+
+
+def _queue_drift(side: Side, ref: dict[str, Any], got: dict[str, Any], drift: DeviceDrift) -> None:
+    """:func:`_host_drift` on the GPU: both views and the clipping counts in one pass."""
+    for t, acc in side.accumulated.items():
+        drift.add(acc, ref[t], got[t])
+    for t, acc in side.isolated_acc.items():
+        drift.add(acc, ref[t], ref[side.isolated[t]])
+    for t, acc in side.clip_acc.items():
+        src = side.clip[t][0]
+        if src in ref:
+            drift.add_clip(acc, ref[src])
+    drift.run()
 
 
 def _origin(candidate: Candidate, graph: Graph) -> onnx.ModelProto | None:

@@ -6,7 +6,9 @@ are chosen to break a careless kernel: exact bin edges and their float neighbour
 two, negatives (floor, not truncation), +-0, float32/float16 subnormals (no flush to zero),
 NaN/Inf (counted, never binned), ranges that force the grid to widen by small and huge steps,
 float16/float64, and tens of millions of values (atomics under contention at the ReLU spike).
-Run on the device machine: ``python3 -m pytest -q -m gpu tests/gpu --noconftest``.
+The kernels are those of quantbench.devicestats.StatsBank (one range and one count kernel for
+all tensors of a part). Run on the device machine:
+``python3 -m pytest -q -m gpu tests/gpu --noconftest``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 
 from quantbench import binning
-from quantbench.binning import HALF_BINS, NUM_BINS
+from quantbench.binning import HALF_BINS
 from quantbench.stats import TensorStats
 
 
@@ -48,11 +50,29 @@ def _edges(exponent: int, dtype: type) -> np.ndarray:
     return both[np.abs(both.astype(np.float64)) < HALF_BINS * 2.0**exponent]
 
 
+def _host(batches: list[np.ndarray], relus: int = 1) -> tuple[TensorStats, list[TensorStats]]:
+    host, relu = TensorStats("x"), [TensorStats(f"r{k}") for k in range(relus)]
+    for batch in batches:
+        added = host.update(batch)
+        for r in relu:
+            r.update_relu(added, batch)
+    return host, relu
+
+
+def _device(batches: list[np.ndarray], relus: int = 1) -> tuple[TensorStats, list[TensorStats]]:
+    from quantbench.devicestats import StatsBank
+
+    names = [f"r{k}" for k in range(relus)]
+    bank = StatsBank(cp, ["x"], {"x": names})
+    for batch in batches:
+        bank.add({"x": cp.asarray(batch)})
+    got = bank.results()
+    return got["x"], [got[n] for n in names]
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
 @pytest.mark.parametrize("exponent", [-160, -149, -30, -14, -1, 0, 3, 20, 100])
 def test_kernel_bins_equal_the_host_formula(dtype, exponent):
-    from quantbench.devicestats import BinOps
-
     if dtype is np.float16 and not -40 <= exponent <= 5:
         pytest.skip("float16 has no values on this grid")
     if dtype is np.float32 and exponent > 100:
@@ -61,18 +81,17 @@ def test_kernel_bins_equal_the_host_formula(dtype, exponent):
     if dtype is np.float32:
         values = np.concatenate([values, np.array([TINY32, -TINY32, 0.0, -0.0], dtype)])
     values = values[np.abs(values.astype(np.float64)) < HALF_BINS * 2.0**exponent]
-    host = binning.numpy_finite_counts(values, exponent)
-    dev = cp.zeros(NUM_BINS, dtype=cp.int64)
-    BinOps(cp).add(dev, cp.asarray(values), exponent)
-    assert host.sum() == values.size
-    np.testing.assert_array_equal(dev.get(), host)
-    relu = cp.zeros(NUM_BINS, dtype=cp.int64)  # max(x, 0) binned in the same pass
-    BinOps(cp).add(relu, cp.asarray(values), exponent, relu=True)
-    np.testing.assert_array_equal(
-        relu.get(), binning.numpy_finite_counts(np.maximum(values, 0), exponent)
-    )
-    ranged = BinOps(cp).range(cp.asarray(values)).get()
-    assert list(ranged) == [float(values.min()), float(values.max())]
+    host, host_relu = _host([values])
+    dev, dev_relu = _device([values])
+    assert host.count == values.size
+    assert _fields(dev) == _fields(host)
+    np.testing.assert_array_equal(dev.counts, host.counts)
+    assert _fields(dev_relu[0]) == _fields(host_relu[0])
+    np.testing.assert_array_equal(dev_relu[0].counts, host_relu[0].counts)
+    # and the host formula itself, at the grid the values were made for
+    at = TensorStats("x", exponent=host.exponent, counts=host.counts).counts_at(exponent)
+    if exponent >= host.exponent:
+        np.testing.assert_array_equal(at, binning.numpy_finite_counts(values, exponent))
 
 
 def _sequences() -> dict[str, list[np.ndarray]]:
@@ -129,18 +148,51 @@ def _fields(t: TensorStats) -> tuple:
 
 @pytest.mark.parametrize("name", sorted(SEQUENCES))
 def test_device_statistics_equal_host_statistics(name):
-    from quantbench.devicestats import BinOps, DeviceTensorStats
+    host, host_relu = _host(SEQUENCES[name], relus=1)
+    dev, dev_relu = _device(SEQUENCES[name], relus=1)
+    assert _fields(dev) == _fields(host), name
+    np.testing.assert_array_equal(dev.counts, host.counts, err_msg=name)
+    assert _fields(dev_relu[0]) == _fields(host_relu[0]), name
+    np.testing.assert_array_equal(dev_relu[0].counts, host_relu[0].counts)
 
-    ops = BinOps(cp)
-    host, host_relu = TensorStats("x"), TensorStats("r")
-    dev, dev_relu = DeviceTensorStats("x", ops), DeviceTensorStats("r", ops)
-    for step, batch in enumerate(SEQUENCES[name]):
-        on_device = cp.asarray(batch)
-        host_relu.update_relu(host.update(batch), batch)
-        dev_relu.update_relu(dev.update(on_device), on_device)
-        got = dev.to_host()
-        assert _fields(got) == _fields(host), (name, step)
-        np.testing.assert_array_equal(got.counts, host.counts, err_msg=f"{name} step {step}")
-    got_relu = dev_relu.to_host()
-    assert _fields(got_relu) == _fields(host_relu), name
-    np.testing.assert_array_equal(got_relu.counts, host_relu.counts)
+
+def test_many_tensors_in_one_part_with_many_relus():
+    """One bank, parts of several tensors (float32, float16, float64, empty, all-NaN), one
+    source with more Relus than one count task bins (MAX_RELUS), some on the source's grid
+    (derived from its bins in shared memory), some on their own (binned), with NaN and -Inf
+    among the values: each tensor equals its own host TensorStats, part after part, while the
+    grids widen."""
+    from quantbench.devicestats import MAX_RELUS, StatsBank
+
+    rng = np.random.default_rng(21)
+    relus = [f"r{k}" for k in range(MAX_RELUS + 3)]
+    names = ["wide", "half", "double", "empty", "nan"]
+    bank = StatsBank(cp, names, {"wide": relus, "half": ["rh"]})
+    host = {n: TensorStats(n) for n in [*names, *relus, "rh"]}
+    for k, r in enumerate(relus[:4]):  # coarse grids from a (pretend) earlier maximum
+        bank.slots[r].exponent = host[r].exponent = -2 - k
+    kinds = set()
+    for step, scale in enumerate((1.0, 0.5, 40.0, 3e3, 2.0)):
+        part = {
+            "wide": rng.normal(0.1, scale, (7, 64, 33, 29)).astype(np.float32),
+            "half": rng.normal(0, scale, 70_001).astype(np.float16),
+            "double": rng.normal(0, scale * 1e-30, 5_000),
+            "empty": np.zeros((0, 4), np.float32),
+            "nan": np.full(17, np.nan, np.float32),
+        }
+        part["wide"].reshape(-1)[::1_000] = 0.0
+        if step % 2:
+            part["wide"].reshape(-1)[5::100_003] = -np.inf
+            part["wide"].reshape(-1)[77] = np.nan
+        bank.add({n: cp.asarray(v) for n, v in part.items()})
+        for n, v in part.items():
+            added = host[n].update(v)
+            for r in relus if n == "wide" else ["rh"] if n == "half" else []:
+                host[r].update_relu(added, v)
+        source = bank.slots["wide"].exponent
+        kinds |= {bank.slots[r].exponent == source for r in relus}
+    assert kinds == {True, False}  # Relus derived from the bins and binned on their own grid
+    got = bank.results()
+    for n, h in host.items():
+        assert _fields(got[n]) == _fields(h), n
+        np.testing.assert_array_equal(got[n].counts, h.counts, err_msg=n)

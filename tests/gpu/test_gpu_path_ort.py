@@ -75,7 +75,7 @@ def test_device_bins_equal_host_bins_of_the_same_activations(workdir):
     from quantbench.backends.onnxruntime import expose
     from quantbench.backends.ortdevice import DeviceOutputRunner
     from quantbench.data import open_data
-    from quantbench.devicestats import BinOps, DeviceTensorStats
+    from quantbench.devicestats import StatsBank
     from quantbench.graph import calibration_tensors, open_graph
     from quantbench.stats import TensorStats
 
@@ -83,24 +83,26 @@ def test_device_bins_equal_host_bins_of_the_same_activations(workdir):
     inputs = {s.name for s in graph.inputs}
     names = [t for t in calibration_tensors(graph, "all") if t not in inputs]
     runner = DeviceOutputRunner(expose(graph.model, names, graph.elem_types), cp, "cuda")
-    ops = BinOps(cp)
-    dev = {n: DeviceTensorStats(n, ops) for n in names}
-    host = {n: TensorStats(n) for n in names}
+    bank = StatsBank(cp, names, {names[0]: ["relu_of_first"]})
+    host = {n: TensorStats(n) for n in [*names, "relu_of_first"]}
     for feed in open_data(workdir / "calib.npz", graph.inputs, batch_size=16).batches():
         outputs = runner.infer(feed, names)
         for n, value in outputs.items():
             assert isinstance(value, cp.ndarray)  # stayed on the GPU
-            dev[n].update(value)
-            host[n].update(value.get())
-    for n in names:
-        got = dev[n].to_host()
-        assert (got.count, got.min, got.max, got.exponent) == (
-            host[n].count,
-            host[n].min,
-            host[n].max,
-            host[n].exponent,
+            added = host[n].update(value.get())
+            if n == names[0]:
+                host["relu_of_first"].update_relu(added, value.get())
+        bank.add(outputs)
+        bank.fence().synchronize()
+    got = bank.results()
+    for n, h in host.items():
+        assert (got[n].count, got[n].min, got[n].max, got[n].exponent) == (
+            h.count,
+            h.min,
+            h.max,
+            h.exponent,
         ), n
-        np.testing.assert_array_equal(got.counts, host[n].counts, err_msg=n)
+        np.testing.assert_array_equal(got[n].counts, h.counts, err_msg=n)
     _report("same_values_identical_tensors", len(names))
 
 
