@@ -206,6 +206,9 @@ def test_int8_rejects_reductions_that_could_overflow_int32(lib: KernelLibrary) -
         (ConvSpec(1, 8, 28, 28, 8, (7, 7), pads=(3, 3, 0, 5), group=8), "depthwise_rows"),
         # rows of a 1000-wide fp32 plane: several bands, each block under 48 KiB
         (ConvSpec(1, 2, 1000, 1000, 2, (3, 3), pads=(1,) * 4, group=2), "depthwise_rows"),
+        # rows of 12 int8 / 8 fp16 bytes, narrower than a 16-byte load (planned with 4/8 bytes)
+        (ConvSpec(3, 1, 12, 12, 1, (7, 7), pads=(3,) * 4, weight_per_batch=True), "depthwise_rows"),
+        (ConvSpec(1, 4, 6, 4, 4, (3, 3), pads=(1,) * 4, group=4), "depthwise_rows"),
         (ConvSpec(2, 16, 16, 16, 32, (3, 3), group=16), "depthwise_tiled"),  # left pad 0, not 1
         (ConvSpec(1, 8, 15, 15, 8, (3, 3), pads=(1,) * 4, group=8), "depthwise_tiled"),  # W % 4
         (ConvSpec(1, 8, 16, 16, 8, (3, 3), (2, 2), (0, 0, 1, 1), group=8), "depthwise_tiled"),
@@ -228,3 +231,49 @@ def test_kernel_path_selection(lib: KernelLibrary, spec: ConvSpec, path: str) ->
 def test_build_reports_compiler_errors(tmp_path: Path) -> None:
     with pytest.raises(QuantbenchError, match="nvcc failed"):
         kernel_lib.build_kernels(tmp_path, gencode=("-gencode", "arch=compute_1,code=sm_1"))
+
+
+DISPATCH_CASES = [
+    # (spec, dtype, path when cuDNN is loaded)
+    (ConvSpec(2, 64, 16, 16, 64, (3, 3), pads=(1,) * 4, group=8), "f32", "cudnn"),
+    (ConvSpec(2, 64, 14, 14, 64, (3, 3), pads=(1,) * 4, weight_per_batch=True), "f16", "cudnn"),
+    (ConvSpec(2, 64, 16, 16, 64, (3, 3), pads=(1,) * 4, group=8), "int8", "direct"),
+    (ConvSpec(2, 32, 16, 16, 32, (3, 3), pads=(1,) * 4, group=32), "f32", "depthwise_rows"),
+    (ConvSpec(2, 64, 16, 16, 64, (3, 3), pads=(1, 0, 1, 2), group=8), "f16", "direct"),
+    # f16 with a bias: cuDNN's beta blend would round twice
+    (
+        ConvSpec(
+            2, 64, 16, 16, 64, (3, 3), pads=(1,) * 4, group=8, bias_mode=kernel_lib.BIAS_SHARED
+        ),
+        "f16",
+        "direct",
+    ),
+    (
+        ConvSpec(
+            2, 64, 16, 16, 64, (3, 3), pads=(1,) * 4, group=8, bias_mode=kernel_lib.BIAS_SHARED
+        ),
+        "f32",
+        "cudnn",
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "dtype", "with_cudnn"), DISPATCH_CASES)
+def test_forward_path_follows_the_dispatch_table(
+    lib: KernelLibrary, spec: ConvSpec, dtype: str, with_cudnn: str
+) -> None:
+    """cuDNN only where the table picks it and it loads; our kernels otherwise (no cuDNN here)."""
+    params = spec.to_params()
+    expected = with_cudnn if lib.cudnn_version() > 0 else lib.kernel_path(params)
+    assert lib.forward_path(params, dtype) == expected
+    previous = lib.set_cudnn_mode(kernel_lib.CUDNN_OFF)
+    try:
+        assert lib.forward_path(params, dtype) == lib.kernel_path(params)
+    finally:
+        assert lib.set_cudnn_mode(previous) == kernel_lib.CUDNN_OFF
+
+
+def test_cudnn_mode_query_and_bad_values(lib: KernelLibrary) -> None:
+    mode = lib.set_cudnn_mode(-5)  # not a mode: only queries
+    assert mode in (kernel_lib.CUDNN_OFF, kernel_lib.CUDNN_AUTO)
+    assert lib.set_cudnn_mode(99) == mode

@@ -39,6 +39,10 @@ EXPORTED_SYMBOLS: tuple[str, ...] = (
     "dwconv2d_infer_output_shape",
     "dwconv2d_validate",
     "dwconv2d_kernel_path",
+    "dwconv2d_forward_path",
+    "dwconv2d_last_path",
+    "dwconv2d_set_cudnn_mode",
+    "dwconv2d_cudnn_version",
     "dwconv2d_forward_f32",
     "dwconv2d_forward_f16",
     "dwconv2d_forward_int8",
@@ -59,7 +63,11 @@ KERNEL_PATHS = {
     1: "direct",
     2: "implicit_gemm",
     3: "depthwise_rows",
+    4: "cudnn",
 }
+DTYPES = {"f32": 0, "f16": 1, "int8": 2}  # DWCONV2D_DTYPE_*
+CUDNN_OFF = 0  # DWCONV2D_CUDNN_OFF: our kernels only
+CUDNN_AUTO = 1  # DWCONV2D_CUDNN_AUTO: the dispatch table (cuDNN for grouped/dense f32/f16)
 
 
 class DWConv2DParams(ctypes.Structure):
@@ -280,6 +288,17 @@ class KernelLibrary:
         for name in ("dwconv2d_infer_output_shape", "dwconv2d_validate", "dwconv2d_kernel_path"):
             getattr(lib, name).restype = ctypes.c_int
             getattr(lib, name).argtypes = [params_p]
+        # The dispatch entry points (absent from builds before the cuDNN path; such a build
+        # still loads, for comparisons, and these methods then raise).
+        self.has_dispatch = hasattr(lib, "dwconv2d_last_path")
+        if self.has_dispatch:
+            lib.dwconv2d_forward_path.restype = ctypes.c_int
+            lib.dwconv2d_forward_path.argtypes = [params_p, ctypes.c_int]
+            for name in ("dwconv2d_last_path", "dwconv2d_cudnn_version"):
+                getattr(lib, name).restype = ctypes.c_int
+                getattr(lib, name).argtypes = []
+            lib.dwconv2d_set_cudnn_mode.restype = ctypes.c_int
+            lib.dwconv2d_set_cudnn_mode.argtypes = [ctypes.c_int]
         for name in ("dwconv2d_forward_f32", "dwconv2d_forward_f16", "dwconv2d_forward_int8"):
             getattr(lib, name).restype = ctypes.c_int
             getattr(lib, name).argtypes = [void_p, void_p, void_p, void_p, params_p, void_p]
@@ -296,7 +315,24 @@ class KernelLibrary:
         return self._lib.dwconv2d_validate(ctypes.byref(params))
 
     def kernel_path(self, params: DWConv2DParams) -> str:
+        """Which of our kernels serves ``params`` when cuDNN is not used."""
         return KERNEL_PATHS[self._lib.dwconv2d_kernel_path(ctypes.byref(params))]
+
+    def forward_path(self, params: DWConv2DParams, dtype: str) -> str:
+        """The path a ``dtype`` forward takes now: 'cudnn' where the dispatch table picks it."""
+        return KERNEL_PATHS[self._lib.dwconv2d_forward_path(ctypes.byref(params), DTYPES[dtype])]
+
+    def last_path(self) -> str:
+        """The path the calling thread's last forward took ('invalid' before any)."""
+        return KERNEL_PATHS[self._lib.dwconv2d_last_path()]
+
+    def set_cudnn_mode(self, mode: int) -> int:
+        """CUDNN_OFF or CUDNN_AUTO for the process; returns the previous mode."""
+        return int(self._lib.dwconv2d_set_cudnn_mode(mode))
+
+    def cudnn_version(self) -> int:
+        """cudnnGetVersion() of the cuDNN the library loaded, 0 when none loads."""
+        return int(self._lib.dwconv2d_cudnn_version())
 
     def forward(
         self,

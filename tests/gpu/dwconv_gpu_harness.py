@@ -70,7 +70,17 @@ def gpu_unavailable_reason() -> str | None:
 
 @functools.cache
 def get_library() -> Any:
-    """The kernels: $QUANTBENCH_DWCONV_LIB if set, else built once per process into a temp dir."""
+    """The kernels: $QUANTBENCH_DWCONV_LIB if set, else built once per process into a temp dir.
+
+    torch's cuDNN is loaded first, so that the library's cuDNN path (which takes a cuDNN already
+    in the process before searching) uses the same cuDNN as the torch baseline.
+    """
+    try:
+        import torch
+
+        torch.backends.cudnn.version()
+    except ImportError:
+        pass
     prebuilt = os.environ.get(LIBRARY_ENV)
     if prebuilt:
         return kl.KernelLibrary(Path(prebuilt))
@@ -123,6 +133,12 @@ CASES: dict[str, Any] = {
     "dwr_bands_k3": ConvSpec(1, 3, 150, 200, 3, (3, 3), pads=(1,) * 4, group=3),
     "dwr_pb_k5_w44": ConvSpec(3, 12, 13, 44, 12, (5, 5), (1, 1), (2,) * 4, (1, 1), 12, True, PB),
     "dwr_k7_c20": ConvSpec(5, 4, 14, 16, 4, (7, 7), pads=(3, 3, 2, 4), group=4, bias_mode=S),
+    # depthwise_rows with INT8 weight tensors that end inside a 4-byte word (45, 75, 147 bytes:
+    # a word-wide load of the last filter would read past the tensor; tests/gpu/sanitize_dwconv.py
+    # runs them with exactly sized buffers under compute-sanitizer), and rows of 12 and 16 bytes.
+    "dwr_odd_k3_c5": ConvSpec(1, 5, 8, 16, 5, (3, 3), pads=(1,) * 4, group=5, bias_mode=S),
+    "dwr_odd_k5_c3_s2": ConvSpec(2, 3, 16, 16, 3, (5, 5), (2, 2), (2,) * 4, group=3),
+    "dwr_odd_k7_pb_w12": ConvSpec(3, 1, 12, 12, 1, (7, 7), (1, 1), (3,) * 4, (1, 1), 1, True, PB),
 }
 MODES = ("f32", "f16", "int8_i8", "int8_f32", "int8_tie")
 
@@ -514,6 +530,7 @@ BENCH_CASES: dict[str, Any] = {
 
 
 L2_BYTES = 60 * 2**20  # H200 (torch.cuda.get_device_properties(0).L2_cache_size where known)
+LAST_TIMING: dict[str, bool] = {"graph": False}  # whether time_cuda's last call replayed a graph
 
 
 def time_cuda(fn: Callable[[], None], warmup: int = 5, reps: int = 30, inner: int = 10) -> float:
@@ -540,6 +557,8 @@ def time_cuda(fn: Callable[[], None], warmup: int = 5, reps: int = 30, inner: in
     except Exception:  # capture is an optimisation of the timing loop only
         torch.cuda.synchronize()
         replay = None
+
+    LAST_TIMING["graph"] = replay is not None
 
     def once() -> None:
         if replay is not None:
@@ -616,6 +635,19 @@ def rotation_sets(bytes_per_set: int) -> int:
     return max(1, min(8, -(-4 * l2 // max(bytes_per_set, 1))))
 
 
+class cudnn_mode:  # noqa: N801  (used as a context manager, like a function)
+    """``with cudnn_mode(lib, kl.CUDNN_OFF):`` runs the block with that dispatch mode."""
+
+    def __init__(self, lib: Any, mode: int) -> None:
+        self.lib, self.mode, self.previous = lib, mode, None
+
+    def __enter__(self) -> None:
+        self.previous = self.lib.set_cudnn_mode(self.mode)
+
+    def __exit__(self, *exc: object) -> None:
+        self.lib.set_cudnn_mode(self.previous)
+
+
 def bench_case(lib: Any, name: str, reps: int = 30, cudnn: bool = True) -> list[dict[str, Any]]:
     """Ours (f32, f16, int8) against cuDNN (f32 without TF32, f16) on one shape."""
     import torch
@@ -661,16 +693,23 @@ def _bench_mode(
         torch_conv(spec, *sets[turn["cudnn"] % len(sets)])
 
     ours_us = time_cuda(ours, reps=reps)
+    graphed = LAST_TIMING["graph"]
+    path = lib.last_path()  # the dispatch's choice, as the last timed launch took it
     row: dict[str, Any] = {
         "case": name,
         "mode": mode,
-        "path": lib.kernel_path(params),
+        "path": path,
         "input": list(spec.input_shape),
         "weight": list(spec.weight_shape),
         "rotated_sets": len(sets),
         "ours_us": ours_us,
         "ours_GBps": moved / ours_us / 1e3,
+        "ours_graph_replay": graphed,
     }
+    if path == "cudnn":  # our own kernels on the same shape, for the record
+        with cudnn_mode(lib, kl.CUDNN_OFF):
+            row["kernels_us"] = time_cuda(ours, reps=reps)
+            row["kernels_path"] = lib.last_path()
     if dtype != "int8" and cudnn:
         launch(0)
         y_ref = torch_conv(spec, x, w, b)

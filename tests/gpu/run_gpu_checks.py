@@ -38,6 +38,7 @@ def environment() -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version(),
         "python": platform.python_version(),
         "library": str(harness.get_library().path),
+        "cudnn_loaded_by_library": harness.get_library().cudnn_version(),
     }
     try:
         import onnxruntime
@@ -77,18 +78,26 @@ def correctness_rows() -> list[dict[str, Any]]:
     for name in names:
         for mode in harness.MODES:
             seed = names.index(name) * 10 + harness.MODES.index(mode)
-            try:
-                row = harness.check_case(runner, name, mode, seed=seed)
-            except Exception as exc:  # keep going: one broken case must not hide the others
-                row = harness.describe(name, harness.CASES[name]) | {
-                    "mode": mode,
-                    "passed": False,
-                    "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc(limit=3),
-                }
-            row["path"] = harness.get_library().kernel_path(harness.CASES[name].to_params())
+            row = _checked(runner, name, mode, seed)
             rows.append(row)
+            if row["path"] == "cudnn":  # the same case on our own kernels (the fallback)
+                with harness.cudnn_mode(harness.get_library(), harness.kl.CUDNN_OFF):
+                    rows.append(_checked(runner, name, mode, seed) | {"cudnn_mode": "off"})
     return rows
+
+
+def _checked(runner: Any, name: str, mode: str, seed: int) -> dict[str, Any]:
+    try:
+        row = harness.check_case(runner, name, mode, seed=seed)
+    except Exception as exc:  # keep going: one broken case must not hide the others
+        row = harness.describe(name, harness.CASES[name]) | {
+            "mode": mode,
+            "passed": False,
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(limit=3),
+        }
+    row["path"] = harness.get_library().last_path()
+    return row
 
 
 def bench_rows(reps: int) -> list[dict[str, Any]]:
@@ -125,7 +134,9 @@ def markdown(env: dict[str, Any], rows: list[dict[str, Any]], bench: list[dict[s
     for r in rows:
         err = r.get("max_err_over_max_ref", r.get("max_abs_err"))
         lines.append(
-            f"| {r['case']} | {r['mode']} | {r.get('path')} | {r['input']} | {r['weight']} "
+            f"| {r['case']} | {r['mode']} | {r.get('path')}"
+            f"{' (cuDNN off)' if r.get('cudnn_mode') == 'off' else ''} "
+            f"| {r['input']} | {r['weight']} "
             f"| {_fmt(err)} | {_fmt(r.get('ort_max_err_over_max_ref'))} "
             f"| {_fmt(r.get('exact_fraction'), 6)} | {_fmt(r.get('max_lsb_diff'))} "
             f"| {'yes' if r.get('passed') else 'NO ' + r.get('error', '')} |"
@@ -140,8 +151,8 @@ def markdown(env: dict[str, Any], rows: list[dict[str, Any]], bench: list[dict[s
         "own (rotated, 4x the L2 in all); launches replayed from a CUDA graph.",
         "",
         "| case | mode | path | ours us | ours GB/s | % of peak | x vs our f32 | cuDNN us "
-        "| cuDNN / ours | diff vs cuDNN |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| cuDNN / ours | diff vs cuDNN | our kernels us (cuDNN off) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     f32_us = {r["case"]: r["ours_us"] for r in bench if r.get("mode") == "f32"}
     for r in bench:
@@ -153,7 +164,8 @@ def markdown(env: dict[str, Any], rows: list[dict[str, Any]], bench: list[dict[s
             f"| {r['case']} | {r['mode']} | {r['path']} | {_fmt(r['ours_us'], 4)} "
             f"| {_fmt(r['ours_GBps'], 4)} | {100 * r['ours_GBps'] / PEAK_GBPS:.0f} % "
             f"| {_fmt(ratio)} | {_fmt(r.get('cudnn_us'), 4)} "
-            f"| {_fmt(r.get('speedup_vs_cudnn'))} | {_fmt(r.get('max_diff_vs_cudnn_over_max'))} |"
+            f"| {_fmt(r.get('speedup_vs_cudnn'))} | {_fmt(r.get('max_diff_vs_cudnn_over_max'))} "
+            f"| {_fmt(r.get('kernels_us'), 4)} {r.get('kernels_path', '')} |"
         )
     return "\n".join(lines) + "\n"
 

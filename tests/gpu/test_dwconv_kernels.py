@@ -85,3 +85,39 @@ def test_timed_shapes_match_cudnn(library, name: str) -> None:
     scale = expected.abs().max().item()
     assert not torch.isnan(y).any().item()
     assert np.isfinite(scale) and (y - expected).abs().max().item() <= 1e-5 * scale
+
+
+FALLBACK_NAMES = [
+    name for name in CASE_NAMES if harness.CASES[name].in_channels != harness.CASES[name].group
+]
+
+
+@pytest.mark.parametrize("mode", ["f32", "f16"])
+@pytest.mark.parametrize("name", FALLBACK_NAMES)
+def test_own_kernels_match_reference_with_cudnn_off(library, runner, name: str, mode: str) -> None:
+    """Grouped and dense shapes on our kernels (what runs when cuDNN is absent)."""
+    seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
+    with harness.cudnn_mode(library, harness.kl.CUDNN_OFF):
+        row = harness.check_case(runner, name, mode, seed=seed)
+        assert library.last_path() != "cudnn"
+    assert row["passed"], row
+
+
+def test_dispatch_takes_cudnn_for_grouped_float_shapes(library, runner) -> None:
+    """Where cuDNN loads, grouped/dense f32 and bias-free f16 run on it; f16 with a bias (which
+    cuDNN would round twice), INT8, depthwise and asymmetric pads never do."""
+    if library.cudnn_version() == 0:
+        pytest.skip("the library found no cuDNN (libcudnn.so.9) in this process")
+    for name, mode, expected in [
+        ("g2_gemm_k3", "f32", "cudnn"),
+        ("g2_gemm_kg48_s2", "f16", "cudnn"),
+        ("dense_k3_p1", "f16", "implicit_gemm"),  # f16 with a bias
+        ("g2_gemm_k3", "int8_i8", "implicit_gemm"),
+        ("dw_k3_s1_p1", "f32", "depthwise_rows"),
+        ("g4_k5_s2_asym", "f32", "direct"),  # asymmetric pads: legacy cuDNN cannot express them
+    ]:
+        row = harness.check_case(runner, name, mode, seed=5)
+        assert row["passed"], row
+        assert library.last_path() == expected, (name, mode)
+        params = harness.mode_params(harness.CASES[name], mode, 0.05)
+        assert library.forward_path(params, harness.kernel_dtype(mode)) == expected

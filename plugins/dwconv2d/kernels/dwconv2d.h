@@ -67,6 +67,20 @@ extern "C" {
 #define DWCONV2D_PATH_DEPTHWISE_ROWS 3  /* C/group == 1, 3x3/5x5/7x7, stride 1 or 2, pad_left == k/2,
                                            W % 4 == 0: whole rows staged with vector loads (the
                                            tiled path runs instead if x is not 4-byte aligned) */
+#define DWCONV2D_PATH_CUDNN 4           /* grouped/dense FP32 (FP16 without bias) through cuDNN,
+                                           loaded at run time (dlopen); see dwconv2d_forward_path() */
+
+/* Element types, for dwconv2d_forward_path(). */
+#define DWCONV2D_DTYPE_F32 0
+#define DWCONV2D_DTYPE_F16 1
+#define DWCONV2D_DTYPE_INT8 2
+
+/* cuDNN use, for dwconv2d_set_cudnn_mode(). */
+#define DWCONV2D_CUDNN_OFF 0  /* our kernels only */
+#define DWCONV2D_CUDNN_AUTO 1 /* the dispatch table: cuDNN for grouped/dense FP32 shapes and FP16
+                                 shapes without a bias (symmetric pads), when a libcudnn.so.9 (or
+                                 $QUANTBENCH_DWCONV_CUDNN) loads; the default unless
+                                 $QUANTBENCH_DWCONV_CUDNN is 0 */
 
 typedef struct DWConv2DParams
 {
@@ -107,8 +121,27 @@ DWCONV2D_API int dwconv2d_infer_output_shape(DWConv2DParams* params);
 /* Validate all fields, out_h/out_w included. Host only. */
 DWCONV2D_API int dwconv2d_validate(DWConv2DParams const* params);
 
-/* Which DWCONV2D_PATH_* the forwards use for these parameters (INVALID if they are invalid). */
+/* Which of our kernels (DWCONV2D_PATH_* other than CUDNN) serves these parameters when cuDNN is
+ * not used (INVALID if they are invalid). */
 DWCONV2D_API int dwconv2d_kernel_path(DWConv2DParams const* params);
+
+/* The path a forward of element type `dtype` (DWCONV2D_DTYPE_*) takes for these parameters now:
+ * DWCONV2D_PATH_CUDNN where the dispatch table picks cuDNN and it loads, else
+ * dwconv2d_kernel_path(). (A forward can still fall back to our kernels, e.g. when cuDNN has no
+ * plan for the shape, or none is made yet while the stream is being captured; see
+ * dwconv2d_last_path().) Host only. */
+DWCONV2D_API int dwconv2d_forward_path(DWConv2DParams const* params, int dtype);
+
+/* The path the calling thread's last successful-validation forward took (DWCONV2D_PATH_*), or
+ * DWCONV2D_PATH_INVALID if none ran yet. */
+DWCONV2D_API int dwconv2d_last_path(void);
+
+/* Sets DWCONV2D_CUDNN_OFF / _AUTO for the process (other values only query); returns the mode
+ * before the call. */
+DWCONV2D_API int dwconv2d_set_cudnn_mode(int mode);
+
+/* cudnnGetVersion() of the cuDNN that the library loaded (e.g. 91900), 0 if none loads. */
+DWCONV2D_API int dwconv2d_cudnn_version(void);
 
 /* b may be NULL only when bias_mode is DWCONV2D_BIAS_NONE. */
 DWCONV2D_API int dwconv2d_forward_f32(float const* x, float const* w, float const* b, float* y,
