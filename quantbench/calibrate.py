@@ -304,7 +304,7 @@ def calibrate(
             executor=executor,
         )
         auto = found or auto
-    clipping = {m: clip_flags(stats_file, t, clip_warn) for m, t in tables.items()}
+    clipping = {m: clip_flags(stats_file, t, clip_warn, known=tables) for m, t in tables.items()}
     for m, flags in clipping.items():
         if text := clip_warning(flags, clip_warn, m):
             warn(text)

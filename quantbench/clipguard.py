@@ -125,10 +125,12 @@ def clip_flags(
     table: CalibrationTable,
     limit: float = DEFAULT_CLIP_WARN,
     tensors: list[str] | None = None,
+    known: dict[str, CalibrationTable] | None = None,
 ) -> list[ClipFlag]:
     """Every tensor of ``table`` (or of ``tensors``) whose threshold clips more than ``limit``
     of its values, with the built-in method that has the lowest expected error among those that
-    clip less."""
+    clip less (``known``: tables already built from ``stats``, by method, whose amax is taken
+    instead of computed again)."""
     flags = []
     names = tensors if tensors is not None else list(table)
     for name in names:
@@ -138,17 +140,27 @@ def clip_flags(
         fraction = clip_fraction(t, entry.amax)
         if fraction <= limit:
             continue
-        flags.append(_flag(t, entry.method or table.method, entry.amax, fraction))
+        flags.append(_flag(t, entry.method or table.method, entry.amax, fraction, known or {}))
     return flags
 
 
-def _flag(t: TensorStats, method: str, amax: float, fraction: float) -> ClipFlag:
+def _flag(
+    t: TensorStats,
+    method: str,
+    amax: float,
+    fraction: float,
+    known: dict[str, CalibrationTable],
+) -> ClipFlag:
     current = expected_mse(t, amax)
     best: tuple[float, str, float, float] | None = None
     for m in SUGGESTED_METHODS:
         if registry.canonical(m) == method:
             continue
-        other = registry.compute_amax(m, t)
+        built = known.get(registry.canonical(m))
+        if built is not None and t.name in built.entries:
+            other = built.entries[t.name].amax
+        else:
+            other = registry.compute_amax(m, t)
         other_fraction = clip_fraction(t, other)
         error = expected_mse(t, other)
         if other_fraction < fraction and error < current and (best is None or error < best[0]):

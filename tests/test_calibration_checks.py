@@ -394,6 +394,11 @@ def test_entropy_cutting_a_recognizer_conv_input_is_flagged():
     assert flag.fraction > 0.1
     assert flag.suggestion == "mse" and flag.suggestion_amax > 0.4
     assert "conv_in: entropy threshold" in flag.message() and "mse" in flag.message()
+    # the tables calibrate already built give the same suggestion without computing it again
+    known = {m: build_table(stats, m) for m in ("mse", "minmax", "percentile:99.99")}
+    assert clip_flags(stats, table, known=known) == [flag]
+    known["mse"].set("conv_in", 0.42)  # the suggestion comes from the known table, not 0.407
+    assert clip_flags(stats, table, known=known)[0].suggestion_amax == 0.42
 
 
 def _digit_cnn(tmp_path):
