@@ -386,22 +386,33 @@ def _file_digest(paths: Iterable[Path], extra: str) -> str:
 
     A cache key, computed before any inference: hashed block by block on every core
     (hashlib releases the GIL), so a 600 MB data file costs 0.05 s on 16 cores, not 0.6 s.
+    A block is hashed once per process while its file is unchanged (``auto`` opens its data
+    up to four times).
     """
     blocks = []
     for p in paths:
-        size = p.stat().st_size
-        blocks += [(p, start) for start in range(0, max(size, 1), DIGEST_BLOCK)]
-    with ThreadPoolExecutor(min(usable_cores(), max(len(blocks), 1))) as pool:
-        digests = list(pool.map(lambda block: _block_digest(*block), blocks))
+        st = p.stat()
+        version = (str(p.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        blocks += [(p, start, version) for start in range(0, max(st.st_size, 1), DIGEST_BLOCK)]
+    todo = [b for b in blocks if (b[2], b[1]) not in _BLOCK_DIGESTS]
+    if todo:
+        with ThreadPoolExecutor(min(usable_cores(), len(todo))) as pool:
+            for (_, start, version), digest in zip(todo, pool.map(_block_digest, todo)):
+                _BLOCK_DIGESTS[version, start] = digest
     h = hashlib.sha256(extra.encode())
-    for (p, start), digest in zip(blocks, digests, strict=True):
+    for p, start, version in blocks:
         if start == 0:
             h.update(p.name.encode())
-        h.update(digest)
+        h.update(_BLOCK_DIGESTS[version, start])
     return h.hexdigest()
 
 
-def _block_digest(path: Path, start: int) -> bytes:
+#: (file version, block start) -> sha256 of the block, for this process
+_BLOCK_DIGESTS: dict[tuple[tuple[object, ...], int], bytes] = {}
+
+
+def _block_digest(block: tuple[Path, int, object]) -> bytes:
+    path, start, _ = block
     with open(path, "rb") as f:
         f.seek(start)
         return hashlib.sha256(f.read(DIGEST_BLOCK)).digest()

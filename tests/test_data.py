@@ -173,5 +173,11 @@ def test_file_fingerprint_hashes_every_block_in_order(tmp_path, monkeypatch):
         expected.update(hashlib.sha256(body[start : start + 1000]).digest())
     expected.update(b"b.bin" + hashlib.sha256(b"").digest())
     assert data_module._file_digest([a, b], "arrays") == expected.hexdigest()
+    reads = []
+    real = data_module._block_digest
+    monkeypatch.setattr(data_module, "_block_digest", lambda b: reads.append(b) or real(b))
+    assert data_module._file_digest([a, b], "arrays") == expected.hexdigest()
+    assert reads == []  # unchanged files: their blocks are not read again
     a.write_bytes(body[:1500] + b"\x00" + body[1501:])
     assert data_module._file_digest([a, b], "arrays") != expected.hexdigest()
+    assert len(reads) == 3  # the rewritten file is read again, whole
