@@ -23,14 +23,14 @@ from quantbench.collect import cached_stats_path, collect_stats, find_cached_sta
 from quantbench.data import can_reread, open_data
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
-from quantbench.fileio import check_output_path
+from quantbench.fileio import check_output_path, write_bytes_atomic
 from quantbench.graph import Graph, calibration_tensors, open_graph, untyped_tensors
 from quantbench.progress import info, warn
 from quantbench.sharded import collect_sharded
 from quantbench.stats import StatsFile
 from quantbench.table import CalibrationTable
 from quantbench.table.build import build_table, nonfinite_report
-from quantbench.table.codecs import FORMAT_SUFFIX, write_table
+from quantbench.table.codecs import FORMAT_SUFFIX, encode_table
 from quantbench.table.trt_cache import DEFAULT_TRT_VERSION, check_cache_target
 
 __all__ = ["AUTO", "build_table", "calibrate", "obtain_stats", "CalibrationResult"]
@@ -308,11 +308,12 @@ def calibrate(
     for m, flags in clipping.items():
         if text := clip_warning(flags, clip_warn, m):
             warn(text)
-    written = []
+    # every table is encoded (and so checked) before any file is written: one that cannot be
+    # written must not leave the others of --method all behind
+    encoded = {m: encode_table(tables[m], fmt, trt_version) for m in targets}
     if targets and len(method_list) > 1:
         next(iter(targets.values())).parent.mkdir(exist_ok=True)
-    for m, target in targets.items():
-        written.append(write_table(tables[m], target, fmt, trt_version=trt_version))
+    written = [write_bytes_atomic(target, encoded[m]) for m, target in targets.items()]
     return CalibrationResult(
         tables,
         stats_file,

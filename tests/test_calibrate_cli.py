@@ -251,3 +251,24 @@ def test_calibration_only_report(run_cli, cnn_path, cnn_data, tmp_path):
     assert code == 0, err
     text = html.read_text()
     assert "<svg" in text and "entropy:pytorch" in text and "http://" not in text
+
+
+def test_one_table_that_cannot_be_written_leaves_none_behind(
+    run_cli, cnn_path, cnn_data, tmp_path, monkeypatch
+):
+    """``--method all``: when one method's table cannot go into a TensorRT cache (a NaN
+    amax here), the command fails in one line and writes no table, not the ones before it."""
+    from dataclasses import replace
+
+    from quantbench import calibrators as registry
+
+    spec = registry.spec("mse")
+    monkeypatch.setitem(
+        registry._REGISTRY,
+        "mse",
+        replace(spec, fn=lambda stats, option: float("nan"), many=None),
+    )
+    out = tmp_path / "tables"
+    code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "--method", "all", "-o", out)
+    assert code == 2 and "NaN scale" in err and "Traceback" not in err
+    assert not out.exists()
