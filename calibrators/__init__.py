@@ -212,7 +212,7 @@ def compute_amax(method: str, stats: TensorStats) -> float:
     s, opt = parse_method(method)
     if stats.count == 0 or stats.max_abs == 0:
         return 0.0
-    return float(s.fn(stats, opt))
+    return _as_float32_range(s.fn(stats, opt))
 
 
 def compute_amaxes(method: str, stats: list[TensorStats]) -> list[float]:
@@ -226,8 +226,18 @@ def compute_amaxes(method: str, stats: list[TensorStats]) -> list[float]:
     else:
         values = [float(v) for v in s.many([stats[i] for i in live], opt)]
     for i, v in zip(live, values, strict=True):
-        amax[i] = v
+        amax[i] = _as_float32_range(v)
     return amax
+
+
+#: the largest float32. A threshold above it (a bin edge past a range that reaches it, as an
+#: attention mask of finfo(float32).min does) clips no float32 value more than this one, and
+#: would have no finite float32 scale.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _as_float32_range(amax: float) -> float:
+    return FLOAT32_MAX if amax > FLOAT32_MAX else float(amax)
 
 
 def _is_number(text: str) -> bool:

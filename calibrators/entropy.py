@@ -346,7 +346,13 @@ def ort_histogram(stats: TensorStats, num_bins: int) -> tuple[np.ndarray, np.nda
     t = stats.max_abs
     counts = np.rint(stats.signed_histogram(num_bins, -t, t)).astype(np.int64)
     t32 = np.float32(t)
-    edges = np.linspace(-t32, t32, num_bins + 1, endpoint=True, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        edges = np.linspace(-t32, t32, num_bins + 1, endpoint=True, dtype=np.float32)
+    if not np.isfinite(edges).all():
+        # a range reaching +-FLT_MAX (an attention mask of finfo(float32).min) overflows ORT's
+        # float32 edge arithmetic, which then gives NaN edges and a NaN threshold; the edges it
+        # means are computed in float64 instead
+        edges = np.linspace(-t, t, num_bins + 1, endpoint=True).astype(np.float32)
     return counts, edges
 
 

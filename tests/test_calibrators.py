@@ -565,3 +565,20 @@ def test_option_on_a_method_without_options_is_a_user_error(
 ) -> None:
     with pytest.raises(QuantbenchError, match="takes no option"):
         compute_amax(method, stats_by_name["normal"])
+
+
+def test_a_range_reaching_float32_max_gets_finite_float32_scales() -> None:
+    """An attention mask of finfo(float32).min next to ordinary values (a real transformer
+    export): every method of ``all`` gives an amax of at most the largest float32, so a
+    TensorRT cache can hold it (entropy's top bin edge lies above it; onnxruntime's float32
+    histogram edges overflow on this range and gave NaN)."""
+    big = float(np.finfo(np.float32).max)
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.standard_normal(50_000), np.full(20_000, -big), np.zeros(5_000)])
+    stats = stats_of(x.astype(np.float32))
+    for method in all_methods():
+        amax = compute_amax(method, stats)
+        assert math.isfinite(amax) and 0 < amax <= big, method
+        assert math.isfinite(scale_from_amax(amax)), method
+        assert compute_amaxes(method, [stats]) == [amax], method
+    assert compute_amax("minmax", stats) == big
