@@ -51,6 +51,7 @@ builds when it sees all values in one call. Our histogram is interpolated from t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -123,26 +124,56 @@ def kl_divergences(bins: np.ndarray, level_edges: np.ndarray) -> np.ndarray:
     ``sum_levels L log(L / n)`` plus ``outliers * log Q[i-1]`` (L: level count, n: its non-empty
     bins), so no per-bin work is done per candidate.
     """
-    bins = np.asarray(bins, dtype=np.float64)
-    kept = level_edges[:, -1]
-    cum = np.concatenate([[0.0], np.cumsum(bins)])
-    nonempty_cum = np.concatenate([[0], np.cumsum(bins > 0)])
-    xlogx_cum = np.concatenate([[0.0], np.cumsum(_xlogx(bins))])
-    # suffix sums, so an empty tail is exactly 0 rather than total - prefix
-    outliers = np.concatenate([np.cumsum(bins[::-1])[::-1], [0.0]])[kept]
-    total = bins.sum()
-    last = bins[kept - 1]
+    pre = _Prefix.of(bins, level_edges[:, -1])
+    level_q, p_log_q = _level_terms(
+        np.diff(pre.cum[level_edges], axis=1), np.diff(pre.nonempty_cum[level_edges], axis=1)
+    )
+    return pre.kl(p_log_q, level_q[:, -1])
 
-    level_count = np.diff(cum[level_edges], axis=1)
-    level_nonempty = np.diff(nonempty_cum[level_edges], axis=1)
+
+@dataclass(frozen=True)
+class _Prefix:
+    """The per-bin prefix sums every candidate's KL reads (candidate ``r`` keeps ``kept[r]``
+    bins)."""
+
+    kept: np.ndarray
+    cum: np.ndarray
+    nonempty_cum: np.ndarray
+    xlogx_cum: np.ndarray
+    outliers: np.ndarray
+    total: float
+    last: np.ndarray
+
+    @classmethod
+    def of(cls, bins: np.ndarray, kept: np.ndarray) -> _Prefix:
+        bins = np.asarray(bins, dtype=np.float64)
+        return cls(
+            kept,
+            np.concatenate([[0.0], np.cumsum(bins)]),
+            np.concatenate([[0], np.cumsum(bins > 0)]),
+            np.concatenate([[0.0], np.cumsum(_xlogx(bins))]),
+            # suffix sums, so an empty tail is exactly 0 rather than total - prefix
+            np.concatenate([np.cumsum(bins[::-1])[::-1], [0.0]])[kept],
+            bins.sum(),
+            bins[kept - 1],
+        )
+
+    def kl(self, p_log_q: np.ndarray, last_q: np.ndarray) -> np.ndarray:
+        """KL per candidate from ``sum_levels L log(L / n)`` and the last level's Q."""
+        kept, outliers, last = self.kept, self.outliers, self.last
+        with np.errstate(divide="ignore", invalid="ignore"):
+            p_log_q = p_log_q + np.where(outliers > 0, outliers * np.log(last_q), 0.0)
+            p_log_p = self.xlogx_cum[kept - 1] + _xlogx(last + outliers)
+            kl = (p_log_p - p_log_q) / self.total + np.log(self.cum[kept] / self.total)
+        kl[(outliers > 0) & (last <= 0)] = np.inf
+        return kl
+
+
+def _level_terms(count: np.ndarray, nonempty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each level's Q (its count over its non-empty bins) and, per row, ``sum L log Q``."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        level_q = np.where(level_count > 0, level_count / level_nonempty, 0.0)
-        p_log_q = np.where(level_count > 0, level_count * np.log(level_q), 0.0).sum(axis=1)
-        p_log_q += np.where(outliers > 0, outliers * np.log(level_q[:, -1]), 0.0)
-        p_log_p = xlogx_cum[kept - 1] + _xlogx(last + outliers)
-        kl = (p_log_p - p_log_q) / total + np.log(cum[kept] / total)
-    kl[(outliers > 0) & (last <= 0)] = np.inf
-    return kl
+        q = np.where(count > 0, count / nonempty, 0.0)
+        return q, np.where(count > 0, count * np.log(q), 0.0).sum(axis=1)
 
 
 def kl_divergence_direct(bins: np.ndarray, edges: np.ndarray) -> float:
@@ -172,34 +203,20 @@ def kl_divergences_floor_groups(bins: np.ndarray, level_edges: np.ndarray) -> np
     and the per-candidate work is the last level alone: about 4 thousand logarithms instead of
     250 thousand.
     """
-    bins = np.asarray(bins, dtype=np.float64)
     kept = level_edges[:, -1]
-    levels = level_edges.shape[1] - 1
+    pre = _Prefix.of(bins, kept)
     group = level_edges[:, 1]  # j * g at j = 1
-    cum = np.concatenate([[0.0], np.cumsum(bins)])
-    nonempty_cum = np.concatenate([[0], np.cumsum(bins > 0)])
-    xlogx_cum = np.concatenate([[0.0], np.cumsum(_xlogx(bins))])
-    outliers = np.concatenate([np.cumsum(bins[::-1])[::-1], [0.0]])[kept]
-    total = bins.sum()
-    last = bins[kept - 1]
-
     sizes, which = np.unique(group, return_inverse=True)
-    shared_edges = np.arange(levels)[None, :] * sizes[:, None]  # levels 0 .. levels-2
-    shared_count = np.diff(cum[shared_edges], axis=1)
-    shared_nonempty = np.diff(nonempty_cum[shared_edges], axis=1)
-    start = level_edges[:, -2]
-    last_count = cum[kept] - cum[start]
-    last_nonempty = nonempty_cum[kept] - nonempty_cum[start]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        shared_q = np.where(shared_count > 0, shared_count / shared_nonempty, 0.0)
-        shared = np.where(shared_count > 0, shared_count * np.log(shared_q), 0.0).sum(axis=1)
-        last_q = np.where(last_count > 0, last_count / last_nonempty, 0.0)
-        p_log_q = shared[which] + np.where(last_count > 0, last_count * np.log(last_q), 0.0)
-        p_log_q += np.where(outliers > 0, outliers * np.log(last_q), 0.0)
-        p_log_p = xlogx_cum[kept - 1] + _xlogx(last + outliers)
-        kl = (p_log_p - p_log_q) / total + np.log(cum[kept] / total)
-    kl[(outliers > 0) & (last <= 0)] = np.inf
-    return kl
+    shared_edges = np.arange(level_edges.shape[1] - 1)[None, :] * sizes[:, None]
+    _, shared = _level_terms(  # levels 0 .. levels-2 of each group size
+        np.diff(pre.cum[shared_edges], axis=1), np.diff(pre.nonempty_cum[shared_edges], axis=1)
+    )
+    start = level_edges[:, -2:-1]
+    last_q, last = _level_terms(
+        pre.cum[kept[:, None]] - pre.cum[start],
+        pre.nonempty_cum[kept[:, None]] - pre.nonempty_cum[start],
+    )
+    return pre.kl(shared[which] + last, last_q[:, 0])
 
 
 def best_candidate(
