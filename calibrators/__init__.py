@@ -209,10 +209,7 @@ def expand_methods(methods: list[str]) -> list[str]:
 
 def compute_amax(method: str, stats: TensorStats) -> float:
     """amax of one tensor by one method; 0.0 for a tensor that never held a finite value."""
-    s, opt = parse_method(method)
-    if stats.count == 0 or stats.max_abs == 0:
-        return 0.0
-    return _as_float32_range(s.fn(stats, opt))
+    return compute_amaxes(method, [stats])[0]
 
 
 def compute_amaxes(method: str, stats: list[TensorStats]) -> list[float]:

@@ -50,12 +50,6 @@ def step_error_matrix(num_bins: int = HIST_BINS, start: int = START_BIN) -> np.n
     return matrix
 
 
-def mse_per_candidate(counts: np.ndarray, bin_width: float) -> np.ndarray:
-    """Expected squared error (sum over values, not mean) of candidates ``START_BIN..bins-1``."""
-    errors = step_error_matrix(counts.size, START_BIN) @ counts
-    return errors * _steps_squared(counts.size, bin_width)
-
-
 def _steps_squared(num_bins: int, bin_width: float) -> np.ndarray:
     return ((np.arange(START_BIN, num_bins) + 0.5) * bin_width / INT8_MAX) ** 2
 
@@ -79,10 +73,7 @@ def _check_option(option: str | None) -> None:
 @register("mse", "amax minimising the mean squared INT8 quantization error of |x|")
 def mse(stats: TensorStats, option: str | None) -> float:
     """Bin centre with the smallest expected squared error; takes no option."""
-    _check_option(option)
-    bin_width = stats.max_abs / HIST_BINS
-    counts = stats.abs_histogram(HIST_BINS)
-    return _first_best(mse_per_candidate(counts, bin_width), counts, bin_width)
+    return mse_many([stats], option)[0]
 
 
 @register_many("mse")
