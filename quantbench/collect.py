@@ -80,9 +80,10 @@ def collect_stats(
     input_names = {s.name for s in graph.inputs}
     plan = derivation_plan(graph, tensors)
     if wants_device_stats(provider):  # CUDA: activations stay on the GPU (devicecollect)
-        return collect_on_device(
+        stats, num_samples, fingerprint = collect_on_device(
             graph, source, tensors, plan, provider=provider, show_progress=show_progress
         )
+        return _stats_file(graph, source, stats, num_samples, fingerprint)
     measured = [t for t in tensors if t not in plan]
     from_feed = [t for t in measured if t in input_names]
     from_outputs = [t for t in measured if t not in input_names]
@@ -119,6 +120,17 @@ def collect_stats(
     for name, (kind, src) in plan.items():
         if kind == "same":
             stats[name] = stats[src].renamed(name)
+    return _stats_file(graph, source, stats, num_samples, fingerprint)
+
+
+def _stats_file(
+    graph: Graph,
+    source: DataSource,
+    stats: dict[str, TensorStats],
+    num_samples: int,
+    fingerprint: StreamFingerprint | None,
+) -> StatsFile:
+    """One pass's statistics as a file's record (the host's and the GPU's pass alike)."""
     return StatsFile(
         model_hash=graph.hash,
         data_fingerprint=source.fingerprint or (fingerprint.hexdigest() if fingerprint else ""),

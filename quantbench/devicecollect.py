@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from quantbench import __version__
 from quantbench.backends.onnxruntime import expose, resolve_provider
 from quantbench.backends.ortdevice import CUDA_PROVIDER, DeviceOutputRunner
 from quantbench.data import (
@@ -30,7 +29,7 @@ from quantbench.devicestats import StatsBank, device_binning_wanted, import_cupy
 from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph, TensorSpec
 from quantbench.progress import progress_bar, warn
-from quantbench.stats import StatsFile, TensorStats
+from quantbench.stats import TensorStats
 
 #: exposed activations one GPU inference may produce; a larger feed runs in parts (exact).
 #: ResNet-50 at batch 32 exposes 2.0 GiB: one part, one input shape (one cuDNN search).
@@ -66,8 +65,10 @@ def collect_on_device(
     *,
     provider: str | None = "cuda",
     show_progress: bool = True,
-) -> StatsFile:
-    """:func:`quantbench.collect.collect_stats` with inference and binning on the GPU.
+) -> tuple[dict[str, TensorStats], int, StreamFingerprint | None]:
+    """:func:`quantbench.collect.collect_stats`'s pass with inference and binning on the GPU:
+    the statistics of ``tensors``, the samples seen, and the stream's fingerprint where the
+    source has none up front.
 
     ``plan`` is ``collect.derivation_plan(graph, tensors)``: ``same`` tensors are renamed copies
     of their root, ``relu`` tensors are binned from their source's values in its pass.
@@ -108,14 +109,7 @@ def collect_on_device(
                 num_samples += n
                 advance(n)
         stats = binner.results()
-    return StatsFile(
-        model_hash=graph.hash,
-        data_fingerprint=source.fingerprint or (fingerprint.hexdigest() if fingerprint else ""),
-        num_samples=num_samples,
-        tensors=stats,
-        tool_version=__version__,
-        model_path=str(graph.path or ""),
-    )
+    return stats, num_samples, fingerprint
 
 
 class _DeviceBinner:
