@@ -29,6 +29,7 @@ from quantbench.data import (
     feed_num_samples,
     feed_parts,
     nonempty,
+    prefetched,
 )
 from quantbench.devicecollect import collect_on_device, wants_device_stats
 from quantbench.graph import Graph, TensorSpec
@@ -70,8 +71,11 @@ def collect_stats(
     threads: int | None = None,
     binning_threads: int | None = None,
     show_progress: bool = True,
+    before_inference: Callable[[], None] | None = None,
 ) -> StatsFile:
     """Run the data through the model once and return statistics of ``tensors``.
+
+    ``before_inference`` is called once the session has started, before the first batch.
 
     ``binning_threads`` (default: the usable cores) bin the chunks of every tensor at once;
     binning is exact and order-independent, so the statistics do not depend on the thread
@@ -81,7 +85,13 @@ def collect_stats(
     plan = derivation_plan(graph, tensors)
     if wants_device_stats(provider):  # CUDA: activations stay on the GPU (devicecollect)
         stats, num_samples, fingerprint = collect_on_device(
-            graph, source, tensors, plan, provider=provider, show_progress=show_progress
+            graph,
+            source,
+            tensors,
+            plan,
+            provider=provider,
+            show_progress=show_progress,
+            before_inference=before_inference,
         )
         return _stats_file(graph, source, stats, num_samples, fingerprint)
     measured = [t for t in tensors if t not in plan]
@@ -100,9 +110,11 @@ def collect_stats(
             spin=False,
             generated_from=graph.model,
         )
+        if before_inference is not None:
+            before_inference()
         with progress_bar("Calibrating", total=source.num_samples, show=show_progress) as advance:
             per_sample = [0]  # bytes of exposed activations per sample, after the first run
-            for feed in _prefetched(nonempty(source.batches(), source)):
+            for feed in prefetched(nonempty(source.batches(), source)):
                 if fingerprint is not None:
                     fingerprint.update(feed)
                 for part in _parts(feed, graph.inputs, lambda: per_sample[0]):
@@ -296,13 +308,3 @@ def _stats_workers(threads: int | None) -> Iterator[ThreadPoolExecutor]:
         yield pool
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _prefetched(feeds: Iterator[Feed]) -> Iterator[Feed]:
-    """``feeds`` read one ahead in a thread: the next batch is loaded (file reads, decoding,
-    the non-finite check) while this one is inferred and binned."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-read") as reader:
-        ahead = reader.submit(next, feeds, None)
-        while (feed := ahead.result()) is not None:
-            ahead = reader.submit(next, feeds, None)
-            yield feed

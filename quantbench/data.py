@@ -1090,3 +1090,13 @@ def nonempty(batches: Iterable[Feed], source: DataSource) -> Iterator[Feed]:
         yield feed
     if empty:
         raise QuantbenchError(f"{source.description}: the data set is empty (no batches)")
+
+
+def prefetched(feeds: Iterator[Feed]) -> Iterator[Feed]:
+    """``feeds`` read one ahead in a thread: the next batch is loaded (file reads, decoding,
+    the non-finite check) while this one is inferred and binned (the host and the GPU pass)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-read") as reader:
+        ahead = reader.submit(next, feeds, None)
+        while (feed := ahead.result()) is not None:
+            ahead = reader.submit(next, feeds, None)
+            yield feed

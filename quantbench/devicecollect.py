@@ -24,6 +24,7 @@ from quantbench.data import (
     feed_num_samples,
     feed_parts,
     nonempty,
+    prefetched,
 )
 from quantbench.devicestats import StatsBank, device_binning_wanted, import_cupy
 from quantbench.errors import QuantbenchError
@@ -65,6 +66,7 @@ def collect_on_device(
     *,
     provider: str | None = "cuda",
     show_progress: bool = True,
+    before_inference: Callable[[], None] | None = None,
 ) -> tuple[dict[str, TensorStats], int, StreamFingerprint | None]:
     """:func:`quantbench.collect.collect_stats`'s pass with inference and binning on the GPU:
     the statistics of ``tensors``, the samples seen, and the stream's fingerprint where the
@@ -88,6 +90,8 @@ def collect_on_device(
         exposed = expose(graph.model, from_outputs, graph.elem_types, types_of_model=True)
         runner = DeviceOutputRunner(exposed, cp, provider, generated_from=graph.model)
     binner = _DeviceBinner(cp, tensors, plan)
+    if before_inference is not None:
+        before_inference()
     fingerprint = None if source.fingerprint else StreamFingerprint()
     num_samples = 0
     per_sample = [0]  # bytes of exposed activations per sample, after the first part
@@ -96,20 +100,32 @@ def collect_on_device(
         stream,
         progress_bar("Calibrating", total=source.num_samples, show=show_progress) as advance,
     ):
-        for feed in nonempty(source.batches(), source):
+        for feed in prefetched(nonempty(source.batches(), source)):
             if fingerprint is not None:
                 fingerprint.update(feed)
             for part in _parts(feed, graph.inputs, lambda: per_sample[0]):
-                outputs = runner.infer(part, from_outputs) if runner is not None else {}
+                inputs = _on_device(cp, stream, part, from_feed)
+                outputs = runner.infer({**part, **inputs}, from_outputs) if runner else {}
                 n = feed_num_samples(part, graph.inputs)
                 if not per_sample[0]:
                     per_sample[0] = max(1, -(-sum(a.nbytes for a in outputs.values()) // n))
-                binner.bin({**{t: cp.asarray(part[t]) for t in from_feed}, **outputs})
+                binner.bin({**inputs, **outputs})
                 del outputs  # the binner holds the part until its counting is done
                 num_samples += n
                 advance(n)
         stats = binner.results()
     return stats, num_samples, fingerprint
+
+
+def _on_device(cp: ModuleType, stream: Any, part: Feed, names: list[str]) -> dict[str, Any]:
+    """The calibrated inputs of ``part`` copied to the GPU once: onnxruntime reads the same
+    copy (bound as a device input) that the statistics bin. Synchronised, because onnxruntime
+    runs on a stream of its own."""
+    if not names:
+        return {}
+    inputs = {t: cp.asarray(part[t]) for t in names}
+    stream.synchronize()
+    return inputs
 
 
 class _DeviceBinner:

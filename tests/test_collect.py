@@ -82,7 +82,7 @@ def test_batches_read_ahead_keep_their_order_and_errors():
     surfaces in the caller as it would without the read-ahead."""
     import threading
 
-    from quantbench import collect
+    from quantbench.data import prefetched
     from quantbench.errors import QuantbenchError
 
     readers = []
@@ -95,7 +95,7 @@ def test_batches_read_ahead_keep_their_order_and_errors():
 
     got = []
     with pytest.raises(QuantbenchError, match="sample 5 is broken"):
-        for feed in collect._prefetched(feeds()):
+        for feed in prefetched(feeds()):
             got.append(feed["i"])
     assert got == [0, 1, 2, 3, 4]
     assert all(name.startswith("quantbench-read") for name in readers)
