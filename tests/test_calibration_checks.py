@@ -33,10 +33,24 @@ from quantbench.table.codecs import read_table
 CNN_TENSORS = {"input", "c1", "r1", "c2", "sum", "gap", "flat", "logits"}
 
 
-def _count_calls(monkeypatch) -> list[int]:
+def _count_passes(monkeypatch) -> list[int]:
+    """One entry per statistics pass."""
     calls: list[int] = []
     real = cal.collect_stats
     monkeypatch.setattr(cal, "collect_stats", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def _count_calls(monkeypatch) -> list[int]:
+    """One entry per onnxruntime inference (a session may start before a method's trial run
+    fails; a batch may not be run)."""
+    from quantbench.backends.onnxruntime import OnnxRuntimeRunner
+
+    calls: list[int] = []
+    real = OnnxRuntimeRunner.infer
+    monkeypatch.setattr(
+        OnnxRuntimeRunner, "infer", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
     return calls
 
 
@@ -241,7 +255,7 @@ def test_corrupt_statistics_cache_is_a_miss(run_cli, cnn_path, cnn_data, tmp_pat
     assert run_cli("calibrate", cnn_path, "--data", cnn_data, "-o", tmp_path / "a.cache")[0] == 0
     (cached,) = stats_cache_dir().glob("*.stats.npz")
     cached.write_bytes(b"not a zip file")
-    calls = _count_calls(monkeypatch)
+    calls = _count_passes(monkeypatch)
     code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "-o", tmp_path / "b.cache")
     assert code == 0, err
     assert calls == [1] and "recomputing" in err
