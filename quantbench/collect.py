@@ -99,7 +99,7 @@ def collect_stats(
     from_outputs = [t for t in measured if t not in input_names]
     stats = {name: TensorStats(name) for name in tensors}
     binner = _Binner(stats, [(t, src) for t, (kind, src) in plan.items() if kind == "relu"])
-    fingerprint = None if source.fingerprint else StreamFingerprint()
+    fingerprint = None if source.fingerprinted else StreamFingerprint()
     num_samples = 0
     with _stats_workers(binning_threads) as pool:
         warm = pool.submit(binning.warm_up)  # the compiled kernels load while onnxruntime starts

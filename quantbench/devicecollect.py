@@ -92,7 +92,7 @@ def collect_on_device(
     binner = _DeviceBinner(cp, tensors, plan)
     if before_inference is not None:
         before_inference()
-    fingerprint = None if source.fingerprint else StreamFingerprint()
+    fingerprint = None if source.fingerprinted else StreamFingerprint()
     num_samples = 0
     per_sample = [0]  # bytes of exposed activations per sample, after the first part
     stream = cp.cuda.Stream(non_blocking=True)
