@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -112,7 +112,10 @@ def collect_stats(
         )
         if before_inference is not None:
             before_inference()
-        with progress_bar("Calibrating", total=source.num_samples, show=show_progress) as advance:
+        with (
+            progress_bar("Calibrating", total=source.num_samples, show=show_progress) as advance,
+            _binning_turns(pool) as bin_part,
+        ):
             per_sample = [0]  # bytes of exposed activations per sample, after the first run
             for feed in prefetched(nonempty(source.batches(), source)):
                 if fingerprint is not None:
@@ -123,12 +126,11 @@ def collect_stats(
                     if not per_sample[0]:
                         per_sample[0] = max(1, -(-sum(a.nbytes for a in outputs.values()) // n))
                     warm.result()  # loaded during the first inference; a no-op after
-                    due = binner.add({**{t: part[t] for t in from_feed}, **outputs})
-                    binner.bin(pool, due)
-                    del outputs, due  # freed before onnxruntime infers the next part
+                    bin_part(binner, {**{t: part[t] for t in from_feed}, **outputs})
+                    del outputs  # freed before onnxruntime infers the next part (taking turns)
                     num_samples += n
                     advance(n)
-            binner.bin(pool, binner.flush())
+            bin_part(binner, None)
     for name, (kind, src) in plan.items():
         if kind == "same":
             stats[name] = stats[src].renamed(name)
@@ -286,6 +288,45 @@ class _Binner:
                 tasks[-1].append(cut)
                 size += cut.size
         return tasks or [pieces]
+
+
+def overlap_wanted() -> bool:
+    """``$QUANTBENCH_BIN_OVERLAP=1``: bin a part while onnxruntime infers the next (two parts
+    alive) instead of taking turns."""
+    return os.environ.get("QUANTBENCH_BIN_OVERLAP", "") == "1"
+
+
+@contextmanager
+def _binning_turns(
+    pool: ThreadPoolExecutor,
+) -> Iterator[Callable[[_Binner, dict[str, np.ndarray] | None], None]]:
+    """``bin_part(binner, values)``: pool one part's values and bin what is due (``None``: the
+    end of the data, bin everything left). Taking turns (the default), it returns once done;
+    overlapped, it returns at once and the next call first waits for this part's binning, so
+    the binner's pools are only touched between parts and at most two parts are alive."""
+    if not overlap_wanted():
+
+        def in_turn(binner: _Binner, values: dict[str, np.ndarray] | None) -> None:
+            binner.bin(pool, binner.add(values) if values is not None else binner.flush())
+
+        yield in_turn
+        return
+    pending: list[Future] = []
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-binner") as driver:
+
+        def overlapped(binner: _Binner, values: dict[str, np.ndarray] | None) -> None:
+            while pending:
+                pending.pop().result()
+            due = binner.add(values) if values is not None else binner.flush()
+            pending.append(driver.submit(binner.bin, pool, due))
+            if values is None:
+                pending.pop().result()
+
+        try:
+            yield overlapped
+        finally:
+            for job in pending:  # an inference failed: let the part in flight finish first
+                job.exception()
 
 
 def _map(pool: ThreadPoolExecutor, fn: Callable, args: list[tuple]) -> list:
