@@ -69,6 +69,11 @@ ORT_SMOOTH_EPS = 1e-4
 #: prefix-sum KL differs from it by < 1e-13 on 1e6-sample tensors).
 TIE_RTOL = 1e-10
 TIE_ATOL = 1e-12
+#: candidates whose levels :func:`kl_divergences` evaluates at once: a block's temporaries
+#: (120 x 129 float64, 121 KiB) stay in cache and under glibc's 128 KiB mmap threshold, where
+#: the whole matrix's (2 MB each) were mapped and zeroed afresh by the kernel for every
+#: operation: entropy:pytorch on ResNet-50's 123 live tensors took 1.3 s that way, 0.45 s now
+KL_BLOCK = 120
 
 VARIANTS = ("trt", "slides", "pytorch", "ort", "ort-2048")
 
@@ -124,10 +129,15 @@ def kl_divergences(bins: np.ndarray, level_edges: np.ndarray) -> np.ndarray:
     bins), so no per-bin work is done per candidate.
     """
     pre = _Prefix.of(bins, level_edges[:, -1])
-    level_q, p_log_q = _level_terms(
-        np.diff(pre.cum[level_edges], axis=1), np.diff(pre.nonempty_cum[level_edges], axis=1)
-    )
-    return pre.kl(p_log_q, level_q[:, -1])
+    p_log_q = np.empty(len(level_edges))
+    last_q = np.empty(len(level_edges))
+    for start in range(0, len(level_edges), KL_BLOCK):  # rows are independent: same bits
+        edges = level_edges[start : start + KL_BLOCK]
+        level_q, p_log_q[start : start + KL_BLOCK] = _level_terms(
+            np.diff(pre.cum[edges], axis=1), np.diff(pre.nonempty_cum[edges], axis=1)
+        )
+        last_q[start : start + KL_BLOCK] = level_q[:, -1]
+    return pre.kl(p_log_q, last_q)
 
 
 @dataclass(frozen=True)
