@@ -342,7 +342,10 @@ def calibrate(
             executor=executor,
         )
         auto = found or auto
-    clipping = {m: clip_flags(stats_file, t, clip_warn, known=tables) for m, t in tables.items()}
+    cdfs: dict = {}  # each tensor's |x| CDF, built once for the seven tables of --method all
+    clipping = {
+        m: clip_flags(stats_file, t, clip_warn, known=tables, cdfs=cdfs) for m, t in tables.items()
+    }
     for m, flags in clipping.items():
         if text := clip_warning(flags, clip_warn, m):
             warn(text)

@@ -100,11 +100,14 @@ def check_sqnr_floor(floor_db: float) -> float:
     return floor_db
 
 
-def clip_fraction(stats: TensorStats, amax: float) -> float:
-    """Fraction of the tensor's finite values with |x| beyond ``amax``."""
+def clip_fraction(
+    stats: TensorStats, amax: float, cdf: tuple[np.ndarray, np.ndarray] | None = None
+) -> float:
+    """Fraction of the tensor's finite values with |x| beyond ``amax`` (``cdf``: its
+    :meth:`~quantbench.stats.TensorStats.abs_cdf`, if already built)."""
     if stats.count == 0:
         return 0.0
-    return max(stats.count_above(amax), 0.0) / stats.count
+    return max(stats.count_above(amax, cdf), 0.0) / stats.count
 
 
 def expected_mse(stats: TensorStats, amax: float) -> float:
@@ -126,21 +129,28 @@ def clip_flags(
     limit: float = DEFAULT_CLIP_WARN,
     tensors: list[str] | None = None,
     known: dict[str, CalibrationTable] | None = None,
+    cdfs: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> list[ClipFlag]:
     """Every tensor of ``table`` (or of ``tensors``) whose threshold clips more than ``limit``
     of its values, with the built-in method that has the lowest expected error among those that
     clip less (``known``: tables already built from ``stats``, by method, whose amax is taken
-    instead of computed again)."""
+    instead of computed again; ``cdfs``: a memo of each tensor's |x| CDF, shared by the calls
+    for several tables of the same statistics)."""
+    cdfs = {} if cdfs is None else cdfs
     flags = []
     names = tensors if tensors is not None else list(table)
     for name in names:
         if name not in table or name not in stats.tensors:
             continue
         t, entry = stats[name], table.entries[name]
-        fraction = clip_fraction(t, entry.amax)
+        if name not in cdfs and t.count:
+            cdfs[name] = t.abs_cdf()  # one per tensor, read for every threshold
+        cdf = cdfs.get(name)
+        fraction = clip_fraction(t, entry.amax, cdf)
         if fraction <= limit:
             continue
-        flags.append(_flag(t, entry.method or table.method, entry.amax, fraction, known or {}))
+        method = entry.method or table.method
+        flags.append(_flag(t, method, entry.amax, fraction, known or {}, cdf))
     return flags
 
 
@@ -150,6 +160,7 @@ def _flag(
     amax: float,
     fraction: float,
     known: dict[str, CalibrationTable],
+    cdf: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> ClipFlag:
     current = expected_mse(t, amax)
     best: tuple[float, str, float, float] | None = None
@@ -161,7 +172,7 @@ def _flag(
             other = built.entries[t.name].amax
         else:
             other = registry.compute_amax(m, t)
-        other_fraction = clip_fraction(t, other)
+        other_fraction = clip_fraction(t, other, cdf)
         error = expected_mse(t, other)
         if other_fraction < fraction and error < current and (best is None or error < best[0]):
             best = (error, m, other, other_fraction)

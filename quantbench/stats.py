@@ -264,12 +264,21 @@ class TensorStats:
         data_range = (self.min, self.max) if self.count else (0.0, 0.0)
         return _resample(fine, self.bin_width, origin, upper, num_bins, lower, data_range)
 
-    def count_above(self, threshold: float) -> float:
-        """How many |x| exceed ``threshold`` (fine bins split linearly)."""
+    def abs_cdf(self) -> tuple[np.ndarray, np.ndarray]:
+        """(fine bin edges, cumulative |x| counts at them): what :meth:`count_above` reads, to
+        build once for many thresholds."""
         fine = self.abs_fine_counts().astype(np.float64)
         cdf = np.concatenate([[0.0], np.cumsum(fine)])
         edges = np.minimum(np.arange(fine.size + 1) * self.bin_width, self.max_abs)
-        return float(cdf[-1] - np.interp(threshold, edges, cdf))
+        return edges, cdf
+
+    def count_above(
+        self, threshold: float, cdf: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> float:
+        """How many |x| exceed ``threshold`` (fine bins split linearly); ``cdf``: this tensor's
+        :meth:`abs_cdf`, if already built."""
+        edges, cumulative = cdf if cdf is not None else self.abs_cdf()
+        return float(cumulative[-1] - np.interp(threshold, edges, cumulative))
 
     def abs_quantile(self, q: float) -> float:
         """Value below which a fraction ``q`` of |x| lies (linear within a fine bin)."""
