@@ -22,6 +22,8 @@ from quantbench.stats import TensorStats
 CalibrateFn = Callable[[TensorStats, "str | None"], float]
 #: the same amaxes for many tensors at once (one matrix product instead of one per tensor)
 CalibrateManyFn = Callable[[list[TensorStats], "str | None"], list[float]]
+#: raises QuantbenchError for an option the calibrator would refuse, computing nothing
+CheckOptionFn = Callable[["str | None"], None]
 
 ENTRY_POINT_GROUP = "quantbench.calibrators"
 #: the method every command uses when none is given (calibrate, quantize, compare ``int8``,
@@ -62,6 +64,9 @@ class CalibratorSpec:
     note: str = ""
     #: optional vectorised twin of ``fn`` over many tensors, giving exactly ``fn``'s amaxes
     many: CalibrateManyFn | None = None
+    #: optional check of an option alone, for a calibrator whose first run is costly (an
+    #: import, a precomputed matrix); without it an option is checked by a run on one value
+    check: CheckOptionFn | None = None
 
 
 _REGISTRY: dict[str, CalibratorSpec] = {}
@@ -76,13 +81,15 @@ def register(
     options: tuple[str, ...] = (),
     in_all: tuple[str, ...] | None = None,
     note: str = "",
+    check: CheckOptionFn | None = None,
 ) -> Callable[[CalibrateFn], CalibrateFn]:
     """Decorator that adds a calibrator function to the registry under ``name``."""
 
     def wrap(fn: CalibrateFn) -> CalibrateFn:
         _REGISTRY[name] = CalibratorSpec(
-            name, fn, description, trt_algorithm, default_option, options, in_all, note
-        )
+            name, fn, description, trt_algorithm, default_option, options, in_all, note,
+            check=check,
+        )  # fmt: skip
         return fn
 
     return wrap
@@ -155,13 +162,39 @@ def method_names() -> list[str]:
 
 
 def check_method(method: str) -> str:
-    """Canonical name of ``method`` after trying it on a one-value histogram, so that a bad
-    option (``entropy:5``, ``percentile:abc``) fails before any inference, not after it."""
+    """Canonical name of ``method`` after checking its option (its ``check``, else a run on a
+    one-value histogram), so that a bad option (``entropy:5``, ``percentile:abc``) fails before
+    any inference, not after it."""
     s, opt = parse_method(method)
+    if s.check is not None:
+        s.check(opt)
+    else:
+        s.fn(_probe(), opt)
+    return canonical(method)
+
+
+def cheap_to_check(method: str) -> bool:
+    """Whether :func:`check_method` of ``method`` computes nothing (its calibrator has a
+    ``check``)."""
+    return parse_method(method)[0].check is not None
+
+
+def warm_up(methods: list[str]) -> None:
+    """Each method run once on a one-value histogram, so that its first-use costs (SciPy's
+    import for the entropy family, mse's step matrix) are paid here, on a thread beside
+    inference, not in the first table. A failure is left for the table to raise."""
+    for method in methods:
+        try:
+            s, opt = parse_method(method)
+            s.fn(_probe(), opt)
+        except Exception:  # noqa: BLE001, S112 - the table's own call raises it again
+            continue
+
+
+def _probe() -> TensorStats:
     probe = TensorStats("probe")
     probe.update(np.array([1.0], dtype=np.float32))
-    s.fn(probe, opt)
-    return canonical(method)
+    return probe
 
 
 def parse_method(method: str) -> tuple[CalibratorSpec, str | None]:

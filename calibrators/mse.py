@@ -70,7 +70,11 @@ def _check_option(option: str | None) -> None:
         raise QuantbenchError(f"method 'mse:{option}': mse takes no option; use 'mse'")
 
 
-@register("mse", "amax minimising the mean squared INT8 quantization error of |x|")
+@register(
+    "mse",
+    "amax minimising the mean squared INT8 quantization error of |x|",
+    check=_check_option,
+)
 def mse(stats: TensorStats, option: str | None) -> float:
     """Bin centre with the smallest expected squared error; takes no option."""
     return mse_many([stats], option)[0]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -164,13 +164,13 @@ def check_methods(methods: list[str] | None) -> list[str]:
 
 
 class MethodChecks:
-    """:func:`check_methods` in two steps: the names now, the trial runs on a thread.
+    """:func:`check_methods` without holding up the start: the names and every option a
+    calibrator can check alone (all built-ins) now; a plugin calibrator's trial run on a thread.
 
-    A method's option is checked by running it on a one-value histogram, which also pays its
-    first-use costs (SciPy's import for the entropy family, mse's 31 MiB step matrix: ~0.5 s
-    on two cores). On a thread of their own they overlap the model's loading, the data's
-    fingerprint and onnxruntime's session start (all of which release the GIL); :meth:`wait`
-    comes before the first inference, so a bad option still fails before any.
+    :meth:`wait` comes before the first inference, so a bad option still fails before any; it
+    then starts the methods' first-use costs (SciPy's import for the entropy family: 0.3-1 s,
+    mse's 31 MiB step matrix) on that thread, beside inference, which releases the GIL. Paid in
+    the trial runs before inference, they slowed the model's loading by holding the GIL.
     """
 
     _THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-methods")
@@ -181,11 +181,19 @@ class MethodChecks:
         names = registry.expand_methods([m for m in requested if m.strip() != AUTO])
         canonical = [registry.canonical(m) for m in names]  # unknown names fail here, now
         self.methods = [*canonical, AUTO] if want_auto else canonical
-        self._trials = self._THREAD.submit(lambda: [registry.check_method(m) for m in names])
+        for m in names:
+            if registry.cheap_to_check(m):
+                registry.check_method(m)
+        tried = [m for m in names if not registry.cheap_to_check(m)]
+        self._names = names
+        self._trials = self._THREAD.submit(lambda: [registry.check_method(m) for m in tried])
+        self._warming: Future | None = None
 
     def wait(self) -> None:
-        """Re-raises the first bad option's error; a no-op once they all passed."""
+        """Re-raises the first bad option's error; then warms the methods up (once)."""
         self._trials.result()
+        if self._warming is None:
+            self._warming = self._THREAD.submit(registry.warm_up, self._names)
 
 
 def method_file_name(method: str, fmt: str) -> str:

@@ -234,6 +234,31 @@ def test_unknown_method_lists_every_method(run_cli, cnn_path, cnn_data):
         assert name in text
 
 
+def test_a_calibrator_without_a_check_is_tried_before_inference(
+    run_cli, cnn_path, cnn_data, tmp_path, monkeypatch
+):
+    """A calibrator with no ``check`` (a plugin's) is tried on one value on a thread while the
+    model loads: its refusal still comes before any inference, and a good option runs."""
+    from quantbench import calibrators as registry
+    from quantbench.errors import QuantbenchError
+
+    def strict(stats, option):  # noqa: ANN001, ANN202
+        if option != "ok":
+            raise QuantbenchError(f"method 'strict:{option}': only strict:ok is known")
+        return stats.max_abs
+
+    registry.method_names()  # the built-ins loaded first
+    spec = registry.CalibratorSpec("strict", strict, "test only", default_option="ok")
+    monkeypatch.setitem(registry._REGISTRY, "strict", spec)
+    assert not registry.cheap_to_check("strict:no") and registry.cheap_to_check("entropy:ort")
+    calls = _count_calls(monkeypatch)
+    out = tmp_path / "t.cache"
+    code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "-m", "strict:no", "-o", out)
+    assert code == 2 and "only strict:ok is known" in err and calls == [] and not out.exists()
+    code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "-m", "strict", "-o", out)
+    assert code == 0 and out.is_file() and calls, err
+
+
 def test_quantize_and_compare_validate_the_method_first(
     run_cli, cnn_path, cnn_data, tmp_path, monkeypatch
 ):
