@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -240,13 +241,13 @@ DISPATCH_CASES = [
     (ConvSpec(2, 64, 16, 16, 64, (3, 3), pads=(1,) * 4, group=8), "int8", "direct"),
     (ConvSpec(2, 32, 16, 16, 32, (3, 3), pads=(1,) * 4, group=32), "f32", "depthwise_rows"),
     (ConvSpec(2, 64, 16, 16, 64, (3, 3), pads=(1, 0, 1, 2), group=8), "f16", "direct"),
-    # f16 with a bias: cuDNN's beta blend would round twice
+    # f16 with a bias: cuDNN's fused / float-scratch plans (one FP16 rounding)
     (
         ConvSpec(
             2, 64, 16, 16, 64, (3, 3), pads=(1,) * 4, group=8, bias_mode=kernel_lib.BIAS_SHARED
         ),
         "f16",
-        "direct",
+        "cudnn",
     ),
     (
         ConvSpec(
@@ -277,3 +278,44 @@ def test_cudnn_mode_query_and_bad_values(lib: KernelLibrary) -> None:
     mode = lib.set_cudnn_mode(-5)  # not a mode: only queries
     assert mode in (kernel_lib.CUDNN_OFF, kernel_lib.CUDNN_AUTO)
     assert lib.set_cudnn_mode(99) == mode
+
+
+MMA_CASES = [
+    # (spec, dtype, path with depthwise_mma on): FP16/INT8 depthwise_rows shapes whose plane fits
+    (ConvSpec(2, 32, 16, 16, 32, (3, 3), pads=(1,) * 4, group=32), "f16", "depthwise_mma"),
+    (ConvSpec(2, 32, 16, 16, 32, (3, 3), pads=(1,) * 4, group=32), "int8", "depthwise_mma"),
+    (ConvSpec(32, 256, 56, 56, 256, (3, 3), pads=(1,) * 4, group=256), "int8", "depthwise_mma"),
+    (ConvSpec(32, 256, 56, 56, 256, (3, 3), pads=(1,) * 4, group=256), "f16", "depthwise_mma"),
+    (ConvSpec(32, 240, 56, 56, 240, (5, 5), (2, 2), (2,) * 4, group=240), "f16", "depthwise_mma"),
+    (ConvSpec(1, 8, 28, 28, 8, (7, 7), pads=(3, 3, 0, 5), group=8), "int8", "depthwise_mma"),
+    (
+        ConvSpec(3, 1, 12, 12, 1, (7, 7), pads=(3,) * 4, weight_per_batch=True),
+        "int8",
+        "depthwise_mma",
+    ),
+    (ConvSpec(2, 32, 16, 16, 32, (3, 3), pads=(1,) * 4, group=32), "f32", "depthwise_rows"),
+    # a 1000-wide plane does not fit one warp's shared memory: depthwise_rows
+    (ConvSpec(1, 2, 1000, 1000, 2, (3, 3), pads=(1,) * 4, group=2), "f16", "depthwise_rows"),
+    (ConvSpec(1, 8, 15, 15, 8, (3, 3), pads=(1,) * 4, group=8), "int8", "depthwise_tiled"),
+]
+
+
+@pytest.mark.parametrize(("spec", "dtype", "path"), MMA_CASES)
+def test_depthwise_mma_dispatch(lib: KernelLibrary, spec: ConvSpec, dtype: str, path: str) -> None:
+    """Switched on: tensor cores for FP16/INT8 depthwise where the plane fits. Off (the default
+    until the kernel has run on a GPU): our CUDA-core kernels, as dwconv2d_kernel_path says."""
+    params = spec.to_params()
+    previous = lib.set_mma_mode(kernel_lib.MMA_ON)
+    try:
+        assert lib.forward_path(params, dtype) == path
+        lib.set_mma_mode(kernel_lib.MMA_OFF)
+        assert lib.forward_path(params, dtype) == lib.kernel_path(params)
+    finally:
+        lib.set_mma_mode(previous)
+
+
+def test_mma_mode_default_query_and_bad_values(lib: KernelLibrary) -> None:
+    mode = lib.set_mma_mode(-5)  # not a mode: only queries
+    expected = kernel_lib.MMA_ON if os.environ.get("QUANTBENCH_DWCONV_MMA") in ("1", "on") else 0
+    assert mode == expected  # off unless $QUANTBENCH_DWCONV_MMA=1
+    assert lib.set_mma_mode(7) == mode

@@ -42,6 +42,7 @@ EXPORTED_SYMBOLS: tuple[str, ...] = (
     "dwconv2d_forward_path",
     "dwconv2d_last_path",
     "dwconv2d_set_cudnn_mode",
+    "dwconv2d_set_mma_mode",
     "dwconv2d_cudnn_version",
     "dwconv2d_forward_f32",
     "dwconv2d_forward_f16",
@@ -64,10 +65,13 @@ KERNEL_PATHS = {
     2: "implicit_gemm",
     3: "depthwise_rows",
     4: "cudnn",
+    5: "depthwise_mma",
 }
 DTYPES = {"f32": 0, "f16": 1, "int8": 2}  # DWCONV2D_DTYPE_*
 CUDNN_OFF = 0  # DWCONV2D_CUDNN_OFF: our kernels only
 CUDNN_AUTO = 1  # DWCONV2D_CUDNN_AUTO: the dispatch table (cuDNN for grouped/dense f32/f16)
+MMA_OFF = 0  # dwconv2d_set_mma_mode: depthwise FP16/INT8 on depthwise_rows (CUDA cores)
+MMA_ON = 1  # depthwise FP16/INT8 on depthwise_mma (tensor cores) where the plane fits
 
 
 class DWConv2DParams(ctypes.Structure):
@@ -299,6 +303,10 @@ class KernelLibrary:
                 getattr(lib, name).argtypes = []
             lib.dwconv2d_set_cudnn_mode.restype = ctypes.c_int
             lib.dwconv2d_set_cudnn_mode.argtypes = [ctypes.c_int]
+        self.has_mma = hasattr(lib, "dwconv2d_set_mma_mode")  # absent before depthwise_mma
+        if self.has_mma:
+            lib.dwconv2d_set_mma_mode.restype = ctypes.c_int
+            lib.dwconv2d_set_mma_mode.argtypes = [ctypes.c_int]
         for name in ("dwconv2d_forward_f32", "dwconv2d_forward_f16", "dwconv2d_forward_int8"):
             getattr(lib, name).restype = ctypes.c_int
             getattr(lib, name).argtypes = [void_p, void_p, void_p, void_p, params_p, void_p]
@@ -329,6 +337,13 @@ class KernelLibrary:
     def set_cudnn_mode(self, mode: int) -> int:
         """CUDNN_OFF or CUDNN_AUTO for the process; returns the previous mode."""
         return int(self._lib.dwconv2d_set_cudnn_mode(mode))
+
+    def set_mma_mode(self, mode: int) -> int:
+        """MMA_OFF or MMA_ON (depthwise_mma) for the process; returns the previous mode (a build
+        without depthwise_mma answers MMA_OFF and ignores the call)."""
+        if not self.has_mma:
+            return MMA_OFF
+        return int(self._lib.dwconv2d_set_mma_mode(mode))
 
     def cudnn_version(self) -> int:
         """cudnnGetVersion() of the cuDNN the library loaded, 0 when none loads."""

@@ -648,6 +648,19 @@ class cudnn_mode:  # noqa: N801  (used as a context manager, like a function)
         self.lib.set_cudnn_mode(self.previous)
 
 
+class mma_mode:  # noqa: N801  (used as a context manager, like a function)
+    """``with mma_mode(lib, kl.MMA_OFF):`` runs the block with depthwise_mma switched off."""
+
+    def __init__(self, lib: Any, mode: int) -> None:
+        self.lib, self.mode, self.previous = lib, mode, None
+
+    def __enter__(self) -> None:
+        self.previous = self.lib.set_mma_mode(self.mode)
+
+    def __exit__(self, *exc: object) -> None:
+        self.lib.set_mma_mode(self.previous)
+
+
 def bench_case(lib: Any, name: str, reps: int = 30, cudnn: bool = True) -> list[dict[str, Any]]:
     """Ours (f32, f16, int8) against cuDNN (f32 without TF32, f16) on one shape."""
     import torch
@@ -710,6 +723,11 @@ def _bench_mode(
         with cudnn_mode(lib, kl.CUDNN_OFF):
             row["kernels_us"] = time_cuda(ours, reps=reps)
             row["kernels_path"] = lib.last_path()
+    if path == "depthwise_rows" and dtype != "f32" and getattr(lib, "has_mma", False):
+        with mma_mode(lib, kl.MMA_ON):  # the tensor-core kernel (off by default) on the same shape
+            if lib.forward_path(params, dtype) == "depthwise_mma":
+                row["kernels_us"] = time_cuda(ours, reps=reps)
+                row["kernels_path"] = lib.last_path()
     if dtype != "int8" and cudnn:
         launch(0)
         y_ref = torch_conv(spec, x, w, b)

@@ -83,6 +83,13 @@ def correctness_rows() -> list[dict[str, Any]]:
             if row["path"] == "cudnn":  # the same case on our own kernels (the fallback)
                 with harness.cudnn_mode(harness.get_library(), harness.kl.CUDNN_OFF):
                     rows.append(_checked(runner, name, mode, seed) | {"cudnn_mode": "off"})
+            lib = harness.get_library()
+            if row["path"] == "depthwise_rows" and mode != "f32" and lib.has_mma:
+                # the same case on the tensor-core kernel (depthwise_mma, off by default)
+                with harness.mma_mode(lib, harness.kl.MMA_ON):
+                    params = harness.mode_params(harness.CASES[name], mode, 0.05)
+                    if lib.forward_path(params, harness.kernel_dtype(mode)) == "depthwise_mma":
+                        rows.append(_checked(runner, name, mode, seed) | {"mma_mode": "on"})
     return rows
 
 
@@ -135,7 +142,8 @@ def markdown(env: dict[str, Any], rows: list[dict[str, Any]], bench: list[dict[s
         err = r.get("max_err_over_max_ref", r.get("max_abs_err"))
         lines.append(
             f"| {r['case']} | {r['mode']} | {r.get('path')}"
-            f"{' (cuDNN off)' if r.get('cudnn_mode') == 'off' else ''} "
+            f"{' (cuDNN off)' if r.get('cudnn_mode') == 'off' else ''}"
+            f"{' (MMA on)' if r.get('mma_mode') == 'on' else ''} "
             f"| {r['input']} | {r['weight']} "
             f"| {_fmt(err)} | {_fmt(r.get('ort_max_err_over_max_ref'))} "
             f"| {_fmt(r.get('exact_fraction'), 6)} | {_fmt(r.get('max_lsb_diff'))} "
@@ -151,7 +159,7 @@ def markdown(env: dict[str, Any], rows: list[dict[str, Any]], bench: list[dict[s
         "own (rotated, 4x the L2 in all); launches replayed from a CUDA graph.",
         "",
         "| case | mode | path | ours us | ours GB/s | % of peak | x vs our f32 | cuDNN us "
-        "| cuDNN / ours | diff vs cuDNN | our kernels us (cuDNN off) |",
+        "| cuDNN / ours | diff vs cuDNN | our other kernel us (cuDNN off / MMA on) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     f32_us = {r["case"]: r["ours_us"] for r in bench if r.get("mode") == "f32"}

@@ -9,6 +9,8 @@ references as the GPU tests (dwconv_gpu_harness.check_case). On the device machi
     compute-sanitizer --tool memcheck --error-exitcode 9 \\
         python3 tests/gpu/sanitize_dwconv.py --lib plugins/dwconv2d/build/libdwconv2d_kernels.so
 
+(`--mma on` runs the FP16/INT8 depthwise cases on the tensor-core kernel, depthwise_mma.)
+
 The grid holds depthwise_rows shapes whose INT8 weight tensor is not a multiple of 4 bytes
 (dwr_odd_*: filters of 9, 25 or 49 bytes ending a tensor of 45, 75 or 147 bytes), where a
 4-byte filter load that ran past the last filter would be caught. Exits 1 when a case fails its
@@ -83,10 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="int8_i8,int8_f32,int8_tie", help="comma-separated")
     parser.add_argument("--cudnn", choices=("off", "auto"), default="off")
     parser.add_argument("--cases", default="", help="comma-separated names (default: the grid)")
+    parser.add_argument(
+        "--mma", choices=("off", "on", "default"), default="default", help="depthwise_mma"
+    )
     args = parser.parse_args(argv)
     lib = harness.kl.KernelLibrary(args.lib)
     if lib.has_dispatch:  # else a baseline build from before the cuDNN path: no cuDNN anyway
         lib.set_cudnn_mode(harness.kl.CUDNN_AUTO if args.cudnn == "auto" else harness.kl.CUDNN_OFF)
+    if args.mma != "default":  # tensor cores for FP16/INT8 depthwise (off by default)
+        lib.set_mma_mode(harness.kl.MMA_ON if args.mma == "on" else harness.kl.MMA_OFF)
     runner = exact_runner(lib)
     names = args.cases.split(",") if args.cases else sorted(harness.CASES)
     cases = {name: harness.CASES[name] for name in names}

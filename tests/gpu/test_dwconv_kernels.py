@@ -104,16 +104,18 @@ def test_own_kernels_match_reference_with_cudnn_off(library, runner, name: str, 
 
 
 def test_dispatch_takes_cudnn_for_grouped_float_shapes(library, runner) -> None:
-    """Where cuDNN loads, grouped/dense f32 and bias-free f16 run on it; f16 with a bias (which
-    cuDNN would round twice), INT8, depthwise and asymmetric pads never do."""
+    """Where cuDNN loads, grouped/dense f32 and f16 run on it (f16 with a bias through plans that
+    round once); INT8, depthwise and asymmetric pads never do. depthwise_mma is off by default."""
     if library.cudnn_version() == 0:
         pytest.skip("the library found no cuDNN (libcudnn.so.9) in this process")
     for name, mode, expected in [
         ("g2_gemm_k3", "f32", "cudnn"),
         ("g2_gemm_kg48_s2", "f16", "cudnn"),
-        ("dense_k3_p1", "f16", "implicit_gemm"),  # f16 with a bias
+        ("dense_k3_p1", "f16", "cudnn"),  # f16 with a bias: fused / scratch plans, one rounding
         ("g2_gemm_k3", "int8_i8", "implicit_gemm"),
         ("dw_k3_s1_p1", "f32", "depthwise_rows"),
+        ("dw_k3_s1_p1", "f16", "depthwise_rows"),  # depthwise_mma only when switched on
+        ("dw_pb_k3", "int8_i8", "depthwise_rows"),
         ("g4_k5_s2_asym", "f32", "direct"),  # asymmetric pads: legacy cuDNN cannot express them
     ]:
         row = harness.check_case(runner, name, mode, seed=5)
@@ -121,3 +123,68 @@ def test_dispatch_takes_cudnn_for_grouped_float_shapes(library, runner) -> None:
         assert library.last_path() == expected, (name, mode)
         params = harness.mode_params(harness.CASES[name], mode, 0.05)
         assert library.forward_path(params, harness.kernel_dtype(mode)) == expected
+
+
+def _mma_names() -> list[str]:
+    """The grid's cases that depthwise_mma serves when switched on (GPU runs only)."""
+    if REASON is not None:
+        return []
+    lib = harness.get_library()
+    with harness.mma_mode(lib, harness.kl.MMA_ON):
+        return [
+            n
+            for n in CASE_NAMES
+            if lib.forward_path(harness.CASES[n].to_params(), "f16") == "depthwise_mma"
+        ]
+
+
+MMA_NAMES = _mma_names()
+
+
+@pytest.mark.parametrize("mode", ["f16", "int8_i8", "int8_f32", "int8_tie"])
+@pytest.mark.parametrize("name", MMA_NAMES)
+def test_mma_kernel_matches_reference(library, runner, name: str, mode: str) -> None:
+    """Depthwise FP16/INT8 on the tensor-core kernel (depthwise_mma, switched on here)."""
+    seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
+    with harness.mma_mode(library, harness.kl.MMA_ON):
+        row = harness.check_case(runner, name, mode, seed=seed)
+        assert library.last_path() == "depthwise_mma"
+    assert row["passed"], row
+
+
+def test_mma_kernel_on_the_timed_shapes(library) -> None:
+    """The timing shapes (N=32) in INT8 -> INT8 and FP16: depthwise_mma equals depthwise_rows
+    (both exact in INT8; FP16 within float32 accumulation order, far below one FP16 rounding)."""
+    import torch
+
+    for name in ("dw3x3_s1_mobilenet", "dw5x5_s2", "dw7x7_convnext", "dw3x3_per_batch_w"):
+        spec = harness.BENCH_CASES[name]
+        for mode in ("int8_i8", "f16"):
+            gen = torch.Generator(device="cuda").manual_seed(11)
+            x, w, b = harness.device_inputs(spec, mode, gen)
+            params = harness.mode_params(spec, mode, 0.05)
+            outs = []
+            for on in (harness.kl.MMA_OFF, harness.kl.MMA_ON):
+                y = torch.empty(spec.output_shape, dtype=x.dtype, device="cuda")
+                with harness.mma_mode(library, on):
+                    code = library.forward(
+                        harness.kernel_dtype(mode),
+                        x.data_ptr(),
+                        w.data_ptr(),
+                        None if b is None else b.data_ptr(),
+                        y.data_ptr(),
+                        params,
+                        torch.cuda.current_stream().cuda_stream,
+                    )
+                    assert code == 0
+                    assert library.last_path() == (
+                        "depthwise_mma" if on == harness.kl.MMA_ON else "depthwise_rows"
+                    )
+                outs.append(y)
+            torch.cuda.synchronize()
+            if mode == "int8_i8":
+                assert torch.equal(outs[0], outs[1]), name
+            else:
+                diff = (outs[0].float() - outs[1].float()).abs()
+                bound = 2.0**-10 * outs[0].float().abs() + 1e-3
+                assert bool((diff <= bound).all()), (name, diff.max().item())

@@ -67,8 +67,12 @@ extern "C" {
 #define DWCONV2D_PATH_DEPTHWISE_ROWS 3  /* C/group == 1, 3x3/5x5/7x7, stride 1 or 2, pad_left == k/2,
                                            W % 4 == 0: whole rows staged with vector loads (the
                                            tiled path runs instead if x is not 4-byte aligned) */
-#define DWCONV2D_PATH_CUDNN 4           /* grouped/dense FP32 (FP16 without bias) through cuDNN,
+#define DWCONV2D_PATH_CUDNN 4           /* grouped/dense FP32 and FP16 through cuDNN,
                                            loaded at run time (dlopen); see dwconv2d_forward_path() */
+#define DWCONV2D_PATH_DEPTHWISE_MMA 5   /* FP16 and INT8 on depthwise_rows shapes whose planes fit a
+                                           warp's shared memory: tensor cores (Toeplitz filter rows);
+                                           when switched on (dwconv2d_set_mma_mode); reported by
+                                           dwconv2d_forward_path()/_last_path() only */
 
 /* Element types, for dwconv2d_forward_path(). */
 #define DWCONV2D_DTYPE_F32 0
@@ -77,8 +81,9 @@ extern "C" {
 
 /* cuDNN use, for dwconv2d_set_cudnn_mode(). */
 #define DWCONV2D_CUDNN_OFF 0  /* our kernels only */
-#define DWCONV2D_CUDNN_AUTO 1 /* the dispatch table: cuDNN for grouped/dense FP32 shapes and FP16
-                                 shapes without a bias (symmetric pads), when a libcudnn.so.9 (or
+#define DWCONV2D_CUDNN_AUTO 1 /* the dispatch table: cuDNN for grouped/dense FP32 and FP16
+                                 shapes (symmetric pads; FP16 with a bias through plans that round
+                                 once), when a libcudnn.so.9 (or
                                  $QUANTBENCH_DWCONV_CUDNN) loads; the default unless
                                  $QUANTBENCH_DWCONV_CUDNN is 0 */
 
@@ -139,6 +144,11 @@ DWCONV2D_API int dwconv2d_last_path(void);
 /* Sets DWCONV2D_CUDNN_OFF / _AUTO for the process (other values only query); returns the mode
  * before the call. */
 DWCONV2D_API int dwconv2d_set_cudnn_mode(int mode);
+
+/* depthwise_mma (tensor cores for FP16/INT8 depthwise) on (1) or off (0, depthwise_rows instead)
+ * for the process (other values only query); off at start unless $QUANTBENCH_DWCONV_MMA=1 (not
+ * yet run on a GPU). Returns the mode before the call. */
+DWCONV2D_API int dwconv2d_set_mma_mode(int mode);
 
 /* cudnnGetVersion() of the cuDNN that the library loaded (e.g. 91900), 0 if none loads. */
 DWCONV2D_API int dwconv2d_cudnn_version(void);
