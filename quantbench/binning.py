@@ -22,16 +22,18 @@ exact in float64); ``v`` is on the grid when ``|v| < HALF_BINS * 2**e``.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
-#: bins per sign; the grid has ``2 * HALF_BINS`` bins (kept here, the lowest layer that needs it).
-HALF_BINS = 16384
-NUM_BINS = 2 * HALF_BINS
+from quantbench.grid import HALF_BINS, NUM_BINS
+
 #: largest chunk binned into int32 sub-histograms before they are added to the int64 counts.
 _CHUNK = 1 << 28
 
@@ -88,66 +90,21 @@ def _numpy_scan(x: np.ndarray, exponent: int) -> Scan:
 # --------------------------------------------------------------------------- numba
 
 
-def _import_numba():
-    """numba, unless it is missing or ``QUANTBENCH_BINNING=numpy`` asks for the numpy path."""
+def _numba_wanted() -> bool:
+    """numba is installed (looked up, not imported) and ``QUANTBENCH_BINNING=numpy`` does not
+    ask for the numpy path."""
     if os.environ.get("QUANTBENCH_BINNING", "").lower() == "numpy":
-        return None
-    try:
-        import numba
-    except ImportError:
-        return None
-    return numba
+        return False
+    return importlib.util.find_spec("numba") is not None
 
 
-_numba = _import_numba()
+@functools.cache
+def _kernels() -> ModuleType:
+    """The compiled kernels (:mod:`quantbench.binning_kernels`), imported on first use: numba's
+    import (~0.6 s) is paid by a calibration's warm-up thread, not by every command."""
+    from quantbench import binning_kernels
 
-# The kernels are module-level functions, not closures: numba's on-disk cache keys a closure by
-# its pickled free variables, and a pickled dispatcher differs in every process, so a closure
-# over ``_index`` was compiled afresh (about 1.5 s of CPU) by every calibration.
-if _numba is not None:
-
-    @_numba.njit(nogil=True, cache=True, inline="always")
-    def _index(v, scale):  # pragma: no cover - compiled
-        # clamped: a value off the grid (a caller's bug) must never write outside the counts
-        return min(max(np.int64(np.floor(v * scale)) + HALF_BINS, 0), NUM_BINS - 1)
-
-    @_numba.njit(nogil=True, cache=True, boundscheck=False)
-    def _count_kernel(x, scale, sub):  # pragma: no cover - compiled
-        """Bin the finite values of ``x`` (all on the grid) into ``sub``."""
-        for i in range(x.size):
-            v = np.float64(x[i])
-            if v - v == 0.0:  # finite
-                sub[i & 3, _index(v, scale)] += 1
-
-    @_numba.njit(nogil=True, cache=True, boundscheck=False)
-    def _bin_kernel(x, scale, sub):  # pragma: no cover - compiled
-        """Bin ``x``: every value finite and on the grid (the caller checked its range)."""
-        for i in range(x.size):
-            sub[i & 3, _index(np.float64(x[i]), scale)] += 1
-
-    @_numba.njit(nogil=True, cache=True, boundscheck=False)
-    def _scan_kernel(x, scale, sub):  # pragma: no cover - compiled
-        """min/max/NaN/Inf of ``x`` and, while every finite value fits, its bins."""
-        lo = np.inf
-        hi = -np.inf
-        nan = 0
-        inf = 0
-        fits = True
-        for i in range(x.size):
-            v = np.float64(x[i])
-            if v != v:
-                nan += 1
-            elif v - v != 0.0:
-                inf += 1
-            else:
-                lo = min(lo, v)
-                hi = max(hi, v)
-                if fits:
-                    if abs(v) * scale < HALF_BINS:
-                        sub[i & 3, _index(v, scale)] += 1
-                    else:
-                        fits = False
-        return lo, hi, nan, inf, fits
+    return binning_kernels
 
 
 def _widened(x: np.ndarray) -> np.ndarray:
@@ -176,7 +133,7 @@ def _numba_counts(flats: list[np.ndarray], scale: float, kernel: Callable) -> np
 
 
 def _numba_finite_counts(pieces: list[np.ndarray], exponent: int) -> np.ndarray:
-    return _numba_counts([_widened(p) for p in pieces], 2.0**-exponent, _count_kernel)
+    return _numba_counts([_widened(p) for p in pieces], 2.0**-exponent, _kernels().count_kernel)
 
 
 def _numba_scan(pieces: list[np.ndarray], exponent: int) -> Scan:
@@ -190,7 +147,7 @@ def _numba_scan(pieces: list[np.ndarray], exponent: int) -> Scan:
         return merge_scans([_fused_scan(f, scale) for f in flats])
     lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
     fits = max(abs(lo), abs(hi)) * scale < HALF_BINS
-    counts = _numba_counts(flats, scale, _bin_kernel) if fits else None
+    counts = _numba_counts(flats, scale, _kernels().bin_kernel) if fits else None
     return Scan(lo, hi, sum(f.size for f in flats), 0, 0, counts)
 
 
@@ -201,7 +158,8 @@ def _fused_scan(flat: np.ndarray, scale: float) -> Scan:
     lo, hi, nan, inf, fits = math.inf, -math.inf, 0, 0, True
     for start in range(0, flat.size, _CHUNK):
         sub[:] = 0
-        c_lo, c_hi, c_nan, c_inf, c_fits = _scan_kernel(flat[start : start + _CHUNK], scale, sub)
+        chunk = flat[start : start + _CHUNK]
+        c_lo, c_hi, c_nan, c_inf, c_fits = _kernels().scan_kernel(chunk, scale, sub)
         lo, hi, nan, inf = min(lo, c_lo), max(hi, c_hi), nan + c_nan, inf + c_inf
         fits = fits and c_fits
         if fits:
@@ -215,7 +173,7 @@ def _joined(pieces: list[np.ndarray]) -> np.ndarray:
 
 
 def _select() -> tuple[str, Callable, Callable]:
-    if _numba is not None:
+    if _numba_wanted():
         return "numba", _numba_scan, _numba_finite_counts
     return (
         "numpy",
