@@ -23,7 +23,6 @@ exact in float64); ``v`` is on the grid when ``|v| < HALF_BINS * 2**e``.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
 import os
 from collections.abc import Callable
@@ -90,20 +89,18 @@ def _numpy_scan(x: np.ndarray, exponent: int) -> Scan:
 # --------------------------------------------------------------------------- numba
 
 
-def _numba_wanted() -> bool:
-    """numba is installed (looked up, not imported) and ``QUANTBENCH_BINNING=numpy`` does not
-    ask for the numpy path."""
-    if os.environ.get("QUANTBENCH_BINNING", "").lower() == "numpy":
-        return False
-    return importlib.util.find_spec("numba") is not None
-
-
 @functools.cache
-def _kernels() -> ModuleType:
-    """The compiled kernels (:mod:`quantbench.binning_kernels`), imported on first use: numba's
-    import (~0.6 s) is paid by a calibration's warm-up thread, not by every command."""
-    from quantbench import binning_kernels
-
+def _kernels() -> ModuleType | None:
+    """The compiled kernels (:mod:`quantbench.binning_kernels`), imported on first use, so that
+    numba's import (~0.6 s) is paid by a calibration's warm-up thread, not by every command;
+    ``None`` (the numpy path) when ``QUANTBENCH_BINNING=numpy`` asks for it or numba is missing
+    or cannot be imported."""
+    if os.environ.get("QUANTBENCH_BINNING", "").lower() == "numpy":
+        return None
+    try:
+        from quantbench import binning_kernels
+    except ImportError:
+        return None
     return binning_kernels
 
 
@@ -132,11 +129,11 @@ def _numba_counts(flats: list[np.ndarray], scale: float, kernel: Callable) -> np
     return out + sub.sum(axis=0, dtype=np.int64)
 
 
-def _numba_finite_counts(pieces: list[np.ndarray], exponent: int) -> np.ndarray:
-    return _numba_counts([_widened(p) for p in pieces], 2.0**-exponent, _kernels().count_kernel)
+def _numba_finite_counts(k: ModuleType, pieces: list[np.ndarray], exponent: int) -> np.ndarray:
+    return _numba_counts([_widened(p) for p in pieces], 2.0**-exponent, k.count_kernel)
 
 
-def _numba_scan(pieces: list[np.ndarray], exponent: int) -> Scan:
+def _numba_scan(k: ModuleType, pieces: list[np.ndarray], exponent: int) -> Scan:
     flats = [f for f in map(_widened, pieces) if f.size]
     scale = 2.0**-exponent
     # numpy's SIMD min/max (~0.15 ns a value) tell whether every value is finite (a NaN
@@ -144,14 +141,14 @@ def _numba_scan(pieces: list[np.ndarray], exponent: int) -> Scan:
     # checks, which halves the binning (1.0 + 0.15 ns a value against 1.9 for the fused scan).
     ranges = [(float(f.min()), float(f.max())) for f in flats]
     if not all(math.isfinite(lo) and math.isfinite(hi) for lo, hi in ranges):
-        return merge_scans([_fused_scan(f, scale) for f in flats])
+        return merge_scans([_fused_scan(k, f, scale) for f in flats])
     lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
     fits = max(abs(lo), abs(hi)) * scale < HALF_BINS
-    counts = _numba_counts(flats, scale, _kernels().bin_kernel) if fits else None
+    counts = _numba_counts(flats, scale, k.bin_kernel) if fits else None
     return Scan(lo, hi, sum(f.size for f in flats), 0, 0, counts)
 
 
-def _fused_scan(flat: np.ndarray, scale: float) -> Scan:
+def _fused_scan(k: ModuleType, flat: np.ndarray, scale: float) -> Scan:
     """Range, NaN/Inf counts and bins in one loop that checks every value (data with NaN/Inf)."""
     out = np.zeros(NUM_BINS, dtype=np.int64)
     sub = np.zeros((4, NUM_BINS), dtype=np.int32)
@@ -159,7 +156,7 @@ def _fused_scan(flat: np.ndarray, scale: float) -> Scan:
     for start in range(0, flat.size, _CHUNK):
         sub[:] = 0
         chunk = flat[start : start + _CHUNK]
-        c_lo, c_hi, c_nan, c_inf, c_fits = _kernels().scan_kernel(chunk, scale, sub)
+        c_lo, c_hi, c_nan, c_inf, c_fits = k.scan_kernel(chunk, scale, sub)
         lo, hi, nan, inf = min(lo, c_lo), max(hi, c_hi), nan + c_nan, inf + c_inf
         fits = fits and c_fits
         if fits:
@@ -172,18 +169,21 @@ def _joined(pieces: list[np.ndarray]) -> np.ndarray:
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
-def _select() -> tuple[str, Callable, Callable]:
-    if _numba_wanted():
-        return "numba", _numba_scan, _numba_finite_counts
-    return (
-        "numpy",
-        lambda pieces, e: _numpy_scan(_joined(pieces), e),
-        lambda pieces, e: _numpy_finite_counts(_joined(pieces), e),
-    )
+def backend() -> str:
+    """Which implementation :func:`scan` and :func:`finite_counts` use: "numba" or "numpy"."""
+    return "numpy" if _kernels() is None else "numba"
 
 
-#: which implementation :func:`scan` and :func:`finite_counts` use ("numba" or "numpy")
-BACKEND, _scan, _finite_counts = _select()
+def _scan(pieces: list[np.ndarray], exponent: int) -> Scan:
+    k = _kernels()
+    return _numpy_scan(_joined(pieces), exponent) if k is None else _numba_scan(k, pieces, exponent)
+
+
+def _finite_counts(pieces: list[np.ndarray], exponent: int) -> np.ndarray:
+    k = _kernels()
+    if k is None:
+        return _numpy_finite_counts(_joined(pieces), exponent)
+    return _numba_finite_counts(k, pieces, exponent)
 
 
 #: arrays this small take the numpy path (the same bins): a few values checked before any

@@ -351,3 +351,26 @@ def test_parts_binned_overlapped_or_in_turn_give_the_same_bins(tmp_path, monkeyp
         a, b = got[n], reference[n]
         assert (a.exponent, a.count, a.min, a.max) == (b.exponent, b.count, b.min, b.max), n
         assert np.array_equal(a.counts, b.counts), n
+
+
+def test_an_unimportable_numba_falls_back_to_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba is imported on first use; if that import fails (a broken install), binning takes
+    the numpy path with the same bins instead of failing the calibration."""
+    import sys
+
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(50_000) * 2).astype(np.float32)
+    x[7] = np.nan
+    e = exponent_for(float(np.nanmax(np.abs(x))))
+    monkeypatch.setitem(sys.modules, "quantbench.binning_kernels", None)  # import -> ImportError
+    binning._kernels.cache_clear()
+    try:
+        assert binning.backend() == "numpy"
+        got, ref = binning.scan(x, e), binning.numpy_scan(x, e)
+        assert (got.lo, got.hi, got.finite, got.nan, got.inf) == (
+            ref.lo, ref.hi, ref.finite, ref.nan, ref.inf,
+        )  # fmt: skip
+        assert np.array_equal(got.counts, ref.counts)
+    finally:
+        monkeypatch.undo()
+        binning._kernels.cache_clear()
