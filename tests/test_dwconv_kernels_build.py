@@ -302,8 +302,9 @@ MMA_CASES = [
 
 @pytest.mark.parametrize(("spec", "dtype", "path"), MMA_CASES)
 def test_depthwise_mma_dispatch(lib: KernelLibrary, spec: ConvSpec, dtype: str, path: str) -> None:
-    """Switched on: tensor cores for FP16/INT8 depthwise where the plane fits. Off (the default
-    until the kernel has run on a GPU): our CUDA-core kernels, as dwconv2d_kernel_path says."""
+    """Switched on: tensor cores for FP16/INT8 depthwise where the plane fits. Off (the default:
+    correct on the H200 but slower than depthwise_rows except at 7x7): our CUDA-core kernels, as
+    dwconv2d_kernel_path says."""
     params = spec.to_params()
     previous = lib.set_mma_mode(kernel_lib.MMA_ON)
     try:
