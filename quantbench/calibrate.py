@@ -178,13 +178,15 @@ class MethodChecks:
     def __init__(self, methods: list[str] | None):
         requested = methods or [registry.DEFAULT_METHOD]
         want_auto = any(m.strip() == AUTO for m in requested)
+        # canonical names; an unknown one fails here, now
         names = registry.expand_methods([m for m in requested if m.strip() != AUTO])
-        canonical = [registry.canonical(m) for m in names]  # unknown names fail here, now
-        self.methods = [*canonical, AUTO] if want_auto else canonical
+        self.methods = [*names, AUTO] if want_auto else names
+        tried = []
         for m in names:
             if registry.cheap_to_check(m):
                 registry.check_method(m)
-        tried = [m for m in names if not registry.cheap_to_check(m)]
+            else:
+                tried.append(m)
         self._names = names
         self._trials = self._THREAD.submit(lambda: [registry.check_method(m) for m in tried])
         self._warming: Future | None = None

@@ -231,6 +231,10 @@ class _Binner:
                 due.append(self._take(name))
         return due
 
+    def due(self, values: dict[str, np.ndarray] | None) -> list[tuple[str, list[np.ndarray]]]:
+        """:meth:`add` of one part's values, or (``None``: the end of the data) :meth:`flush`."""
+        return self.add(values) if values is not None else self.flush()
+
     def flush(self) -> list[tuple[str, list[np.ndarray]]]:
         """What is left in every pool (the end of the data)."""
         return [self._take(name) for name in list(self.pool) if self.pool[name]]
@@ -319,26 +323,26 @@ def _binning_turns(
     if not overlap_wanted():
 
         def in_turn(binner: _Binner, values: dict[str, np.ndarray] | None) -> None:
-            binner.bin(pool, binner.add(values) if values is not None else binner.flush())
+            binner.bin(pool, binner.due(values))
 
         yield in_turn
         return
-    pending: list[Future] = []
+    pending: Future | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-binner") as driver:
 
         def overlapped(binner: _Binner, values: dict[str, np.ndarray] | None) -> None:
-            while pending:
-                pending.pop().result()
-            due = binner.add(values) if values is not None else binner.flush()
-            pending.append(driver.submit(binner.bin, pool, due))
+            nonlocal pending
+            if pending is not None:
+                pending.result()
+            pending = driver.submit(binner.bin, pool, binner.due(values))
             if values is None:
-                pending.pop().result()
+                pending.result()
 
         try:
             yield overlapped
         finally:
-            for job in pending:  # an inference failed: let the part in flight finish first
-                job.exception()
+            if pending is not None:  # an inference failed: let the part in flight finish first
+                pending.exception()
 
 
 def _map(pool: ThreadPoolExecutor, fn: Callable, args: list[tuple]) -> list:

@@ -282,11 +282,9 @@ class TensorStats:
 
     def abs_quantile(self, q: float) -> float:
         """Value below which a fraction ``q`` of |x| lies (linear within a fine bin)."""
-        fine = self.abs_fine_counts().astype(np.float64)
-        cdf = np.concatenate([[0.0], np.cumsum(fine)])
+        edges, cdf = self.abs_cdf()
         if cdf[-1] == 0:
             return 0.0
-        edges = np.minimum(np.arange(fine.size + 1) * self.bin_width, self.max_abs)
         return float(np.interp(q * cdf[-1], cdf, edges))
 
     def summary(self) -> dict[str, float | int]:

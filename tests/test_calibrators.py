@@ -208,11 +208,17 @@ def test_entropy_trt_fast_kl_matches_direct_kl(stats_by_name: dict[str, TensorSt
     """The prefix-sum KL of every candidate equals the plain per-candidate sum."""
     bins = stats_by_name["laplace_outliers"].abs_histogram(2048)
     edges = entropy_module.floor_group_edges(2048, 128, 128)
-    fast = entropy_module.kl_divergences(bins, edges)
+    _assert_matches_direct_kl(entropy_module.kl_divergences(bins, edges), bins, edges)
+
+
+def _assert_matches_direct_kl(fast: np.ndarray, bins: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """``fast`` equals the plain per-candidate KL (infinities where it is infinite, 1e-12
+    elsewhere); returns the plain KL."""
     direct = np.array([entropy_module.kl_divergence_direct(bins, row) for row in edges])
     assert np.array_equal(np.isinf(fast), np.isinf(direct))
     finite = np.isfinite(direct)
     np.testing.assert_allclose(fast[finite], direct[finite], rtol=0, atol=1e-12)
+    return direct
 
 
 @pytest.mark.parametrize("name", ["laplace_outliers", "relu", "tiny", "flat"])
@@ -228,11 +234,8 @@ def test_entropy_shared_level_kl_matches_direct_kl(
         bins = stats_by_name[name].abs_histogram(2048)
     edges = entropy_module.floor_group_edges(2048, 128, 128)
     shared = entropy_module.kl_divergences_floor_groups(bins, edges)
-    direct = np.array([entropy_module.kl_divergence_direct(bins, row) for row in edges])
-    assert np.array_equal(np.isinf(shared), np.isinf(direct))
-    finite = np.isfinite(direct)
-    np.testing.assert_allclose(shared[finite], direct[finite], rtol=0, atol=1e-12)
-    best = int(np.flatnonzero(direct == direct[finite].min())[0])
+    direct = _assert_matches_direct_kl(shared, bins, edges)
+    best = int(np.flatnonzero(direct == direct[np.isfinite(direct)].min())[0])
     assert entropy_module.best_candidate(bins, edges, kl=shared) == best
 
 
