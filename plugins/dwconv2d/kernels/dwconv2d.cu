@@ -1877,6 +1877,14 @@ int64_t pl_rows(int64_t ty, int64_t stride, int64_t ks)
     return (ty * kRowsR - 1) * stride + ks;
 }
 
+// The planes (N * K) of a depthwise_rows shape, or 0 when the shape is not one or has too many
+// planes for the kernels' int32 plane indices (shared by the rows and the tensor-core plans).
+int64_t rows_planes(ConvShape const& s)
+{
+    int64_t const planes = static_cast<int64_t>(s.N) * s.K;
+    return rows_shape_ok(s) && planes >= 1 && planes <= INT32_MAX / 2 ? planes : 0;
+}
+
 // Block shape of depthwise_rows: all output rows of a plane in one block when two buffers of its
 // input rows fit in 48 KiB of shared memory (else bands of TY * kRowsR rows, up to 96 KiB for
 // wide planes), then as many planes per block as threads and 48 KiB allow while leaving enough
@@ -1884,12 +1892,8 @@ int64_t pl_rows(int64_t ty, int64_t stride, int64_t ks)
 // elem: the element size (shared memory holds the input type); load_bytes: copy width.
 bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out)
 {
-    if (!rows_shape_ok(s))
-    {
-        return false;
-    }
-    int64_t const planes = static_cast<int64_t>(s.N) * s.K;
-    if (planes < 1 || planes > INT32_MAX / 2)
+    int64_t const planes = rows_planes(s);
+    if (planes == 0)
     {
         return false;
     }
@@ -2103,12 +2107,8 @@ bool launch_rows(TIn const* x, TIn const* w, TB const* b, Store store, void cons
 // the shape is not a depthwise_rows shape or a plane does not fit kMmaMaxSlot.
 bool plan_mma(ConvShape const& s, int elem, int load_bytes, MmaPlan* out)
 {
-    if (!rows_shape_ok(s) || elem == 4)
-    {
-        return false;
-    }
-    int64_t const planes = static_cast<int64_t>(s.N) * s.K;
-    if (planes < 1 || planes > INT32_MAX / 2)
+    int64_t const planes = rows_planes(s);
+    if (planes == 0 || elem == 4)
     {
         return false;
     }
