@@ -16,7 +16,8 @@ import os
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -635,30 +636,24 @@ def rotation_sets(bytes_per_set: int) -> int:
     return max(1, min(8, -(-4 * l2 // max(bytes_per_set, 1))))
 
 
-class cudnn_mode:  # noqa: N801  (used as a context manager, like a function)
+@contextmanager
+def _switched(set_mode: Callable[[int], int], mode: int) -> Iterator[None]:
+    """The block runs with ``set_mode(mode)``; the previous mode is restored after it."""
+    previous = set_mode(mode)
+    try:
+        yield
+    finally:
+        set_mode(previous)
+
+
+def cudnn_mode(lib: Any, mode: int) -> AbstractContextManager[None]:
     """``with cudnn_mode(lib, kl.CUDNN_OFF):`` runs the block with that dispatch mode."""
-
-    def __init__(self, lib: Any, mode: int) -> None:
-        self.lib, self.mode, self.previous = lib, mode, None
-
-    def __enter__(self) -> None:
-        self.previous = self.lib.set_cudnn_mode(self.mode)
-
-    def __exit__(self, *exc: object) -> None:
-        self.lib.set_cudnn_mode(self.previous)
+    return _switched(lib.set_cudnn_mode, mode)
 
 
-class mma_mode:  # noqa: N801  (used as a context manager, like a function)
+def mma_mode(lib: Any, mode: int) -> AbstractContextManager[None]:
     """``with mma_mode(lib, kl.MMA_OFF):`` runs the block with depthwise_mma switched off."""
-
-    def __init__(self, lib: Any, mode: int) -> None:
-        self.lib, self.mode, self.previous = lib, mode, None
-
-    def __enter__(self) -> None:
-        self.previous = self.lib.set_mma_mode(self.mode)
-
-    def __exit__(self, *exc: object) -> None:
-        self.lib.set_mma_mode(self.previous)
+    return _switched(lib.set_mma_mode, mode)
 
 
 def bench_case(lib: Any, name: str, reps: int = 30, cudnn: bool = True) -> list[dict[str, Any]]:
