@@ -32,6 +32,7 @@ from quantbench.data import (
     nonempty,
     prefetched,
 )
+from quantbench.derivation import derivation_plan, relus_by_source, with_copies
 from quantbench.devicecollect import collect_on_device, wants_device_stats
 from quantbench.graph import Graph, TensorSpec
 from quantbench.machine import usable_cores
@@ -99,7 +100,7 @@ def collect_stats(
     from_feed = [t for t in measured if t in input_names]
     from_outputs = [t for t in measured if t not in input_names]
     stats = {name: TensorStats(name) for name in tensors}
-    binner = _Binner(stats, [(t, src) for t, (kind, src) in plan.items() if kind == "relu"])
+    binner = _Binner(stats, relus_by_source(plan))
     fingerprint = None if source.fingerprinted else StreamFingerprint()
     num_samples = 0
     with _stats_workers(binning_threads) as pool:
@@ -132,10 +133,7 @@ def collect_stats(
                     num_samples += n
                     advance(n)
             bin_part(binner, None)
-    for name, (kind, src) in plan.items():
-        if kind == "same":
-            stats[name] = stats[src].renamed(name)
-    return _stats_file(graph, source, stats, num_samples, fingerprint)
+    return _stats_file(graph, source, with_copies(stats, plan), num_samples, fingerprint)
 
 
 def _stats_file(
@@ -170,33 +168,6 @@ def _parts(feed: Feed, inputs: list[TensorSpec], per_sample: Callable[[], int]) 
     return feed_parts(feed, inputs, per_sample, ACTIVATION_BUDGET)
 
 
-#: ops whose output holds exactly the input's values (rearranged): same statistics.
-VALUE_PRESERVING = ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")
-
-
-def derivation_plan(graph: Graph, tensors: list[str]) -> dict[str, tuple[str, str]]:
-    """Tensors whose statistics follow from another calibrated tensor without reading them.
-
-    ``("same", src)``: a value-preserving op of ``src``; ``("relu", src)``: ``Relu(src)``,
-    binned from ``src``'s bins. Neither needs onnxruntime to output the tensor, which saves
-    both the copy and the histogram pass (a ResNet has a Relu after almost every conv).
-    """
-    wanted = set(tensors)
-    plan: dict[str, tuple[str, str]] = {}
-    for node in graph.model.graph.node:
-        if len(node.output) != 1 or not node.input or node.output[0] not in wanted:
-            continue
-        src = node.input[0]
-        if src not in wanted:
-            continue
-        kind, root = plan.get(src, ("measured", src))
-        if node.op_type in VALUE_PRESERVING and kind in ("measured", "same"):
-            plan[node.output[0]] = ("same", root)
-        elif node.op_type == "Relu" and kind == "measured":
-            plan[node.output[0]] = ("relu", src)
-    return plan
-
-
 class _Binner:
     """Pools small batches per tensor, then bins what is due on every worker at once.
 
@@ -213,11 +184,9 @@ class _Binner:
     POOL = 1 << 18
     CHUNK = 1 << 21
 
-    def __init__(self, stats: dict[str, TensorStats], relus: list[tuple[str, str]]):
+    def __init__(self, stats: dict[str, TensorStats], relus_of: dict[str, list[str]]):
         self.stats = stats
-        self.relus_of: dict[str, list[str]] = {}
-        for relu, src in relus:
-            self.relus_of.setdefault(src, []).append(relu)
+        self.relus_of = relus_of
         self.pool: dict[str, list[np.ndarray]] = {}
         self.pooled: dict[str, int] = {}
 

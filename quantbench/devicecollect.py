@@ -26,6 +26,7 @@ from quantbench.data import (
     nonempty,
     prefetched,
 )
+from quantbench.derivation import relus_by_source, with_copies
 from quantbench.devicestats import StatsBank, device_binning_wanted, import_cupy
 from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph, TensorSpec
@@ -72,7 +73,7 @@ def collect_on_device(
     the statistics of ``tensors``, the samples seen, and the stream's fingerprint where the
     source has none up front.
 
-    ``plan`` is ``collect.derivation_plan(graph, tensors)``: ``same`` tensors are renamed copies
+    ``plan`` is ``derivation.derivation_plan(graph, tensors)``: ``same`` tensors are renamed copies
     of their root, ``relu`` tensors are binned from their source's values in its pass.
 
     Per part: onnxruntime runs (its outputs stay in its CUDA arena), then one range kernel,
@@ -135,11 +136,7 @@ class _DeviceBinner:
     def __init__(self, cp: ModuleType, tensors: list[str], plan: dict[str, tuple[str, str]]):
         self.tensors = tensors
         self.plan = plan
-        relus_of: dict[str, list[str]] = {}
-        for t, (kind, src) in plan.items():
-            if kind == "relu":
-                relus_of.setdefault(src, []).append(t)
-        self.bank = StatsBank(cp, [t for t in tensors if t not in plan], relus_of)
+        self.bank = StatsBank(cp, [t for t in tensors if t not in plan], relus_by_source(plan))
         #: the previous part, alive until the GPU has counted it
         self.pending: tuple[Any, dict[str, Any]] | None = None
 
@@ -160,11 +157,8 @@ class _DeviceBinner:
 
     def results(self) -> dict[str, TensorStats]:
         """Host statistics in ``tensors`` order (the counts' one trip to the host)."""
-        host = self.bank.results()
+        host = with_copies(self.bank.results(), self.plan)
         self._release()
-        for t, (kind, src) in self.plan.items():
-            if kind == "same":
-                host[t] = host[src].renamed(t)
         return {t: host[t] for t in self.tensors}
 
 

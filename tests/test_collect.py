@@ -7,8 +7,9 @@ import pytest
 from conftest import require_example
 
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
-from quantbench.collect import collect_stats, derivation_plan
+from quantbench.collect import collect_stats
 from quantbench.data import open_data
+from quantbench.derivation import derivation_plan
 from quantbench.graph import calibration_tensors, open_graph
 from quantbench.stats import TensorStats
 

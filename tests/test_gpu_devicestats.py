@@ -12,8 +12,9 @@ from quantbench import binning, devicecollect, devicestats
 from quantbench.backends import onnxruntime as ortbackend
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
 from quantbench.binning import HALF_BINS
-from quantbench.collect import collect_stats, derivation_plan
+from quantbench.collect import collect_stats
 from quantbench.data import open_data
+from quantbench.derivation import derivation_plan
 from quantbench.devicecollect import _DeviceBinner, wants_device_stats
 from quantbench.devicestats import StatsBank
 from quantbench.errors import QuantbenchError
