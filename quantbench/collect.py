@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from quantbench import __version__, binning
-from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
+from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose_for_session
 from quantbench.data import (
     DataSource,
     Feed,
@@ -106,7 +106,13 @@ def collect_stats(
     with _stats_workers(binning_threads) as pool:
         warm = pool.submit(binning.warm_up)  # the compiled kernels load while onnxruntime starts
         runner = OnnxRuntimeRunner(
-            expose(graph.model, from_outputs, graph.elem_types, types_of_model=True),
+            expose_for_session(
+                graph.model,
+                from_outputs,
+                graph.elem_types,
+                source=graph.source,
+                types_of_model=True,
+            ),
             provider,
             threads,
             spin=False,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from quantbench.backends.onnxruntime import expose, resolve_provider
+from quantbench.backends.onnxruntime import expose_for_session, resolve_provider
 from quantbench.backends.ortdevice import CUDA_PROVIDER, DeviceOutputRunner
 from quantbench.data import (
     DataSource,
@@ -88,7 +88,9 @@ def collect_on_device(
     from_outputs = [t for t in measured if t not in input_names]
     runner = None
     if from_outputs:
-        exposed = expose(graph.model, from_outputs, graph.elem_types, types_of_model=True)
+        exposed = expose_for_session(
+            graph.model, from_outputs, graph.elem_types, source=graph.source, types_of_model=True
+        )
         runner = DeviceOutputRunner(exposed, cp, provider, generated_from=graph.model)
     binner = _DeviceBinner(cp, tensors, plan)
     if before_inference is not None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
+from onnx.external_data_helper import load_external_data_for_model
 
 from quantbench.customops import checkable, lowered
 from quantbench.errors import QuantbenchError, first_line
@@ -81,6 +83,9 @@ class Graph:
     outputs: list[TensorSpec] = field(default_factory=list)
     elem_types: dict[str, int] = field(default_factory=dict)
     constants: set[str] = field(default_factory=set)
+    #: bytes that parse to exactly ``model`` (the file's, when quantbench changed nothing), or
+    #: None; whoever rewrites ``model`` in place must clear it
+    source: bytes | None = field(default=None, repr=False)
 
     @property
     def nodes(self) -> list[onnx.NodeProto]:
@@ -152,26 +157,79 @@ def file_hash(path: Path) -> str:
     return h.hexdigest()
 
 
+@dataclass(frozen=True)
+class LoadedModel:
+    """A checked model and, when it was parsed from the file alone (no external data), the
+    file's bytes: onnxruntime can take those, plus a few appended fields, instead of the model
+    serialised again (:func:`quantbench.backends.onnxruntime.expose_serialized`)."""
+
+    model: onnx.ModelProto
+    source: bytes | None
+    hash: str
+
+
 def load_model(path: str | Path) -> onnx.ModelProto:
     """Read and check an ONNX file; every failure is one line naming the file."""
+    return read_model(path).model
+
+
+def read_model(path: str | Path) -> LoadedModel:
+    """:func:`load_model` reading the file once: parsed, checked (``onnx.checker`` on the bytes,
+    not the path, which would read and parse the file again) and hashed (on a thread, as hashlib
+    lets go of the GIL) from the same bytes."""
     p = Path(path)
     if not p.is_file():
         raise QuantbenchError(f"{p}: model file not found")
+    raw = p.read_bytes()
+    fmt = onnx.serialization.registry.get_format_from_file_extension(p.suffix) or "protobuf"
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-hash") as hasher:
+        digest = hasher.submit(lambda: hashlib.sha256(raw).hexdigest())
+        model = _parsed(raw, fmt, p)
+        external = _uses_external_data(model)
+        if external:
+            load_external_data_for_model(model, str(p.parent))
+        source = raw if fmt == "protobuf" and not external else None
+        _check_input_ranks(model, p)
+        checked = checkable(model)
+        if checked is model:  # with external data, the path: it says where the data is
+            checked = source or (str(p) if external and fmt == "protobuf" else model)
+        try:
+            onnx.checker.check_model(checked)
+        except Exception as exc:  # noqa: BLE001
+            raise QuantbenchError(f"{p}: invalid ONNX model: {first_line(exc)}") from None
+        return LoadedModel(model, source, digest.result())
+
+
+def _uses_external_data(model: onnx.ModelProto) -> bool:
+    """Whether a tensor of ``model`` (an initializer or a tensor attribute, in any subgraph)
+    keeps its data in another file."""
+
+    def graph_uses(g: onnx.GraphProto) -> bool:
+        tensors = list(g.initializer)
+        for node in g.node:
+            for a in node.attribute:
+                tensors += [a.t] if a.HasField("t") else []
+                tensors += list(a.tensors)
+                if a.HasField("g") and graph_uses(a.g):
+                    return True
+                if any(graph_uses(sub) for sub in a.graphs):
+                    return True
+        return any(t.data_location == onnx.TensorProto.EXTERNAL for t in tensors)
+
+    return graph_uses(model.graph)
+
+
+def _parsed(raw: bytes, fmt: str, p: Path) -> onnx.ModelProto:
+    """``raw`` parsed in ``fmt``, the format ``p``'s extension names (binary protobuf unless it
+    is a text format's, as ``onnx.load`` decides)."""
     try:
-        model = onnx.load(str(p))
+        model = onnx.load_model_from_string(raw, format=fmt)
     except Exception as exc:  # noqa: BLE001 - protobuf raises many kinds
         raise QuantbenchError(
             f"{p}: not a readable ONNX model ({type(exc).__name__}); is the file truncated?"
         ) from None
     if not model.graph.node and not model.graph.output:
         raise QuantbenchError(f"{p}: not an ONNX model (empty graph); is the file truncated?")
-    _check_input_ranks(model, p)
-    checked = checkable(model)
-    try:  # the file itself when it is what is checked: no serialising the proto back to C++
-        onnx.checker.check_model(str(p) if checked is model else checked)
-    except Exception as exc:  # noqa: BLE001
-        first = first_line(exc)
-        raise QuantbenchError(f"{p}: invalid ONNX model: {first}") from None
     return model
 
 
@@ -187,14 +245,15 @@ def _check_input_ranks(model: onnx.ModelProto, p: Path | None) -> None:
 
 def open_graph(path: str | Path | onnx.ModelProto, require_fixed_rank: bool = True) -> Graph:
     """Load a model and derive types and constants once."""
+    source: bytes | None = None
     if isinstance(path, onnx.ModelProto):
         model, p, digest = path, None, hashlib.sha256(path.SerializeToString()).hexdigest()
     else:
         p = Path(path)
-        model = load_model(p)
-        digest = file_hash(p)
-    model = _dynamic_dims(model, copy=not isinstance(path, (str, Path)))
-    g = Graph(model=model, path=p, hash=digest)
+        loaded = read_model(p)
+        model, source, digest = loaded.model, loaded.source, loaded.hash
+    model, rewritten = _dynamic_dims(model, copy=not isinstance(path, (str, Path)))
+    g = Graph(model=model, path=p, hash=digest, source=None if rewritten else source)
     g.elem_types = _elem_types(model)
     if require_fixed_rank:
         _check_input_ranks(model, p)
@@ -204,10 +263,11 @@ def open_graph(path: str | Path | onnx.ModelProto, require_fixed_rank: bool = Tr
     return g
 
 
-def _dynamic_dims(model: onnx.ModelProto, copy: bool) -> onnx.ModelProto:
+def _dynamic_dims(model: onnx.ModelProto, copy: bool) -> tuple[onnx.ModelProto, bool]:
     """Exporters write a dynamic dim as ``dim_value: -1`` (paddle2onnx) or ``0``; onnxruntime
     takes -1 as dynamic but 0 as a static size of zero, so both become unnamed dynamic dims of
-    the graph's inputs, outputs and value_info (``copy``: leave a caller's proto untouched)."""
+    the graph's inputs, outputs and value_info (``copy``: leave a caller's proto untouched);
+    also says whether anything was rewritten."""
 
     def nonpositive(m: onnx.ModelProto) -> list[onnx.TensorShapeProto.Dimension]:
         values = [*m.graph.input, *m.graph.output, *m.graph.value_info]
@@ -219,14 +279,14 @@ def _dynamic_dims(model: onnx.ModelProto, copy: bool) -> onnx.ModelProto:
         ]
 
     if not nonpositive(model):
-        return model
+        return model, False
     if copy:
         clone = onnx.ModelProto()
         clone.CopyFrom(model)
         model = clone
     for d in nonpositive(model):
         d.ClearField("dim_value")
-    return model
+    return model, True
 
 
 def _spec(v: onnx.ValueInfoProto) -> TensorSpec:

@@ -11,6 +11,7 @@ import pytest
 from synthetic import images, save, small_cnn
 
 from quantbench import binning, collect
+from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
 from quantbench.collect import collect_stats
 from quantbench.data import open_data
 from quantbench.graph import calibration_tensors, open_graph
@@ -334,7 +335,7 @@ def test_parts_binned_overlapped_or_in_turn_give_the_same_bins(tmp_path, monkeyp
     np.savez(tmp_path / "d.npz", input=images(24, seed=4))
     names = calibration_tensors(graph, "all")
     outputs = [n for n in names if n not in {s.name for s in graph.inputs}]
-    runner = collect.OnnxRuntimeRunner(collect.expose(graph.model, outputs, graph.elem_types))
+    runner = OnnxRuntimeRunner(expose(graph.model, outputs, graph.elem_types))
     reference = {n: TensorStats(n) for n in names}
     for feed in open_data(tmp_path / "d.npz", graph.inputs, batch_size=24).batches():
         values = {**feed, **runner.infer(feed, outputs)}

@@ -94,16 +94,50 @@ def expose(
     """
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    present = {o.name for o in out.graph.output} | {i.name for i in out.graph.input}
+    out.graph.output.extend(_new_outputs(model, tensors, elem_types, types_of_model))
+    return out
+
+
+def expose_for_session(
+    model: onnx.ModelProto,
+    tensors: Iterable[str],
+    elem_types: Mapping[str, int],
+    *,
+    source: bytes | None = None,
+    types_of_model: bool = False,
+) -> onnx.ModelProto | bytes:
+    """What a session over :func:`expose` of ``model`` loads, without copying and serialising
+    the whole model again (0.2-0.3 s for ResNet-50's 100 MB) where it can be helped.
+
+    ``source``: bytes that parse to exactly ``model`` (its file's). Protobuf parses fields
+    repeated after a message's end as appended to it, so ``source`` followed by a
+    ``ModelProto`` holding only the new graph outputs parses to the exposed model: that is what
+    onnxruntime gets. Without ``source``, or for plugin ops (which need lowering), the copy.
+    """
+    if source is None or customops.ops_in(model):
+        return expose(model, tensors, elem_types, types_of_model=types_of_model)
+    appended = onnx.ModelProto()
+    appended.graph.output.extend(_new_outputs(model, tensors, elem_types, types_of_model))
+    return source + appended.SerializeToString()
+
+
+def _new_outputs(
+    model: onnx.ModelProto,
+    tensors: Iterable[str],
+    elem_types: Mapping[str, int],
+    types_of_model: bool,
+) -> list[onnx.ValueInfoProto]:
+    """The graph outputs :func:`expose` adds: ``tensors`` not already inputs or outputs."""
+    present = {o.name for o in model.graph.output} | {i.name for i in model.graph.input}
     wanted = [t for t in dict.fromkeys(tensors) if t not in present]
     known = types_of_model and all(elem_types.get(t) for t in wanted)
-    inferred = {} if known else _inferred_types(out, wanted)
-    for name in wanted:
-        elem = inferred.get(name) or elem_types.get(name, onnx.TensorProto.FLOAT)
-        vi = onnx.helper.make_tensor_value_info(name, elem, None)
-        out.graph.output.append(vi)
-        present.add(name)
-    return out
+    inferred = {} if known else _inferred_types(model, wanted)
+    return [
+        onnx.helper.make_tensor_value_info(
+            name, inferred.get(name) or elem_types.get(name, onnx.TensorProto.FLOAT), None
+        )
+        for name in wanted
+    ]
 
 
 def _inferred_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
@@ -123,8 +157,11 @@ def _inferred_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
     return {k: t for k, t in types.items() if k in wanted}
 
 
-def _runnable(model: str | Path | onnx.ModelProto) -> bytes | str:
-    """What onnxruntime can load: plugin ops (DWConv2D) lowered to standard ONNX (customops)."""
+def _runnable(model: str | Path | onnx.ModelProto | bytes) -> bytes | str:
+    """What onnxruntime can load: plugin ops (DWConv2D) lowered to standard ONNX (customops);
+    bytes are a serialised model that needs no lowering (:func:`expose_for_session`)."""
+    if isinstance(model, bytes):
+        return model
     proto = model if isinstance(model, onnx.ModelProto) else None
     if proto is None:
         proto = onnx.load(str(model), load_external_data=False)
@@ -161,7 +198,7 @@ class OnnxRuntimeRunner:
 
     def __init__(
         self,
-        model: str | Path | onnx.ModelProto,
+        model: str | Path | onnx.ModelProto | bytes,
         provider: str | None = None,
         threads: int | None = None,
         optimization: str = "all",

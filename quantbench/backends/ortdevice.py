@@ -41,7 +41,7 @@ class DeviceOutputRunner:
 
     def __init__(
         self,
-        model: onnx.ModelProto,
+        model: onnx.ModelProto | bytes,
         cupy: ModuleType,
         provider: str | None = "cuda",
         generated_from: onnx.ModelProto | None = None,

@@ -1,0 +1,97 @@
+"""Loading a model reads its file once: parsed, checked and hashed from the same bytes, and
+those bytes (plus appended outputs) are what onnxruntime loads for the statistics pass."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import onnx
+import pytest
+import synthetic
+from onnx import numpy_helper
+
+from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose, expose_for_session
+from quantbench.errors import QuantbenchError
+from quantbench.graph import calibration_tensors, open_graph
+
+
+def _exposable(g) -> list[str]:
+    inputs = {s.name for s in g.inputs}
+    return [t for t in calibration_tensors(g, "all") if t not in inputs]
+
+
+def test_the_hash_is_the_files_sha256_and_the_bytes_are_the_files(cnn_path):
+    raw = cnn_path.read_bytes()
+    g = open_graph(cnn_path)
+    assert g.hash == hashlib.sha256(raw).hexdigest()
+    assert g.source == raw
+
+
+def test_exposed_bytes_parse_to_the_exposed_model_and_run(cnn_path, cnn_data):
+    """The file's bytes with the new outputs appended parse to exactly the model ``expose``
+    builds, and onnxruntime returns the same values for them."""
+    g = open_graph(cnn_path)
+    names = _exposable(g)
+    payload = expose_for_session(g.model, names, g.elem_types, source=g.source)
+    assert isinstance(payload, bytes) and payload.startswith(g.source)
+    built = expose(g.model, names, g.elem_types)
+    assert onnx.load_from_string(payload) == built
+    feed = {"input": np.load(cnn_data)["input"][:3]}
+    got = OnnxRuntimeRunner(payload).infer(feed)
+    want = OnnxRuntimeRunner(built).infer(feed)
+    assert set(names) <= set(got)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_a_model_quantbench_rewrote_is_not_served_from_the_files_bytes(tmp_path):
+    """A ``dim_value: -1`` batch axis is rewritten on load: the file's bytes no longer parse
+    to the model, so the session gets the rewritten model serialised."""
+    model = synthetic.small_cnn()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1
+    path = synthetic.save(model, tmp_path / "minus_one.onnx")
+    g = open_graph(path)
+    assert g.source is None
+    payload = expose_for_session(g.model, _exposable(g), g.elem_types, source=g.source)
+    assert isinstance(payload, onnx.ModelProto)
+    assert not payload.graph.input[0].type.tensor_type.shape.dim[0].HasField("dim_value")
+
+
+def test_plugin_ops_are_lowered_not_served_from_the_bytes(tmp_path):
+    from test_dwconv2d_op import dynamic_depthwise
+
+    from quantbench.plugins.dwconv2d import conv_to_dwconv2d
+
+    path = tmp_path / "dw.onnx"
+    onnx.save(conv_to_dwconv2d(dynamic_depthwise()), str(path))
+    g = open_graph(path)
+    payload = expose_for_session(g.model, _exposable(g), g.elem_types, source=g.source)
+    assert isinstance(payload, onnx.ModelProto)  # OnnxRuntimeRunner lowers it
+
+
+def test_external_data_is_loaded_from_beside_the_model(tmp_path):
+    model = synthetic.small_cnn()
+    weight = model.graph.initializer[0]
+    expected = numpy_helper.to_array(weight).copy()
+    path = tmp_path / "ext.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, size_threshold=0, location="w.bin")
+    assert (tmp_path / "w.bin").stat().st_size > 0
+    g = open_graph(path)
+    assert g.source is None  # its bytes lack the data
+    np.testing.assert_array_equal(g.initializer(weight.name), expected)
+
+
+def test_a_text_format_model_loads_as_onnx_load_reads_it(tmp_path):
+    model = synthetic.small_cnn()
+    path = tmp_path / "cnn.onnxtxt"
+    onnx.save(model, str(path))
+    assert not path.read_bytes().startswith(model.SerializeToString()[:8])
+    assert open_graph(path).model == onnx.load(str(path))
+
+
+def test_a_truncated_model_fails_in_one_line_naming_it(cnn_path):
+    cnn_path.write_bytes(cnn_path.read_bytes()[:1000])
+    with pytest.raises(QuantbenchError, match=r"cnn\.onnx: .*(truncated|invalid)") as info:
+        open_graph(cnn_path)
+    assert "\n" not in str(info.value)
