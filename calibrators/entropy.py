@@ -115,7 +115,33 @@ def _xlogx(v: np.ndarray) -> np.ndarray:
     return out
 
 
-def kl_divergences(bins: np.ndarray, level_edges: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True)
+class LevelRanges:
+    """The distinct bin ranges ``[start, end)`` that the levels of all candidates cover, and
+    which range each level is: a level's terms are computed once per range, not once per
+    candidate (the digitize edges of 2048 bins: 18,748 ranges for 245,888 levels)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    which: np.ndarray  # (candidates, levels): index into start/end
+
+    @classmethod
+    def of(cls, level_edges: np.ndarray) -> LevelRanges:
+        width = int(level_edges.max()) + 1
+        key = level_edges[:, :-1].astype(np.int64) * width + level_edges[:, 1:]
+        distinct, which = np.unique(key, return_inverse=True)
+        return cls(distinct // width, distinct % width, which.reshape(key.shape))
+
+
+@lru_cache(maxsize=8)
+def digitize_group_ranges(num_bins: int, levels: int, start: int) -> LevelRanges:
+    """:class:`LevelRanges` of :func:`digitize_group_edges`, built once."""
+    return LevelRanges.of(digitize_group_edges(num_bins, levels, start))
+
+
+def kl_divergences(
+    bins: np.ndarray, level_edges: np.ndarray, ranges: LevelRanges | None = None
+) -> np.ndarray:
     """KL(P || Q) of every candidate at once (natural log), ``inf`` where Q = 0 < P.
 
     Candidate row ``r`` keeps ``i = level_edges[r, -1]`` bins: P = ``bins[:i]`` with the outliers
@@ -126,17 +152,29 @@ def kl_divergences(bins: np.ndarray, level_edges: np.ndarray) -> np.ndarray:
 
     ``sum P log P`` is a prefix sum plus the folded last bin; ``sum P log Q`` is
     ``sum_levels L log(L / n)`` plus ``outliers * log Q[i-1]`` (L: level count, n: its non-empty
-    bins), so no per-bin work is done per candidate.
+    bins), so no per-bin work is done per candidate. ``ranges`` (of these ``level_edges``): each
+    level's ``L log(L / n)`` is computed once per distinct range and gathered per candidate,
+    the same numbers summed in the same order, so the same bits.
     """
     pre = _Prefix.of(bins, level_edges[:, -1])
     p_log_q = np.empty(len(level_edges))
     last_q = np.empty(len(level_edges))
+    if ranges is not None:
+        cum, nonempty = pre.cum, pre.nonempty_cum
+        q, terms = _level_q_terms(
+            cum[ranges.end] - cum[ranges.start], nonempty[ranges.end] - nonempty[ranges.start]
+        )
+        last_q = q[ranges.which[:, -1]]
     for start in range(0, len(level_edges), KL_BLOCK):  # rows are independent: same bits
-        edges = level_edges[start : start + KL_BLOCK]
-        level_q, p_log_q[start : start + KL_BLOCK] = _level_terms(
+        rows = slice(start, start + KL_BLOCK)
+        if ranges is not None:
+            p_log_q[rows] = terms[ranges.which[rows]].sum(axis=1)
+            continue
+        edges = level_edges[rows]
+        level_q, p_log_q[rows] = _level_terms(
             np.diff(pre.cum[edges], axis=1), np.diff(pre.nonempty_cum[edges], axis=1)
         )
-        last_q[start : start + KL_BLOCK] = level_q[:, -1]
+        last_q[rows] = level_q[:, -1]
     return pre.kl(p_log_q, last_q)
 
 
@@ -180,9 +218,15 @@ class _Prefix:
 
 def _level_terms(count: np.ndarray, nonempty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each level's Q (its count over its non-empty bins) and, per row, ``sum L log Q``."""
+    q, terms = _level_q_terms(count, nonempty)
+    return q, terms.sum(axis=1)
+
+
+def _level_q_terms(count: np.ndarray, nonempty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each level's Q and its ``L log Q`` (0 for an empty level)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(count > 0, count / nonempty, 0.0)
-        return q, np.where(count > 0, count * np.log(q), 0.0).sum(axis=1)
+        return q, np.where(count > 0, count * np.log(q), 0.0)
 
 
 def kl_divergence_direct(bins: np.ndarray, edges: np.ndarray) -> float:
@@ -299,7 +343,8 @@ def pytorch_amax(stats: TensorStats) -> float:
     nan_rows = np.flatnonzero(np.cumsum(bins)[kept_all - 1] == 0)
     if nan_rows.size:
         return int(kept_all[nan_rows[-1]]) * stats.max_abs / HIST_BINS
-    kept = int(kept_all[best_candidate(bins, edges, last=True)])
+    kl = kl_divergences(bins, edges, digitize_group_ranges(HIST_BINS, QUANT_LEVELS, START_BIN))
+    kept = int(kept_all[best_candidate(bins, edges, last=True, kl=kl)])
     return kept * stats.max_abs / HIST_BINS
 
 
