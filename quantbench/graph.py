@@ -180,7 +180,10 @@ def read_model(path: str | Path) -> LoadedModel:
     p = Path(path)
     if not p.is_file():
         raise QuantbenchError(f"{p}: model file not found")
-    raw = p.read_bytes()
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise QuantbenchError(f"{p}: cannot read the model file ({exc.strerror})") from None
     fmt = onnx.serialization.registry.get_format_from_file_extension(p.suffix) or "protobuf"
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-hash") as hasher:
         digest = hasher.submit(lambda: hashlib.sha256(raw).hexdigest())

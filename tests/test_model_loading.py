@@ -95,3 +95,12 @@ def test_a_truncated_model_fails_in_one_line_naming_it(cnn_path):
     with pytest.raises(QuantbenchError, match=r"cnn\.onnx: .*(truncated|invalid)") as info:
         open_graph(cnn_path)
     assert "\n" not in str(info.value)
+
+
+def test_an_unreadable_model_file_fails_in_one_line(cnn_path, monkeypatch):
+    def refuse(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(type(cnn_path), "read_bytes", refuse)
+    with pytest.raises(QuantbenchError, match=r"cnn\.onnx: cannot read the model file"):
+        open_graph(cnn_path)
