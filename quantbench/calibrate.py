@@ -29,7 +29,7 @@ from quantbench.fileio import check_output_path, write_bytes_atomic
 from quantbench.graph import Graph, calibration_tensors, open_graph, untyped_tensors
 from quantbench.progress import info, warn
 from quantbench.sharded import collect_sharded
-from quantbench.stats import StatsFile
+from quantbench.stats import StatsFile, settled
 from quantbench.table import CalibrationTable
 from quantbench.table.build import build_table, nonfinite_report
 from quantbench.table.codecs import FORMAT_SUFFIX, encode_table
@@ -339,23 +339,23 @@ def calibrate(
         warn(line)
     tables: dict[str, CalibrationTable] = {}
     auto = None
-    for m in method_list:
-        tables[m], found = method_table(
-            graph,
-            stats_file,
-            m,
-            data,
-            holdout_data,
-            batch_size=batch_size,
-            preset=preset,
-            provider=provider,
-            executor=executor,
-        )
-        auto = found or auto
-    cdfs: dict = {}  # each tensor's |x| CDF, built once for the seven tables of --method all
-    clipping = {
-        m: clip_flags(stats_file, t, clip_warn, known=tables, cdfs=cdfs) for m, t in tables.items()
-    }
+    with settled():  # the tables and the clip check read each tensor's histograms once
+        for m in method_list:
+            tables[m], found = method_table(
+                graph,
+                stats_file,
+                m,
+                data,
+                holdout_data,
+                batch_size=batch_size,
+                preset=preset,
+                provider=provider,
+                executor=executor,
+            )
+            auto = found or auto
+        clipping = {
+            m: clip_flags(stats_file, t, clip_warn, known=tables) for m, t in tables.items()
+        }
     for m, flags in clipping.items():
         if text := clip_warning(flags, clip_warn, m):
             warn(text)

@@ -115,12 +115,10 @@ def expected_mse(stats: TensorStats, amax: float) -> float:
     fine bin's centre (bins of at most max|x| / 8192, so the centre error is far below a step)."""
     if stats.count == 0 or not amax > 0:
         return float("inf") if stats.count else 0.0
-    counts = stats.abs_fine_counts().astype(np.float64)
-    used = np.flatnonzero(counts)
-    centre = np.minimum((used + 0.5) * stats.bin_width, stats.max_abs)
+    weight, centre = stats.abs_fine_centres()
     step = amax / INT8_MAX
     quantized = np.minimum(np.rint(centre / step), INT8_MAX) * step
-    return float(counts[used] @ (quantized - centre) ** 2 / stats.count)
+    return float(weight @ (quantized - centre) ** 2 / stats.count)
 
 
 def clip_flags(
@@ -129,23 +127,19 @@ def clip_flags(
     limit: float = DEFAULT_CLIP_WARN,
     tensors: list[str] | None = None,
     known: dict[str, CalibrationTable] | None = None,
-    cdfs: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> list[ClipFlag]:
     """Every tensor of ``table`` (or of ``tensors``) whose threshold clips more than ``limit``
     of its values, with the built-in method that has the lowest expected error among those that
     clip less (``known``: tables already built from ``stats``, by method, whose amax is taken
-    instead of computed again; ``cdfs``: a memo of each tensor's |x| CDF, shared by the calls
-    for several tables of the same statistics)."""
-    cdfs = {} if cdfs is None else cdfs
+    instead of computed again). Each tensor's |x| CDF is built once per call; inside
+    :func:`quantbench.stats.settled`, once for all calls."""
     flags = []
     names = tensors if tensors is not None else list(table)
     for name in names:
         if name not in table or name not in stats.tensors:
             continue
         t, entry = stats[name], table.entries[name]
-        if name not in cdfs and t.count:
-            cdfs[name] = t.abs_cdf()  # one per tensor, read for every threshold
-        cdf = cdfs.get(name)
+        cdf = t.abs_cdf() if t.count else None  # read for every threshold below
         fraction = clip_fraction(t, entry.amax, cdf)
         if fraction <= limit:
             continue

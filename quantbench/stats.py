@@ -24,7 +24,9 @@ import hashlib
 import io
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +42,23 @@ from quantbench.jsonsafe import json_float as _json_float
 MIN_EXPONENT = -160
 STATS_FORMAT = "quantbench-stats"
 STATS_VERSION = 1
+#: inside :func:`settled`: arrays derived from statistics that no longer change, by (tensor
+#: id, what), each with its tensor (held, so that its id is not reused while the scope lasts)
+_SETTLED: ContextVar[dict[tuple[int, tuple], tuple[TensorStats, object]] | None] = ContextVar(
+    "quantbench_settled", default=None
+)
+
+
+@contextmanager
+def settled() -> Iterator[None]:
+    """A scope in which the statistics read do not change (the tables of a finished pass): a
+    tensor's |x| histograms and CDF are computed once, not once per table (``--method all``'s
+    seven tables and the clip check read the same ones). Derived arrays come back read-only."""
+    token = _SETTLED.set({})
+    try:
+        yield
+    finally:
+        _SETTLED.reset(token)
 
 
 def exponent_for(max_abs: float) -> int:
@@ -245,7 +264,31 @@ class TensorStats:
 
     def abs_fine_counts(self) -> np.ndarray:
         """Fine |x| histogram: ``HALF_BINS`` bins of width :attr:`bin_width` from 0."""
-        return self.positive_counts() + self.negative_counts()
+        return self._derived(("fine",), lambda: self.positive_counts() + self.negative_counts())
+
+    def _derived(self, what: tuple, compute: Callable[[], np.ndarray]) -> np.ndarray:
+        """``compute()``, or inside :func:`settled` its one read-only result for this tensor."""
+        memo = _SETTLED.get()
+        if memo is None:
+            return compute()
+        key = (id(self), what)
+        if key not in memo:
+            value = compute()
+            value.flags.writeable = False
+            memo[key] = (self, value)
+        return memo[key][1]  # type: ignore[return-value]
+
+    def abs_fine_centres(self) -> np.ndarray:
+        """Rows (counts, centre |x|) of the non-empty fine |x| bins, each centre clamped to
+        max|x|: every value at its fine bin's centre, as expected-error estimates take them."""
+
+        def centres() -> np.ndarray:
+            counts = self.abs_fine_counts().astype(np.float64)
+            used = np.flatnonzero(counts)
+            centre = np.minimum((used + 0.5) * self.bin_width, self.max_abs)
+            return np.stack([counts[used], centre])
+
+        return self._derived(("centres",), centres)
 
     def abs_histogram(self, num_bins: int = 2048, upper: float | None = None) -> np.ndarray:
         """|x| histogram with ``num_bins`` equal bins on ``[0, upper]`` (default ``max|x|``).
@@ -254,8 +297,12 @@ class TensorStats:
         dropped; callers that need them fold :meth:`count_above` into the last bin themselves.
         """
         upper = self.max_abs if upper is None else upper
-        fine = self.abs_fine_counts().astype(np.float64)
-        return _resample(fine, self.bin_width, 0.0, upper, num_bins, 0.0, (0.0, self.max_abs))
+
+        def resampled() -> np.ndarray:
+            fine = self.abs_fine_counts().astype(np.float64)
+            return _resample(fine, self.bin_width, 0.0, upper, num_bins, 0.0, (0.0, self.max_abs))
+
+        return self._derived(("abs", num_bins, upper), resampled).copy()  # the caller's own
 
     def signed_histogram(self, num_bins: int, lower: float, upper: float) -> np.ndarray:
         """Signed histogram with ``num_bins`` equal bins on ``[lower, upper]``."""
@@ -267,8 +314,10 @@ class TensorStats:
     def abs_cdf(self) -> tuple[np.ndarray, np.ndarray]:
         """(fine bin edges, cumulative |x| counts at them): what :meth:`count_above` reads, to
         build once for many thresholds."""
-        fine = self.abs_fine_counts().astype(np.float64)
-        cdf = np.concatenate([[0.0], np.cumsum(fine)])
+        fine = self.abs_fine_counts()
+        cdf = self._derived(
+            ("cdf",), lambda: np.concatenate([[0.0], np.cumsum(fine, dtype=np.float64)])
+        )
         edges = np.minimum(np.arange(fine.size + 1) * self.bin_width, self.max_abs)
         return edges, cdf
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from quantbench.errors import QuantbenchError
-from quantbench.stats import HALF_BINS, StatsFile, TensorStats, exponent_for
+from quantbench.stats import HALF_BINS, StatsFile, TensorStats, exponent_for, settled
 
 
 def _stats(x: np.ndarray, chunks: int = 1, name: str = "t") -> TensorStats:
@@ -172,3 +172,24 @@ def test_load_rejects_foreign_files(tmp_path):
     junk.write_bytes(b"not a zip")
     with pytest.raises(QuantbenchError):
         StatsFile.load(junk)
+
+
+def test_settled_statistics_give_the_same_histograms_once_and_never_stale() -> None:
+    """Inside settled() a tensor's derived arrays are computed once (the same object comes
+    back, read-only), abs_histogram still hands each caller its own writable copy, and a
+    tensor changed after the scope is read afresh."""
+    rng = np.random.default_rng(5)
+    t = TensorStats("t")
+    t.update(rng.standard_normal(50_000).astype(np.float32))
+    plain_hist, plain_cdf = t.abs_histogram(2048), t.abs_cdf()[1].copy()
+    with settled():
+        first, second = t.abs_histogram(2048), t.abs_histogram(2048)
+        assert np.array_equal(first, plain_hist) and first is not second
+        first[0] = -1.0  # the caller's copy: the next reader is unaffected
+        assert t.abs_histogram(2048)[0] == plain_hist[0]
+        cdf = t.abs_cdf()[1]
+        assert cdf is t.abs_cdf()[1] and np.array_equal(cdf, plain_cdf)
+        with pytest.raises(ValueError):
+            t.abs_fine_counts()[0] = 0
+    t.update(np.array([100.0], np.float32))  # after the scope: new values, new histogram
+    assert t.abs_histogram(2048)[-1] >= 1 and not np.array_equal(t.abs_cdf()[1], plain_cdf)
