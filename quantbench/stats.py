@@ -314,11 +314,13 @@ class TensorStats:
     def abs_cdf(self) -> tuple[np.ndarray, np.ndarray]:
         """(fine bin edges, cumulative |x| counts at them): what :meth:`count_above` reads, to
         build once for many thresholds."""
-        fine = self.abs_fine_counts()
-        cdf = self._derived(
-            ("cdf",), lambda: np.concatenate([[0.0], np.cumsum(fine, dtype=np.float64)])
-        )
-        edges = np.minimum(np.arange(fine.size + 1) * self.bin_width, self.max_abs)
+
+        def edges_and_cdf() -> np.ndarray:
+            fine = self.abs_fine_counts()
+            edges = np.minimum(np.arange(fine.size + 1) * self.bin_width, self.max_abs)
+            return np.stack([edges, np.concatenate([[0.0], np.cumsum(fine, dtype=np.float64)])])
+
+        edges, cdf = self._derived(("cdf",), edges_and_cdf)
         return edges, cdf
 
     def count_above(
