@@ -149,19 +149,11 @@ def node_labels(nodes: Iterable[onnx.NodeProto]) -> list[str]:
 # --------------------------------------------------------------------------- loading
 
 
-def file_hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @dataclass(frozen=True)
 class LoadedModel:
     """A checked model and, when it was parsed from the file alone (no external data), the
     file's bytes: onnxruntime can take those, plus a few appended fields, instead of the model
-    serialised again (:func:`quantbench.backends.onnxruntime.expose_serialized`)."""
+    serialised again (:func:`quantbench.backends.onnxruntime.expose_for_session`)."""
 
     model: onnx.ModelProto
     source: bytes | None
