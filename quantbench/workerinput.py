@@ -46,7 +46,7 @@ class WorkerInput:
         threads: int | None,
     ) -> WorkerInput:
         return cls(
-            model=graph.model.SerializeToString(),
+            model=graph.source if graph.source is not None else graph.model.SerializeToString(),
             model_hash=graph.hash,
             model_path=str(graph.path or ""),
             data=str(Path(data).resolve()),
@@ -62,9 +62,11 @@ class WorkerInput:
         per worker process: a worker that runs several tasks parses the model once)."""
         cached = _GRAPHS.get(self.model_hash)
         if cached is None:
-            graph = open_graph(onnx.load_from_string(self.model))
+            proto = onnx.load_from_string(self.model)
+            graph = open_graph(proto)
             path = Path(self.model_path) if self.model_path else None
-            cached = replace(graph, hash=self.model_hash, path=path)
+            source = self.model if graph.model is proto else None  # unless open_graph rewrote it
+            cached = replace(graph, hash=self.model_hash, path=path, source=source)
             _GRAPHS.clear()
             _GRAPHS[self.model_hash] = cached
         return cached

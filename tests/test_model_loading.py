@@ -104,3 +104,18 @@ def test_an_unreadable_model_file_fails_in_one_line(cnn_path, monkeypatch):
     monkeypatch.setattr(type(cnn_path), "read_bytes", refuse)
     with pytest.raises(QuantbenchError, match=r"cnn\.onnx: cannot read the model file"):
         open_graph(cnn_path)
+
+
+def test_a_workers_graph_keeps_the_bytes_it_was_sent(cnn_path):
+    """A sharded run sends the file's bytes (not a re-serialised model) and the worker's graph
+    serves its statistics session from them."""
+    from quantbench.workerinput import WorkerInput
+
+    g = open_graph(cnn_path)
+    sent = WorkerInput.of(
+        g, cnn_path, batch_size=None, max_samples=None, preset=None, provider=None, threads=None
+    )
+    assert sent.model == cnn_path.read_bytes()
+    worker = sent.graph()
+    assert worker.source == sent.model and worker.hash == g.hash
+    assert onnx.load_from_string(worker.source) == worker.model
