@@ -110,7 +110,7 @@ def collect_stats(
                 graph.model,
                 from_outputs,
                 graph.elem_types,
-                source=graph.source,
+                source=graph.take_source(),
                 types_of_model=True,
             ),
             provider,
@@ -189,6 +189,10 @@ class _Binner:
 
     POOL = 1 << 18
     CHUNK = 1 << 21
+    #: values pooled over all tensors at most: past it the fullest pools are binned early, so a
+    #: model with hundreds of small tensors (a BERT-like encoder: 422) holds 64 MiB of pooled
+    #: float32 values, not 422 x 1 MiB
+    POOL_TOTAL = 1 << 24
 
     def __init__(self, stats: dict[str, TensorStats], relus_of: dict[str, list[str]]):
         self.stats = stats
@@ -197,13 +201,20 @@ class _Binner:
         self.pooled: dict[str, int] = {}
 
     def add(self, values: dict[str, np.ndarray]) -> list[tuple[str, list[np.ndarray]]]:
-        """Pool one part's values; returns the tensors whose pool is full, as flat pieces."""
+        """Pool one part's values; returns the tensors whose pool is full (and, past
+        :attr:`POOL_TOTAL`, the fullest of the rest), as flat pieces."""
         due = []
         for name, value in values.items():
             self.pool.setdefault(name, []).append(np.asarray(value).reshape(-1))
             self.pooled[name] = self.pooled.get(name, 0) + value.size
             if self.pooled[name] >= self.POOL:
                 due.append(self._take(name))
+        total = sum(self.pooled.values())
+        for name in sorted(self.pooled, key=self.pooled.__getitem__, reverse=True):
+            if total <= self.POOL_TOTAL:
+                break
+            total -= self.pooled[name]
+            due.append(self._take(name))
         return due
 
     def due(self, values: dict[str, np.ndarray] | None) -> list[tuple[str, list[np.ndarray]]]:

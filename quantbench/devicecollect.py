@@ -89,7 +89,11 @@ def collect_on_device(
     runner = None
     if from_outputs:
         exposed = expose_for_session(
-            graph.model, from_outputs, graph.elem_types, source=graph.source, types_of_model=True
+            graph.model,
+            from_outputs,
+            graph.elem_types,
+            source=graph.take_source(),
+            types_of_model=True,
         )
         runner = DeviceOutputRunner(exposed, cp, provider, generated_from=graph.model)
     binner = _DeviceBinner(cp, tensors, plan)

@@ -87,6 +87,13 @@ class Graph:
     #: None; whoever rewrites ``model`` in place must clear it
     source: bytes | None = field(default=None, repr=False)
 
+    def take_source(self) -> bytes | None:
+        """:attr:`source`, handed over once: its use is the statistics pass's session, and
+        keeping it through the pass would add the model's size to the peak memory (133 MB for
+        the BERT-like encoder); a later session serialises the model instead."""
+        source, self.source = self.source, None
+        return source
+
     @property
     def nodes(self) -> list[onnx.NodeProto]:
         return list(self.model.graph.node)

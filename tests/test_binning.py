@@ -326,11 +326,14 @@ def test_one_odd_value_anywhere_in_a_long_array(where: str, what: str) -> None:
         assert np.array_equal(fast.counts, slow.counts)
 
 
-@pytest.mark.parametrize("overlap", ["0", "1"])
-def test_parts_binned_overlapped_or_in_turn_give_the_same_bins(tmp_path, monkeypatch, overlap):
+@pytest.mark.parametrize(("overlap", "pool_total"), [("0", None), ("1", None), ("0", 3000)])
+def test_parts_binned_overlapped_or_in_turn_give_the_same_bins(
+    tmp_path, monkeypatch, overlap, pool_total
+):
     """Binning a part while onnxruntime infers the next (QUANTBENCH_BIN_OVERLAP=1) or taking
-    turns: per-sample parts, pooled small tensors, bit-identical to the reference of every tensor
-    exposed and binned directly by TensorStats."""
+    turns: per-sample parts, pooled small tensors (or, past a bound on all pools, the fullest
+    binned early), bit-identical to the reference of every tensor exposed and binned directly
+    by TensorStats."""
     graph = open_graph(save(small_cnn(), tmp_path / "m.onnx"))
     np.savez(tmp_path / "d.npz", input=images(24, seed=4))
     names = calibration_tensors(graph, "all")
@@ -343,11 +346,20 @@ def test_parts_binned_overlapped_or_in_turn_give_the_same_bins(tmp_path, monkeyp
             reference[n].update(values[n])
     monkeypatch.setenv("QUANTBENCH_BIN_OVERLAP", overlap)
     monkeypatch.setattr(collect, "ACTIVATION_BUDGET", 1)  # every part a single sample
+    if pool_total is not None:
+        monkeypatch.setattr(collect._Binner, "POOL_TOTAL", pool_total)
+        flushed = []
+        real_add = collect._Binner.add
+        monkeypatch.setattr(
+            collect._Binner, "add", lambda b, v: flushed.extend(d := real_add(b, v)) or d
+        )
     got = collect_stats(
         graph, open_data(tmp_path / "d.npz", graph.inputs, batch_size=8), names,
         binning_threads=3, show_progress=False,
     )  # fmt: skip
     assert got.num_samples == 24
+    if pool_total is not None:  # the bound bit: pools far from full were binned before the end
+        assert flushed and all(sum(p.size for p in ps) < collect._Binner.POOL for _, ps in flushed)
     for n in names:
         a, b = got[n], reference[n]
         assert (a.exponent, a.count, a.min, a.max) == (b.exponent, b.count, b.min, b.max), n

@@ -119,3 +119,17 @@ def test_a_workers_graph_keeps_the_bytes_it_was_sent(cnn_path):
     worker = sent.graph()
     assert worker.source == sent.model and worker.hash == g.hash
     assert onnx.load_from_string(worker.source) == worker.model
+
+
+def test_the_statistics_pass_takes_the_bytes_it_hands_to_onnxruntime(cnn_path, cnn_data):
+    """Kept through the pass, the bytes would add the model's size to the peak memory."""
+    from quantbench.collect import collect_stats
+    from quantbench.data import open_data
+
+    g = open_graph(cnn_path)
+    assert g.source is not None
+    stats = collect_stats(
+        g, open_data(cnn_data, g.inputs, batch_size=8), calibration_tensors(g, "all"),
+        show_progress=False,
+    )  # fmt: skip
+    assert stats.num_samples == 40 and g.source is None
