@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import onnx
@@ -317,6 +318,91 @@ def test_depthwise_mma_dispatch(lib: KernelLibrary, spec: ConvSpec, dtype: str, 
 
 def test_mma_mode_default_query_and_bad_values(lib: KernelLibrary) -> None:
     mode = lib.set_mma_mode(-5)  # not a mode: only queries
-    expected = kernel_lib.MMA_ON if os.environ.get("QUANTBENCH_DWCONV_MMA") in ("1", "on") else 0
-    assert mode == expected  # off unless $QUANTBENCH_DWCONV_MMA=1
+    env = os.environ.get("QUANTBENCH_DWCONV_MMA")
+    expected = (
+        kernel_lib.MMA_ON
+        if env in ("1", "on")
+        else kernel_lib.MMA_OFF
+        if env in ("0", "off")
+        else kernel_lib.MMA_AUTO
+    )
+    assert mode == expected  # the per-shape table unless $QUANTBENCH_DWCONV_MMA forces it
     assert lib.set_mma_mode(7) == mode
+
+
+# The per-shape table (MMA_AUTO, the default): depthwise_mma only where it was measured faster
+# than depthwise_rows on the H200 (README.md: FP16 7x7 stride 1, 34.9 vs 38.1 us); INT8 7x7
+# (31.5 us on depthwise_rows vs 34.0), 3x3 and 5x5 stride 2 (measured slower), the unmeasured
+# kernels/strides and FP32 keep depthwise_rows, and so does a plane that does not fit a warp.
+_DW7 = ConvSpec(32, 384, 28, 28, 384, (7, 7), pads=(3,) * 4, group=384)
+_DW3 = ConvSpec(32, 256, 56, 56, 256, (3, 3), pads=(1,) * 4, group=256)
+_DW5S2 = ConvSpec(32, 240, 56, 56, 240, (5, 5), (2, 2), (2,) * 4, group=240)
+AUTO_CASES = [
+    (_DW7, "f16", "depthwise_mma"),
+    (_DW7, "int8", "depthwise_rows"),
+    (_DW7, "f32", "depthwise_rows"),
+    (
+        ConvSpec(3, 1, 12, 12, 1, (7, 7), pads=(3,) * 4, weight_per_batch=True),
+        "f16",
+        "depthwise_mma",
+    ),
+    (
+        ConvSpec(3, 1, 12, 12, 1, (7, 7), pads=(3,) * 4, weight_per_batch=True),
+        "int8",
+        "depthwise_rows",
+    ),
+    (ConvSpec(1, 8, 28, 28, 8, (7, 7), pads=(3, 3, 0, 5), group=8), "f16", "depthwise_mma"),
+    (ConvSpec(1, 2, 200, 200, 2, (7, 7), pads=(3,) * 4, group=2), "f16", "depthwise_rows"),
+    (ConvSpec(2, 8, 40, 36, 8, (7, 7), (2, 2), (3,) * 4, group=8), "int8", "depthwise_rows"),
+    (_DW3, "f16", "depthwise_rows"),
+    (_DW3, "int8", "depthwise_rows"),
+    (
+        ConvSpec(32, 256, 56, 56, 256, (3, 3), pads=(1,) * 4, group=256, weight_per_batch=True),
+        "int8",
+        "depthwise_rows",
+    ),
+    (_DW5S2, "f16", "depthwise_rows"),
+    (_DW5S2, "int8", "depthwise_rows"),
+    (ConvSpec(2, 16, 28, 28, 16, (5, 5), pads=(2,) * 4, group=16), "int8", "depthwise_rows"),
+]
+
+
+@pytest.mark.parametrize(("spec", "dtype", "path"), AUTO_CASES)
+def test_depthwise_mma_per_shape_table(
+    lib: KernelLibrary, spec: ConvSpec, dtype: str, path: str
+) -> None:
+    params = spec.to_params()
+    previous = lib.set_mma_mode(kernel_lib.MMA_AUTO)
+    try:
+        assert lib.forward_path(params, dtype) == path
+    finally:
+        lib.set_mma_mode(previous)
+
+
+def test_mma_mode_from_the_environment(built_library: Path) -> None:
+    """$QUANTBENCH_DWCONV_MMA overrides the table at start: 1/on everywhere the plane fits, 0/off
+    never; unset or anything else: the table (each in a fresh process, the mode is read once)."""
+    probe = (
+        "from quantbench.plugins.dwconv2d import kernel_lib as k; "
+        f"lib = k.KernelLibrary({str(built_library)!r}); "
+        "p = k.ConvSpec(32, 256, 56, 56, 256, (3, 3), pads=(1,) * 4, group=256).to_params(); "
+        "q = k.ConvSpec(32, 384, 28, 28, 384, (7, 7), pads=(3,) * 4, group=384).to_params(); "
+        "print(lib.set_mma_mode(-1), lib.forward_path(p, 'int8'), lib.forward_path(q, 'f16'))"
+    )
+    expected = {
+        "1": "1 depthwise_mma depthwise_mma",
+        "on": "1 depthwise_mma depthwise_mma",
+        "0": "0 depthwise_rows depthwise_rows",
+        "off": "0 depthwise_rows depthwise_rows",
+        "": "2 depthwise_rows depthwise_mma",
+        None: "2 depthwise_rows depthwise_mma",
+    }
+    for value, want in expected.items():
+        env = {k: v for k, v in os.environ.items() if k != "QUANTBENCH_DWCONV_MMA"}
+        if value is not None:
+            env["QUANTBENCH_DWCONV_MMA"] = value
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=False
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip().splitlines()[-1] == want, (value, out.stdout)

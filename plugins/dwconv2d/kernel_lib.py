@@ -72,6 +72,7 @@ CUDNN_OFF = 0  # DWCONV2D_CUDNN_OFF: our kernels only
 CUDNN_AUTO = 1  # DWCONV2D_CUDNN_AUTO: the dispatch table (cuDNN for grouped/dense f32/f16)
 MMA_OFF = 0  # dwconv2d_set_mma_mode: depthwise FP16/INT8 on depthwise_rows (CUDA cores)
 MMA_ON = 1  # depthwise FP16/INT8 on depthwise_mma (tensor cores) where the plane fits
+MMA_AUTO = 2  # default: depthwise_mma where the per-shape table picks it (FP16 7x7 stride 1)
 
 
 class DWConv2DParams(ctypes.Structure):
@@ -339,8 +340,8 @@ class KernelLibrary:
         return int(self._lib.dwconv2d_set_cudnn_mode(mode))
 
     def set_mma_mode(self, mode: int) -> int:
-        """MMA_OFF or MMA_ON (depthwise_mma) for the process; returns the previous mode (a build
-        without depthwise_mma answers MMA_OFF and ignores the call)."""
+        """MMA_OFF, MMA_ON or MMA_AUTO (depthwise_mma) for the process; returns the previous mode
+        (a build without depthwise_mma answers MMA_OFF and ignores the call)."""
         if not self.has_mma:
             return MMA_OFF
         return int(self._lib.dwconv2d_set_mma_mode(mode))

@@ -652,22 +652,28 @@ def cudnn_mode(lib: Any, mode: int) -> AbstractContextManager[None]:
 
 
 def mma_mode(lib: Any, mode: int) -> AbstractContextManager[None]:
-    """``with mma_mode(lib, kl.MMA_OFF):`` runs the block with depthwise_mma switched off."""
+    """``with mma_mode(lib, kl.MMA_OFF):`` runs the block with depthwise_mma switched off
+    (MMA_ON: on wherever the plane fits; MMA_AUTO, the default: the library's per-shape table)."""
     return _switched(lib.set_mma_mode, mode)
 
 
-def bench_case(lib: Any, name: str, reps: int = 30, cudnn: bool = True) -> list[dict[str, Any]]:
-    """Ours (f32, f16, int8) against cuDNN (f32 without TF32, f16) on one shape."""
+def bench_case(
+    lib: Any, name: str, reps: int = 30, cudnn: bool = True, other: bool = True
+) -> list[dict[str, Any]]:
+    """Ours (f32, f16, int8) against cuDNN (f32 without TF32, f16) on one shape; ``other``: also
+    our other kernel for the shape (cuDNN off, or depthwise_mma against depthwise_rows)."""
     import torch
 
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     gen = torch.Generator(device=torch.device("cuda")).manual_seed(1)
-    return [_bench_mode(lib, name, mode, gen, reps, cudnn) for mode in ("f32", "f16", "int8_i8")]
+    return [
+        _bench_mode(lib, name, mode, gen, reps, cudnn, other) for mode in ("f32", "f16", "int8_i8")
+    ]
 
 
 def _bench_mode(
-    lib: Any, name: str, mode: str, gen: Any, reps: int, cudnn: bool = True
+    lib: Any, name: str, mode: str, gen: Any, reps: int, cudnn: bool = True, other: bool = True
 ) -> dict[str, Any]:
     """One shape in one mode. Each timed call reads fresh inputs and writes a fresh output (sets
     rotated, 4x the L2 in all), so no precision is timed out of the cache."""
@@ -714,15 +720,19 @@ def _bench_mode(
         "ours_GBps": moved / ours_us / 1e3,
         "ours_graph_replay": graphed,
     }
-    if path == "cudnn":  # our own kernels on the same shape, for the record
+    if other and path == "cudnn":  # our own kernels on the same shape, for the record
         with cudnn_mode(lib, kl.CUDNN_OFF):
             row["kernels_us"] = time_cuda(ours, reps=reps)
             row["kernels_path"] = lib.last_path()
-    if path == "depthwise_rows" and dtype != "f32" and getattr(lib, "has_mma", False):
-        with mma_mode(lib, kl.MMA_ON):  # the tensor-core kernel (off by default) on the same shape
+    if other and path == "depthwise_rows" and dtype != "f32" and getattr(lib, "has_mma", False):
+        with mma_mode(lib, kl.MMA_ON):  # the tensor-core kernel, where the table does not take it
             if lib.forward_path(params, dtype) == "depthwise_mma":
                 row["kernels_us"] = time_cuda(ours, reps=reps)
                 row["kernels_path"] = lib.last_path()
+    if other and path == "depthwise_mma":  # the table took the tensor cores: the CUDA-core kernel
+        with mma_mode(lib, kl.MMA_OFF):
+            row["kernels_us"] = time_cuda(ours, reps=reps)
+            row["kernels_path"] = lib.last_path()
     if dtype != "int8" and cudnn:
         launch(0)
         y_ref = torch_conv(spec, x, w, b)

@@ -9,7 +9,8 @@ references as the GPU tests (dwconv_gpu_harness.check_case). On the device machi
     compute-sanitizer --tool memcheck --error-exitcode 9 \\
         python3 tests/gpu/sanitize_dwconv.py --lib plugins/dwconv2d/build/libdwconv2d_kernels.so
 
-(`--mma on` runs the FP16/INT8 depthwise cases on the tensor-core kernel, depthwise_mma.)
+(`--mma on` runs the FP16/INT8 depthwise cases on the tensor-core kernel, depthwise_mma, `--mma off`
+on depthwise_rows; the default is the library's per-shape table.)
 
 The grid holds depthwise_rows shapes whose INT8 weight tensor is not a multiple of 4 bytes
 (dwr_odd_*: filters of 9, 25 or 49 bytes ending a tensor of 45, 75 or 147 bytes), where a
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     lib = harness.kl.KernelLibrary(args.lib)
     if lib.has_dispatch:  # else a baseline build from before the cuDNN path: no cuDNN anyway
         lib.set_cudnn_mode(harness.kl.CUDNN_AUTO if args.cudnn == "auto" else harness.kl.CUDNN_OFF)
-    if args.mma != "default":  # tensor cores for FP16/INT8 depthwise (off by default)
+    if args.mma != "default":  # tensor cores for FP16/INT8 depthwise (default: per-shape table)
         lib.set_mma_mode(harness.kl.MMA_ON if args.mma == "on" else harness.kl.MMA_OFF)
     runner = exact_runner(lib)
     names = args.cases.split(",") if args.cases else sorted(harness.CASES)

@@ -105,7 +105,8 @@ def test_own_kernels_match_reference_with_cudnn_off(library, runner, name: str, 
 
 def test_dispatch_takes_cudnn_for_grouped_float_shapes(library, runner) -> None:
     """Where cuDNN loads, grouped/dense f32 and f16 run on it (f16 with a bias through plans that
-    round once); INT8, depthwise and asymmetric pads never do. depthwise_mma is off by default."""
+    round once); INT8, depthwise and asymmetric pads never do. depthwise_mma only where the
+    per-shape table takes it (FP16 7x7 stride 1)."""
     if library.cudnn_version() == 0:
         pytest.skip("the library found no cuDNN (libcudnn.so.9) in this process")
     for name, mode, expected in [
@@ -114,8 +115,11 @@ def test_dispatch_takes_cudnn_for_grouped_float_shapes(library, runner) -> None:
         ("dense_k3_p1", "f16", "cudnn"),  # f16 with a bias: fused / scratch plans, one rounding
         ("g2_gemm_k3", "int8_i8", "implicit_gemm"),
         ("dw_k3_s1_p1", "f32", "depthwise_rows"),
-        ("dw_k3_s1_p1", "f16", "depthwise_rows"),  # depthwise_mma only when switched on
+        ("dw_k3_s1_p1", "f16", "depthwise_rows"),  # 3x3: depthwise_mma only when forced on
         ("dw_pb_k3", "int8_i8", "depthwise_rows"),
+        ("dw_k7_s1_p3_c256", "f16", "depthwise_mma"),  # FP16 7x7 stride 1: the table's choice
+        ("dw_k7_s1_p3_c256", "int8_i8", "depthwise_rows"),  # INT8 7x7: depthwise_rows was faster
+        ("dw_k7_s1_p3_c256", "f32", "depthwise_rows"),
         ("g4_k5_s2_asym", "f32", "direct"),  # asymmetric pads: legacy cuDNN cannot express them
     ]:
         row = harness.check_case(runner, name, mode, seed=5)
@@ -139,6 +143,35 @@ def _mma_names() -> list[str]:
 
 
 MMA_NAMES = _mma_names()
+
+
+def _auto_mma_names() -> list[str]:
+    """The grid's cases on which the per-shape table (the default) takes depthwise_mma (FP16)."""
+    if REASON is not None:
+        return []
+    lib = harness.get_library()
+    with harness.mma_mode(lib, harness.kl.MMA_AUTO):
+        return [
+            n
+            for n in CASE_NAMES
+            if lib.forward_path(harness.CASES[n].to_params(), "f16") == "depthwise_mma"
+        ]
+
+
+AUTO_MMA_NAMES = _auto_mma_names()
+
+
+@pytest.mark.parametrize("mode", ["f16", "int8_i8", "int8_f32", "int8_tie"])
+@pytest.mark.parametrize("name", AUTO_MMA_NAMES)
+def test_rows_kernel_matches_reference_where_the_table_takes_mma(
+    library, runner, name: str, mode: str
+) -> None:
+    """The cases the table sends to depthwise_mma, on depthwise_rows (MMA off) as well."""
+    seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
+    with harness.mma_mode(library, harness.kl.MMA_OFF):
+        row = harness.check_case(runner, name, mode, seed=seed)
+        assert library.last_path() == "depthwise_rows"
+    assert row["passed"], row
 
 
 @pytest.mark.parametrize("mode", ["f16", "int8_i8", "int8_f32", "int8_tie"])

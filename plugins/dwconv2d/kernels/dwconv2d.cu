@@ -111,34 +111,19 @@ __host__ __device__ constexpr int rows_wide_chunk(int nb)
     return nb < 16 ? nb : 16;
 }
 
-template <int NB, int ELEM>
-__device__ inline void store_row_bytes(unsigned char* p, uint32_t const (&wd)[NB / 4], int chunk, int count_bytes)
+// The narrow pieces (chunk 4, 2 or 1 bytes: rows whose pitch or output pointer does not allow the
+// widest store), out of line so that the hot loop keeps only the wide store (and its code small).
+template <int N>
+struct Words // passed by value (in registers) to the out-of-line helpers
 {
-    constexpr int WIDE = rows_wide_chunk(NB);
-    if (chunk == WIDE)
-    {
-#pragma unroll
-        for (int c = 0; c < NB / WIDE; ++c)
-        {
-            if (WIDE * c < count_bytes)
-            {
-                if constexpr (WIDE == 16)
-                {
-                    reinterpret_cast<uint4*>(p)[c] = make_uint4(wd[4 * c], wd[4 * c + 1], wd[4 * c + 2], wd[4 * c + 3]);
-                }
-                else if constexpr (WIDE == 8)
-                {
-                    reinterpret_cast<uint2*>(p)[c] = make_uint2(wd[2 * c], wd[2 * c + 1]);
-                }
-                else
-                {
-                    reinterpret_cast<uint32_t*>(p)[c] = wd[c];
-                }
-            }
-        }
-        return;
-    }
-    if constexpr (WIDE > 4)
+    uint32_t w[N];
+};
+
+template <int NB, int ELEM>
+__device__ __noinline__ void store_row_bytes_narrow(unsigned char* p, Words<NB / 4> const wds, int chunk, int count_bytes)
+{
+    uint32_t const(&wd)[NB / 4] = wds.w;
+    if constexpr (rows_wide_chunk(NB) > 4)
     {
         if (chunk == 4)
         {
@@ -177,12 +162,49 @@ __device__ inline void store_row_bytes(unsigned char* p, uint32_t const (&wd)[NB
     }
 }
 
+template <int NB, int ELEM>
+__device__ inline void store_row_bytes(unsigned char* p, uint32_t const (&wd)[NB / 4], int chunk, int count_bytes)
+{
+    constexpr int WIDE = rows_wide_chunk(NB);
+    if (chunk == WIDE)
+    {
+#pragma unroll
+        for (int c = 0; c < NB / WIDE; ++c)
+        {
+            if (WIDE * c < count_bytes)
+            {
+                if constexpr (WIDE == 16)
+                {
+                    reinterpret_cast<uint4*>(p)[c] = make_uint4(wd[4 * c], wd[4 * c + 1], wd[4 * c + 2], wd[4 * c + 3]);
+                }
+                else if constexpr (WIDE == 8)
+                {
+                    reinterpret_cast<uint2*>(p)[c] = make_uint2(wd[2 * c], wd[2 * c + 1]);
+                }
+                else
+                {
+                    reinterpret_cast<uint32_t*>(p)[c] = wd[c];
+                }
+            }
+        }
+        return;
+    }
+    Words<NB / 4> wds;
+#pragma unroll
+    for (int c = 0; c < NB / 4; ++c)
+    {
+        wds.w[c] = wd[c];
+    }
+    store_row_bytes_narrow<NB, ELEM>(p, wds, chunk, count_bytes);
+}
+
 // Each store functor has operator() (one element, every path), and for the depthwise_rows path
 // rows_plane() (per-plane constants from the bias, once per plane) and rows_store<V>() (V adjacent
 // outputs of one row, see store_row_bytes for chunk/count).
 struct StoreF32
 {
     float* y;
+    static constexpr int kAccBias = 0; // rows_store's accumulators are biased by this (INT8 -> INT8 only)
     using RowsCtx = float;
     __device__ void operator()(int64_t i, float acc, float bias) const
     {
@@ -208,6 +230,7 @@ struct StoreF32
 struct StoreF16
 {
     __half* y;
+    static constexpr int kAccBias = 0; // rows_store's accumulators are biased by this (INT8 -> INT8 only)
     using RowsCtx = float;
     __device__ void operator()(int64_t i, float acc, float bias) const
     {
@@ -238,6 +261,7 @@ struct StoreI8ToF32
 {
     float* y;
     float acc_scale; // fl(input_scale * weight_scale)
+    static constexpr int kAccBias = 0;
     using RowsCtx = float;
     __device__ void operator()(int64_t i, int32_t acc, float bias) const
     {
@@ -260,6 +284,15 @@ struct StoreI8ToF32
     }
 };
 
+// a * b as a 64-bit product (PTX mul.wide.u32: ptxas fuses it with a following 64-bit add into one
+// IMAD.WIDE.U32, where the C++ 64-bit product leaves zero high-word terms behind).
+__device__ inline uint64_t mul_wide_u32(uint32_t a, uint32_t b)
+{
+    uint64_t d;
+    asm("mul.wide.u32 %0, %1, %2;" : "=l"(d) : "r"(a), "r"(b));
+    return d;
+}
+
 // Two int32 to two saturated int8 bytes above the low 16 bits of c: bytes (lo, hi, c0, c1).
 __device__ inline uint32_t pack_sat_s8(int32_t hi, int32_t lo, uint32_t c)
 {
@@ -271,6 +304,10 @@ __device__ inline uint32_t pack_sat_s8(int32_t hi, int32_t lo, uint32_t c)
 struct StoreI8ToI8
 {
     int8_t* y;
+    // depthwise_rows and depthwise_mma hand rows_store() accumulators plus kAccBias (the sums start
+    // at it): |acc| <= 7 * 7 * 2^14 < 2^20, so acc + 2^20 is positive and z below is one unsigned
+    // 32 x 32 -> 64-bit multiply-add (IMAD.WIDE.U32) with no separate bias add.
+    static constexpr int kAccBias = 1 << 20;
     float acc_scale;
     float output_scale;
     float inv_output_scale; // fl(1 / output_scale)
@@ -298,6 +335,8 @@ struct StoreI8ToI8
     {
         float bias;
         long long c2;
+        uint32_t c1;            // c1_fixed, in a register of its own (so that ptxas fuses z)
+        unsigned long long c2u; // c2 - 2^20 * c1_fixed (mod 2^64), see rows_store
         uint32_t e2; // 2 * e
         bool exact;  // every output of this plane takes the exact chain
     };
@@ -312,6 +351,8 @@ struct StoreI8ToI8
         {
             uint32_t const e = __float2uint_ru(eps * 4294967296.0F);
             c.c2 = __float2ll_rn(c2f * 4294967296.0F) + (1LL << 31) + e;
+            c.c1 = static_cast<uint32_t>(c1_fixed);
+            c.c2u = static_cast<unsigned long long>(c.c2) - (static_cast<unsigned long long>(c.c1) << 20);
             c.e2 = 2U * e;
         }
         return c;
@@ -322,12 +363,38 @@ struct StoreI8ToI8
     // floor(z0 / 2^32) = the high word of z, and w is no rounding tie: rint(w) is that high word,
     // which cvt.pack.sat clamps to [-128, 127] exactly as the exact chain does. Outputs whose low
     // word is < 2e (w within about 2 eps of a tie), and every output of a plane whose bound is too
-    // loose, take the exact chain.
-    __device__ static long long mad_wide(int32_t a, int32_t b, long long c)
+    // loose, take the exact chain (rows_fix, out of line: rare, and its division would otherwise
+    // be inlined V times per row into the hot loop).
+    template <int V>
+    struct RowAcc
     {
-        long long d;
-        asm("mad.wide.s32 %0, %1, %2, %3;" : "=l"(d) : "r"(a), "r"(b), "l"(c));
-        return d;
+        int32_t a[V];
+    };
+    template <int V>
+    struct RowWords
+    {
+        uint32_t w[V / 4];
+    };
+    template <int V>
+    __device__ static __noinline__ RowWords<V> rows_fix(RowWords<V> wd, RowAcc<V> const acc, float bias,
+        unsigned long long c2u, uint32_t e2, bool all, uint32_t c1, float acc_scale, float output_scale)
+    {
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+        {
+            // the low word of z = (acc + kAccBias) * c1 + c2u (mod 2^32), as rows_store forms it
+            uint32_t const lo = static_cast<uint32_t>(acc.a[j]) * c1 + static_cast<uint32_t>(c2u);
+            if (all || lo < e2)
+            {
+                float const v
+                    = __fadd_rn(__fmul_rn(small_int_to_float(acc.a[j] - kAccBias), acc_scale), bias);
+                float q = rintf(__fdiv_rn(v, output_scale)); // as exact()
+                q = fminf(fmaxf(q, -128.0F), 127.0F);
+                uint32_t const b8 = static_cast<uint8_t>(static_cast<int8_t>(static_cast<int32_t>(q)));
+                wd.w[j / 4] = (wd.w[j / 4] & ~(0xFFU << (8 * (j % 4)))) | (b8 << (8 * (j % 4)));
+            }
+        }
+        return wd;
     }
     template <int V>
     __device__ void rows_store(int64_t i, int32_t const (&a)[V], RowsCtx const& c, int chunk, int count) const
@@ -338,31 +405,29 @@ struct StoreI8ToI8
 #pragma unroll
         for (int j = 0; j < V; ++j)
         {
-            long long const z = mad_wide(a[j], c1_fixed, c.c2);
-            h[j] = static_cast<int32_t>(z >> 32);
+            // a[j] = acc + 2^20 (kAccBias): (acc + 2^20) * c1 + (c2 - 2^20 * c1) is the same z mod
+            // 2^64 as acc * c1 + c2, an unsigned multiply-add (0 < acc + 2^20 < 2^21, c1 < 2^31)
+            uint64_t const z = mul_wide_u32(static_cast<uint32_t>(a[j]), c.c1) + c.c2u;
+            h[j] = static_cast<int32_t>(static_cast<uint32_t>(z >> 32));
             slow = slow || static_cast<uint32_t>(z) < c.e2;
         }
-        uint32_t wd[V / 4];
+        RowWords<V> wd;
 #pragma unroll
         for (int m = 0; m < V / 4; ++m)
         {
-            wd[m] = pack_sat_s8(h[4 * m + 1], h[4 * m], pack_sat_s8(h[4 * m + 3], h[4 * m + 2], 0U));
+            wd.w[m] = pack_sat_s8(h[4 * m + 1], h[4 * m], pack_sat_s8(h[4 * m + 3], h[4 * m + 2], 0U));
         }
         if (slow)
         {
+            RowAcc<V> acc;
 #pragma unroll
             for (int j = 0; j < V; ++j)
             {
-                long long const z = mad_wide(a[j], c1_fixed, c.c2);
-                if (c.exact || static_cast<uint32_t>(z) < c.e2)
-                {
-                    float const v = __fadd_rn(__fmul_rn(small_int_to_float(a[j]), acc_scale), c.bias);
-                    uint32_t const q = static_cast<uint8_t>(exact(v));
-                    wd[j / 4] = (wd[j / 4] & ~(0xFFU << (8 * (j % 4)))) | (q << (8 * (j % 4)));
-                }
+                acc.a[j] = a[j];
             }
+            wd = rows_fix<V>(wd, acc, c.bias, c.c2u, c.e2, c.exact, c.c1, acc_scale, output_scale);
         }
-        store_row_bytes<V, 1>(reinterpret_cast<unsigned char*>(y + i), wd, chunk, count);
+        store_row_bytes<V, 1>(reinterpret_cast<unsigned char*>(y + i), wd.w, chunk, count);
     }
 };
 
@@ -624,7 +689,7 @@ __global__ void __launch_bounds__(kMaxThreads) depthwise_tiled_kernel(TIn const*
 // it is read from shared memory.
 
 constexpr int kRowsR = 7;            // output rows per thread (7 * 2^k is a common plane size)
-constexpr int kRowsMaxThreads = 512; // per block with V = 4 (half that with V = 8)
+constexpr int kRowsMaxThreads = 512; // per block with V = 4 (DWCONV2D_ROWS_MAX_THREADS_NARROW with V = 8)
 constexpr int kRowsMinBlocks = 264;  // keep at least 2 blocks per multiprocessor of an H100/H200
 constexpr int kRowsSmemMax = 96 * 1024; // per block, for wide planes (opt-in above 48 KiB)
 #ifndef DWCONV2D_ROWS_MAX_TY
@@ -639,6 +704,29 @@ constexpr int kRowsAheadBytes = DWCONV2D_ROWS_AHEAD_BYTES; // input bytes in fli
 #define DWCONV2D_ROWS_AHEAD_BYTES_3X3 (8 * 1024)
 #endif
 constexpr int kRowsAheadBytes3x3 = DWCONV2D_ROWS_AHEAD_BYTES_3X3; // 3x3: more (measured)
+// Shared memory a block may use for several planes (above 48 KiB: opt-in, launch_rows_ks), and
+// whether plan_rows prefers plane counts that fill whole warps (see plan_rows).
+#ifndef DWCONV2D_ROWS_PPB_SMEM
+#define DWCONV2D_ROWS_PPB_SMEM (48 * 1024)
+#endif
+#ifndef DWCONV2D_ROWS_PPB_SMEM_F32
+#define DWCONV2D_ROWS_PPB_SMEM_F32 DWCONV2D_ROWS_PPB_SMEM
+#endif
+#ifndef DWCONV2D_ROWS_FULL_WARPS
+#define DWCONV2D_ROWS_FULL_WARPS 0
+#endif
+#ifndef DWCONV2D_ROWS_FULL_WARPS_F32
+#define DWCONV2D_ROWS_FULL_WARPS_F32 DWCONV2D_ROWS_FULL_WARPS
+#endif
+// per element size: FP32 (_F32) and the narrow types
+constexpr int rows_ppb_smem(int elem)
+{
+    return elem == 4 ? DWCONV2D_ROWS_PPB_SMEM_F32 : DWCONV2D_ROWS_PPB_SMEM;
+}
+constexpr bool rows_full_warps(int elem)
+{
+    return (elem == 4 ? DWCONV2D_ROWS_FULL_WARPS_F32 : DWCONV2D_ROWS_FULL_WARPS) != 0;
+}
 
 __host__ __device__ constexpr int floor_div4(int v)
 {
@@ -648,18 +736,50 @@ __host__ __device__ constexpr int floor_div4(int v)
 // Outputs along W per thread, per element size and kernel size: 8 for the narrow types' 3x3
 // (half the per-output cost of addressing, stores and, for INT8, the window permutes), else 4:
 // the larger filters and strided planes are short of threads per plane, and wider threads would
-// leave too few warps per multiprocessor (measured on an H200).
+// leave too few warps per multiprocessor (measured on an H200). Compile-time knobs (tuning):
+// DWCONV2D_ROWS_V_I8 / _V_F16 (3x3 INT8 / FP16, 4 or 8), DWCONV2D_ROWS_R_I8 / _R_F16 (their
+// output rows per thread), DWCONV2D_ROWS_R5_I8 / _R5_F16 (the same for 5x5),
+// DWCONV2D_ROWS_MAX_THREADS_NARROW (threads per block with V = 8).
 #ifndef DWCONV2D_ROWS_V_NARROW
 #define DWCONV2D_ROWS_V_NARROW 8
 #endif
+#ifndef DWCONV2D_ROWS_V_I8
+#define DWCONV2D_ROWS_V_I8 DWCONV2D_ROWS_V_NARROW
+#endif
+#ifndef DWCONV2D_ROWS_V_F16
+#define DWCONV2D_ROWS_V_F16 DWCONV2D_ROWS_V_NARROW
+#endif
+#ifndef DWCONV2D_ROWS_R_I8
+#define DWCONV2D_ROWS_R_I8 7
+#endif
+#ifndef DWCONV2D_ROWS_R_F16
+#define DWCONV2D_ROWS_R_F16 7
+#endif
+#ifndef DWCONV2D_ROWS_R5_I8
+#define DWCONV2D_ROWS_R5_I8 7
+#endif
+#ifndef DWCONV2D_ROWS_R5_F16
+#define DWCONV2D_ROWS_R5_F16 7
+#endif
+#ifndef DWCONV2D_ROWS_MAX_THREADS_NARROW
+#define DWCONV2D_ROWS_MAX_THREADS_NARROW 256
+#endif
 __host__ __device__ constexpr int rows_v(int elem, int ks)
 {
-    return elem < 4 && ks == 3 ? DWCONV2D_ROWS_V_NARROW : 4;
+    return ks != 3 || elem == 4 ? 4 : elem == 1 ? DWCONV2D_ROWS_V_I8 : DWCONV2D_ROWS_V_F16;
+}
+
+// Output rows per thread (kRowsR but for the 3x3 and 5x5 INT8 / FP16 knobs above).
+__host__ __device__ constexpr int rows_r(int elem, int ks)
+{
+    return elem == 4 || ks == 7 ? kRowsR
+        : ks == 3               ? (elem == 1 ? DWCONV2D_ROWS_R_I8 : DWCONV2D_ROWS_R_F16)
+                                : (elem == 1 ? DWCONV2D_ROWS_R5_I8 : DWCONV2D_ROWS_R5_F16);
 }
 
 __host__ __device__ constexpr int rows_max_threads(int elem, int ks)
 {
-    return rows_v(elem, ks) == 4 ? kRowsMaxThreads : kRowsMaxThreads / 2;
+    return rows_v(elem, ks) == 4 ? kRowsMaxThreads : DWCONV2D_ROWS_MAX_THREADS_NARROW;
 }
 
 // Last 4-element group (float/half) or 4-byte word (int8) of an input row a thread reads,
@@ -686,7 +806,29 @@ struct RowsPlan
     int32_t out_chunk;   // bytes per output store, see store_row_bytes
     int32_t planes;      // N * K
     int32_t stages;      // buffers per plane slot (2..4): stages - 1 groups of planes in flight
+    uint32_t kdiv_m;     // plane / K as (plane * kdiv_m) >> kdiv_s (plane < 2^31), see rows_div
+    int32_t kdiv_s;
 };
+
+// floor(v / d) for 0 <= v < 2^31 and 1 <= d < 2^31 as (v * m) >> s, with l = ceil(log2 d),
+// s = 31 + l and m = ceil(2^s / d) (< 2^32): m = (2^s + e) / d with 0 <= e < d <= 2^l, so
+// v * m / 2^s = v / d + v e / (d 2^s) and the second term is below 2^31 2^l / (d 2^(31 + l)) =
+// 1 / d, which cannot carry floor(v / d) over to the next integer (frac(v / d) <= (d - 1) / d).
+inline void rows_div_magic(int64_t d, uint32_t* m, int32_t* sh)
+{
+    int l = 0;
+    while ((int64_t{1} << l) < d)
+    {
+        ++l;
+    }
+    *sh = 31 + l;
+    *m = static_cast<uint32_t>(((uint64_t{1} << (31 + l)) + static_cast<uint64_t>(d) - 1) / static_cast<uint64_t>(d));
+}
+
+__device__ inline int32_t rows_div(int32_t v, RowsPlan const& pl)
+{
+    return static_cast<int32_t>((static_cast<uint64_t>(static_cast<uint32_t>(v)) * pl.kdiv_m) >> pl.kdiv_s);
+}
 
 template <int LB>
 __device__ inline void cp_async(void* smem, void const* gmem)
@@ -725,25 +867,45 @@ __device__ inline void rows_wait(int32_t stages)
     }
 }
 
-// This thread's share of the copies of one plane's rows that lie inside the image.
+// cp.async to a shared-memory address given as such (no generic-to-shared conversion per copy).
+template <int LB>
+__device__ inline void cp_async_s(uint32_t saddr, void const* gmem)
+{
+    if constexpr (LB == 16)
+    {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr), "l"(gmem) : "memory");
+    }
+    else
+    {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(saddr), "l"(gmem), "n"(LB) : "memory");
+    }
+}
+
+// This thread's share of the copies of one plane's rows that lie inside the image: `nrows` rows
+// rstep apart from row rfirst (the rows outside the image dropped; see RowsCopies), at columns
+// vc, vc + cstep, ..., from the plane at xp into the plane slot at shared address `slot`.
+struct RowsCopies
+{
+    int32_t nrows;     // rows this thread copies per column
+    int32_t goff;      // elements from the plane's start to its first copy
+    uint32_t soff;     // bytes from the slot's start to its first copy
+    int32_t gstep;     // elements between its rows (rstep * W)
+    uint32_t sstep;    // bytes between its rows (rstep * P * elem)
+};
+
 template <int LB, class T>
-__device__ inline void rows_issue(T const* xp, T* tile, ConvShape const& s, RowsPlan const& pl,
-    int32_t r0, int32_t vc, int32_t ih_start)
+__device__ inline void rows_issue(T const* xp, uint32_t slot, RowsPlan const& pl, RowsCopies const& rc, int32_t vc)
 {
     constexpr int NE = LB / static_cast<int>(sizeof(T));
-    constexpr int LPAD = 16 / static_cast<int>(sizeof(T));
-    int32_t const rlo = max(0, -ih_start);
-    int32_t const rhi = min(pl.NRS, s.H - ih_start);
     for (int32_t v = vc; v < pl.NV; v += pl.cstep)
     {
-        T const* const src = xp + v * NE;
-        T* const dst = tile + LPAD + v * NE;
-        for (int32_t r = r0; r < rhi; r += pl.rstep)
+        T const* src = xp + rc.goff + (v - vc) * NE;
+        uint32_t dst = slot + rc.soff + static_cast<uint32_t>((v - vc) * LB);
+        for (int32_t i = 0; i < rc.nrows; ++i)
         {
-            if (r >= rlo)
-            {
-                cp_async<LB>(dst + r * pl.P, src + (ih_start + r) * s.W);
-            }
+            cp_async_s<LB>(dst, src);
+            src += rc.gstep;
+            dst += rc.sstep;
         }
     }
 }
@@ -782,9 +944,16 @@ __device__ inline void load4(__half const* p, float* f)
 #ifndef DWCONV2D_ROWS_MIN_BLOCKS_I8_LARGE
 #define DWCONV2D_ROWS_MIN_BLOCKS_I8_LARGE 1
 #endif
+#ifndef DWCONV2D_ROWS_MIN_BLOCKS_F16
+#define DWCONV2D_ROWS_MIN_BLOCKS_F16 DWCONV2D_ROWS_MIN_BLOCKS_3X3
+#endif
+#ifndef DWCONV2D_ROWS_MIN_BLOCKS_F16_LARGE
+#define DWCONV2D_ROWS_MIN_BLOCKS_F16_LARGE 1
+#endif
 __host__ __device__ constexpr int rows_min_blocks(int elem, int ks)
 {
     return elem == 1 ? (ks == 3 ? DWCONV2D_ROWS_MIN_BLOCKS_I8 : DWCONV2D_ROWS_MIN_BLOCKS_I8_LARGE)
+        : elem == 2  ? (ks == 3 ? DWCONV2D_ROWS_MIN_BLOCKS_F16 : DWCONV2D_ROWS_MIN_BLOCKS_F16_LARGE)
                      : (ks == 3 ? DWCONV2D_ROWS_MIN_BLOCKS_3X3 : 1);
 }
 
@@ -797,7 +966,7 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
     using Acc = typename Traits<TIn>::Acc;
     constexpr bool kInt8 = std::is_same<TIn, int8_t>::value;
     constexpr int V = rows_v(static_cast<int>(sizeof(TIn)), KS);
-    constexpr int R = kRowsR;
+    constexpr int R = rows_r(static_cast<int>(sizeof(TIn)), KS);
     constexpr int PAD = KS / 2;
     constexpr int LPAD = 16 / static_cast<int>(sizeof(TIn));
     constexpr int G = (KS + 3) / 4;      // 4-tap groups per filter row (INT8)
@@ -825,20 +994,42 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
     // lt >= rstep * NV).
     int32_t const r0 = lt < pl.rstep * pl.NV ? lt / pl.NV : INT32_MAX;
     int32_t const vc = lt - (r0 == INT32_MAX ? 0 : r0) * pl.NV;
+    // Its rows r0, r0 + rstep, ... that lie inside the image (rows rlo .. rhi - 1 of the band),
+    // as offsets and steps computed once: the same for every plane this block handles.
+    RowsCopies rc{};
+    {
+        int32_t const rlo = max(0, -ih_start);
+        int32_t const rhi = min(pl.NRS, s.H - ih_start);
+        int32_t rfirst = r0;
+        if (r0 != INT32_MAX && r0 < rlo)
+        {
+            rfirst = r0 + (rlo - r0 + pl.rstep - 1) / pl.rstep * pl.rstep;
+        }
+        rc.nrows = r0 == INT32_MAX || rfirst >= rhi ? 0 : (rhi - rfirst + pl.rstep - 1) / pl.rstep;
+        if (rc.nrows > 0)
+        {
+            int32_t const ne = pl.load_bytes / static_cast<int32_t>(sizeof(TIn));
+            rc.goff = (ih_start + rfirst) * s.W + vc * ne;
+            rc.soff = static_cast<uint32_t>((LPAD + vc * ne + rfirst * pl.P) * static_cast<int32_t>(sizeof(TIn)));
+            rc.gstep = pl.rstep * s.W;
+            rc.sstep = static_cast<uint32_t>(pl.rstep * pl.P * static_cast<int32_t>(sizeof(TIn)));
+        }
+    }
+    auto const smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
     auto issue = [&](int32_t group, int32_t buf) {
         int32_t const plane = group * pl.PPB + p;
-        if (group < pl.groups && plane < pl.planes && r0 != INT32_MAX)
+        if (group < pl.groups && plane < pl.planes && rc.nrows > 0)
         {
-            int32_t const n = plane / s.K;
+            int32_t const n = rows_div(plane, pl); // plane / s.K
             int32_t const k = plane - n * s.K;
             int32_t const c = s.Kg == 1 ? k : k / s.Kg;
             TIn const* const xp = x + (static_cast<int64_t>(n) * s.C + c) * (static_cast<int64_t>(s.H) * s.W);
-            TIn* const tile = reinterpret_cast<TIn*>(smem_raw + buf * buf_bytes + p * pl.slice_bytes);
+            uint32_t const slot = smem_base + static_cast<uint32_t>(buf * buf_bytes + p * pl.slice_bytes);
             switch (pl.load_bytes)
             {
-            case 16: rows_issue<16>(xp, tile, s, pl, r0, vc, ih_start); break;
-            case 8: rows_issue<8>(xp, tile, s, pl, r0, vc, ih_start); break;
-            default: rows_issue<4>(xp, tile, s, pl, r0, vc, ih_start); break;
+            case 16: rows_issue<16>(xp, slot, pl, rc, vc); break;
+            case 8: rows_issue<8>(xp, slot, pl, rc, vc); break;
+            default: rows_issue<4>(xp, slot, pl, rc, vc); break;
             }
         }
         cp_async_commit(); // one group per call in every thread, empty or not
@@ -866,10 +1057,15 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
         TIn wt[kInt8 ? 1 : KS * KS];
         float bias;
     };
+    // the weight tensor's bytes (INT8 filter reads stay inside them)
+    [[maybe_unused]] auto const w_lo = reinterpret_cast<uintptr_t>(w);
+    [[maybe_unused]] auto const w_hi = w_lo
+        + static_cast<uintptr_t>((s.weight_per_batch ? static_cast<int64_t>(s.N) : int64_t{1}) * s.K * (KS * KS))
+            * sizeof(TIn);
     auto fetch = [&](int32_t group, Fetched& f) {
         int32_t const plane = group * pl.PPB + p;
         bool const ok = group < pl.groups && plane < pl.planes && orow0 < s.Ho;
-        int32_t const n = ok ? plane / s.K : 0;
+        int32_t const n = ok ? rows_div(plane, pl) : 0; // plane / s.K
         int32_t const k = ok ? plane - n * s.K : 0;
         TIn const* const wp = w + (s.weight_per_batch ? static_cast<int64_t>(n) * s.K * (KS * KS) : 0)
             + static_cast<int64_t>(k) * (KS * KS);
@@ -879,17 +1075,22 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
             uint32_t const* const w32 = reinterpret_cast<uint32_t const*>(addr & ~uintptr_t{3});
             f.sh0 = static_cast<int32_t>(addr & 3U);
             int32_t const end = f.sh0 + KS * KS; // one past the filter's last byte, from w32
-            // Only words that lie wholly inside the filter are read as words; the (at most two)
-            // words that straddle its ends are assembled from the filter's own bytes, so no byte
-            // outside the filter (past the end of the weight tensor, or before its start when w
-            // is not 4-byte aligned) is ever read. The bytes outside are zero and never used.
+            // The aligned words that hold the filter's bytes are read whole when they all lie
+            // inside the weight tensor (every filter but, at most, the first and the last; their
+            // bytes outside the filter are those of its neighbours, which the packing below
+            // masks off). Otherwise only words that lie wholly inside the filter are read as
+            // words and the (at most two) words that straddle its ends are assembled from the
+            // filter's own bytes (zero elsewhere), so no byte outside the weight tensor (past its
+            // end, or before its start when w is not 4-byte aligned) is ever read.
+            auto const a0 = addr & ~uintptr_t{3};
+            bool const inside = a0 >= w_lo && a0 + 4 * static_cast<uintptr_t>((end + 3) / 4) <= w_hi;
 #pragma unroll
             for (int i = 0; i < NFW; ++i)
             {
                 uint32_t word = 0U;
                 if (ok && 4 * i < end)
                 {
-                    if (4 * i >= f.sh0 && 4 * i + 4 <= end)
+                    if (inside || (4 * i >= f.sh0 && 4 * i + 4 <= end))
                     {
                         word = __ldg(w32 + i);
                     }
@@ -956,7 +1157,7 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
 #pragma unroll
             for (int j = 0; j < V; ++j)
             {
-                acc[i][j] = Acc(0);
+                acc[i][j] = Acc(Store::kAccBias); // see StoreI8ToI8::kAccBias (0 for the others)
             }
         }
 
@@ -1416,6 +1617,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32) depthwise_mma_kernel(TIn const
                     v[1] = odd ? r1 : acc[j][1];
                     v[2] = odd ? acc[j][2] : r0;
                     v[3] = odd ? acc[j][3] : r1;
+                    if constexpr (Store::kAccBias != 0)
+                    {
+#pragma unroll
+                        for (int q = 0; q < 4; ++q)
+                        {
+                            v[q] += Store::kAccBias; // rows_store takes biased sums (StoreI8ToI8)
+                        }
+                    }
                     int32_t const col = ow0 + 8 * j + 4 * (tq >> 1);
                     if (row_ok && col >= ch * CW && col < s.Wo)
                     {
@@ -1872,9 +2081,9 @@ int64_t round_up(int64_t v, int64_t m)
     return (v + m - 1) / m * m;
 }
 
-int64_t pl_rows(int64_t ty, int64_t stride, int64_t ks)
+int64_t pl_rows(int64_t ty, int64_t r, int64_t stride, int64_t ks)
 {
-    return (ty * kRowsR - 1) * stride + ks;
+    return (ty * r - 1) * stride + ks;
 }
 
 // The planes (N * K) of a depthwise_rows shape, or 0 when the shape is not one or has too many
@@ -1886,9 +2095,11 @@ int64_t rows_planes(ConvShape const& s)
 }
 
 // Block shape of depthwise_rows: all output rows of a plane in one block when two buffers of its
-// input rows fit in 48 KiB of shared memory (else bands of TY * kRowsR rows, up to 96 KiB for
-// wide planes), then as many planes per block as threads and 48 KiB allow while leaving enough
-// blocks to fill the GPU.
+// input rows fit in 48 KiB of shared memory (else bands of TY * R rows, up to 96 KiB for
+// wide planes), then as many planes per block as threads and rows_ppb_smem() allow while leaving
+// enough blocks to fill the GPU; with rows_full_warps(), of those plane counts the one whose block
+// wastes the fewest lanes in its last warp (e.g. 4 planes of 56 threads: 7 full warps, not 2
+// planes in 3.5 warps).
 // elem: the element size (shared memory holds the input type); load_bytes: copy width.
 bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out)
 {
@@ -1899,6 +2110,7 @@ bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out)
     }
     int const ks = s.kH;
     int const st = s.sh;
+    int64_t const R = rows_r(elem, ks);
     int64_t const V = rows_v(elem, ks);
     int64_t const max_threads = rows_max_threads(elem, ks);
     int64_t const TX = ceil_div(s.Wo, V);
@@ -1911,10 +2123,10 @@ bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out)
     int64_t const need = lpad + (TX - 1) * V * st + 4 * (hi + 1);
     int64_t const P = round_up(std::max<int64_t>(need, lpad + s.W), 16 / elem);
     auto slice = [&](int64_t ty) {
-        int64_t const nrs = (ty * kRowsR - 1) * st + ks;
+        int64_t const nrs = (ty * R - 1) * st + ks;
         return round_up(nrs * P * elem, 16);
     };
-    int64_t TY = std::min<int64_t>({ceil_div(s.Ho, kRowsR), max_threads / TX, kRowsMaxTY});
+    int64_t TY = std::min<int64_t>({ceil_div(s.Ho, R), max_threads / TX, kRowsMaxTY});
     while (TY > 1 && 2 * slice(TY) > kSmemBudget)
     {
         --TY;
@@ -1929,24 +2141,39 @@ bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out)
     {
         return false; // the loads must tile the row exactly
     }
-    int64_t const bands = ceil_div(s.Ho, TY * kRowsR);
+    int64_t const bands = ceil_div(s.Ho, TY * R);
     if (bands > 65535) // gridDim.y
     {
         return false;
     }
     // Enough stages that kRowsAheadBytes per plane slot are in flight (small planes, narrow types).
-    int64_t const plane_bytes = std::min<int64_t>(pl_rows(TY, st, ks), s.H) * s.W * elem;
+    int64_t const plane_bytes = std::min<int64_t>(pl_rows(TY, R, st, ks), s.H) * s.W * elem;
     int64_t const ahead = ks == 3 ? kRowsAheadBytes3x3 : kRowsAheadBytes;
     int64_t stages = std::min<int64_t>(4, 1 + ceil_div(ahead, std::max<int64_t>(plane_bytes, 1)));
     while (stages > 2 && stages * slice(TY) > kRowsSmemMax)
     {
         --stages;
     }
-    int64_t PPB = std::max<int64_t>(
-        1, std::min<int64_t>({max_threads / TXY, kSmemBudget / (stages * slice(TY)), planes}));
+    int64_t PPB = std::max<int64_t>(1,
+        std::min<int64_t>({max_threads / TXY, std::max<int64_t>(rows_ppb_smem(elem), kSmemBudget) / (stages * slice(TY)), planes}));
     while (PPB > 1 && (planes + PPB - 1) / PPB * bands < kRowsMinBlocks)
     {
         --PPB;
+    }
+    if (rows_full_warps(elem))
+    {
+        // lanes used / lanes of the warps started, as a fraction p / q compared exactly
+        int64_t best = PPB;
+        for (int64_t c = PPB - 1; c >= 1; --c)
+        {
+            int64_t const tc = c * TXY;
+            int64_t const tb = best * TXY;
+            if (tc * round_up(tb, 32) > tb * round_up(tc, 32))
+            {
+                best = c;
+            }
+        }
+        PPB = best;
     }
     RowsPlan pl{};
     pl.TX = static_cast<int32_t>(TX);
@@ -1955,7 +2182,7 @@ bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out)
     pl.PPB = static_cast<int32_t>(PPB);
     pl.groups = static_cast<int32_t>((planes + PPB - 1) / PPB);
     pl.bands = static_cast<int32_t>(bands);
-    pl.NRS = static_cast<int32_t>((TY * kRowsR - 1) * st + ks);
+    pl.NRS = static_cast<int32_t>((TY * R - 1) * st + ks);
     pl.P = static_cast<int32_t>(P);
     pl.slice_bytes = static_cast<int32_t>(slice(TY));
     pl.NV = static_cast<int32_t>(NV);
@@ -1965,6 +2192,7 @@ bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out)
     pl.out_chunk = 1; // set by launch_rows() from the output pointer
     pl.planes = static_cast<int32_t>(planes);
     pl.stages = static_cast<int32_t>(stages);
+    rows_div_magic(s.K, &pl.kdiv_m, &pl.kdiv_s);
     *out = pl;
     return true;
 }
@@ -2339,7 +2567,7 @@ bool pointers_ok(void const* x, void const* w, void const* b, void const* y, DWC
 
 thread_local int g_last_path = DWCONV2D_PATH_INVALID;
 std::atomic<int> g_cudnn_mode{-1}; // -1: not yet read from the environment
-std::atomic<int> g_mma_mode{-1};   // depthwise_mma on (1) / off (0); -1: not yet read ($QUANTBENCH_DWCONV_MMA)
+std::atomic<int> g_mma_mode{-1};   // DWCONV2D_MMA_OFF / _ON / _AUTO; -1: not yet read ($QUANTBENCH_DWCONV_MMA)
 
 constexpr size_t kCudnnMaxWorkspace = size_t{256} << 20;
 
@@ -3409,22 +3637,61 @@ bool try_cudnn(T const* x, T const* w, T const* b, T* y, DWConv2DParams const& p
     return true;
 }
 
-// depthwise_mma on or off for the process: dwconv2d_set_mma_mode(), initially off unless
-// $QUANTBENCH_DWCONV_MMA is "1" or "on". Off by default because the kernel has not run on a GPU
-// yet (no device machine could be started in the round that wrote it); switch the default on once
-// the GPU tests and the sanitizer pass on it (see README.md).
+// depthwise_mma for the process: dwconv2d_set_mma_mode(); at start DWCONV2D_MMA_AUTO unless
+// $QUANTBENCH_DWCONV_MMA is "1"/"on" (DWCONV2D_MMA_ON) or "0"/"off" (DWCONV2D_MMA_OFF).
 int mma_mode()
 {
     int m = g_mma_mode.load(std::memory_order_relaxed);
     if (m < 0)
     {
         char const* env = std::getenv("QUANTBENCH_DWCONV_MMA");
-        m = env != nullptr && (std::string(env) == "1" || std::string(env) == "on") ? 1 : 0;
+        std::string const v = env == nullptr ? std::string() : std::string(env);
+        m = v == "1" || v == "on" ? DWCONV2D_MMA_ON : v == "0" || v == "off" ? DWCONV2D_MMA_OFF : DWCONV2D_MMA_AUTO;
         int expected = -1;
         g_mma_mode.compare_exchange_strong(expected, m);
         m = g_mma_mode.load(std::memory_order_relaxed);
     }
     return m;
+}
+
+// The per-shape table of DWCONV2D_MMA_AUTO: the depthwise_rows shapes (square kernel, stride) and
+// element types on which depthwise_mma was measured faster than depthwise_rows on the H200 (N=32,
+// tests/gpu/run_gpu_checks.py, see README.md): 7x7 stride 1 in FP16 (C=384, 28x28: 34.9 against
+// 38.1 us). INT8 7x7 stride 1 is not in it: 31.5 us on depthwise_rows against 34.0 on
+// depthwise_mma since depthwise_rows' copy loop was tightened (it was 33.4 against 36.5 before).
+// depthwise_mma was slower at 3x3 stride 1 and 5x5 stride 2 (1.4-1.7x), and 3x3 stride 2, 5x5
+// stride 1 and 7x7 stride 2 were not measured, so they stay on depthwise_rows. elem: 2 (FP16) or
+// 1 (INT8).
+struct MmaTableEntry
+{
+    int ks, stride, elem;
+};
+constexpr MmaTableEntry kMmaTable[] = {
+    {7, 1, 2},
+};
+
+bool mma_table_picks(ConvShape const& s, int elem)
+{
+    for (MmaTableEntry const& e : kMmaTable)
+    {
+        if (e.ks == s.kH && e.ks == s.kW && e.stride == s.sh && e.stride == s.sw && e.elem == elem)
+        {
+            return true;
+        }
+    }
+    return false;
+}
+
+// Whether a forward of element size `elem` on a depthwise_rows shape should try depthwise_mma
+// (it still needs the plane to fit, plan_mma()).
+bool mma_wanted(ConvShape const& s, int elem)
+{
+    if (elem == 4)
+    {
+        return false;
+    }
+    int const m = mma_mode();
+    return m == DWCONV2D_MMA_ON || (m == DWCONV2D_MMA_AUTO && mma_table_picks(s, elem));
 }
 
 template <class TIn, class TB, class Store>
@@ -3445,7 +3712,7 @@ int run(TIn const* x, TIn const* w, TB const* b, Store store, void const* y, int
     if (path == DWCONV2D_PATH_DEPTHWISE_ROWS)
     {
         int status = 0;
-        if (mma_mode() == 1 && launch_mma(x, w, b, store, y, out_elem, s, stream, &status))
+        if (mma_wanted(s, static_cast<int>(sizeof(TIn))) && launch_mma(x, w, b, store, y, out_elem, s, stream, &status))
         {
             g_last_path = DWCONV2D_PATH_DEPTHWISE_MMA;
             return status;
@@ -3553,11 +3820,11 @@ int dwconv2d_forward_path(DWConv2DParams const* params, int dtype)
     {
         return DWCONV2D_PATH_CUDNN;
     }
-    if (path == DWCONV2D_PATH_DEPTHWISE_ROWS && dtype != DWCONV2D_DTYPE_F32 && mma_mode() == 1)
+    int const elem = dtype == DWCONV2D_DTYPE_F32 ? 4 : dtype == DWCONV2D_DTYPE_F16 ? 2 : 1;
+    if (path == DWCONV2D_PATH_DEPTHWISE_ROWS && mma_wanted(make_shape(*params), elem))
     {
         // As run() decides it for 16-byte aligned tensors (CUDA allocations are).
         ConvShape const s = make_shape(*params);
-        int const elem = dtype == DWCONV2D_DTYPE_F16 ? 2 : 1;
         int64_t const row = static_cast<int64_t>(s.W) * elem;
         MmaPlan pl{};
         if (plan_mma(s, elem, row % 16 == 0 ? 16 : row % 8 == 0 ? 8 : 4, &pl))
@@ -3586,7 +3853,7 @@ int dwconv2d_set_cudnn_mode(int mode)
 int dwconv2d_set_mma_mode(int mode)
 {
     int const previous = mma_mode();
-    if (mode == 0 || mode == 1)
+    if (mode == DWCONV2D_MMA_OFF || mode == DWCONV2D_MMA_ON || mode == DWCONV2D_MMA_AUTO)
     {
         g_mma_mode.store(mode);
     }

@@ -71,7 +71,8 @@ extern "C" {
                                            loaded at run time (dlopen); see dwconv2d_forward_path() */
 #define DWCONV2D_PATH_DEPTHWISE_MMA 5   /* FP16 and INT8 on depthwise_rows shapes whose planes fit a
                                            warp's shared memory: tensor cores (Toeplitz filter rows);
-                                           when switched on (dwconv2d_set_mma_mode); reported by
+                                           where the per-shape table picks it (or when forced on,
+                                           dwconv2d_set_mma_mode); reported by
                                            dwconv2d_forward_path()/_last_path() only */
 
 /* Element types, for dwconv2d_forward_path(). */
@@ -145,9 +146,14 @@ DWCONV2D_API int dwconv2d_last_path(void);
  * before the call. */
 DWCONV2D_API int dwconv2d_set_cudnn_mode(int mode);
 
-/* depthwise_mma (tensor cores for FP16/INT8 depthwise) on (1) or off (0, depthwise_rows instead)
- * for the process (other values only query); off at start unless $QUANTBENCH_DWCONV_MMA=1 (not
- * yet run on a GPU). Returns the mode before the call. */
+/* depthwise_mma (tensor cores for FP16/INT8 depthwise) for the process: DWCONV2D_MMA_AUTO (the
+ * default: a small per-shape table, from H200 timings, picks it where it was measured faster than
+ * depthwise_rows, i.e. FP16 7x7 stride 1), DWCONV2D_MMA_ON (wherever the plane fits) or DWCONV2D_MMA_OFF
+ * (never: depthwise_rows). Other values only query. $QUANTBENCH_DWCONV_MMA=1/on or 0/off sets
+ * the mode at start. Returns the mode before the call. */
+#define DWCONV2D_MMA_OFF 0
+#define DWCONV2D_MMA_ON 1
+#define DWCONV2D_MMA_AUTO 2
 DWCONV2D_API int dwconv2d_set_mma_mode(int mode);
 
 /* cudnnGetVersion() of the cuDNN that the library loaded (e.g. 91900), 0 if none loads. */
