@@ -628,6 +628,26 @@ def device_inputs(spec: Any, mode: str, gen: Any) -> tuple[Any, Any, Any | None]
     return x, w, b
 
 
+def device_forward(lib: Any, spec: Any, mode: str, tensors: tuple, params: Any) -> Any:
+    """One forward of ``lib`` on the device tensors (x, w, b) on torch's current stream; returns
+    the output tensor (the call's return code checked)."""
+    import torch
+
+    x, w, b = tensors
+    y = torch.empty(spec.output_shape, dtype=x.dtype, device="cuda")
+    code = lib.forward(
+        kernel_dtype(mode),
+        x.data_ptr(),
+        w.data_ptr(),
+        None if b is None else b.data_ptr(),
+        y.data_ptr(),
+        params,
+        torch.cuda.current_stream().cuda_stream,
+    )
+    assert code == 0, code
+    return y
+
+
 def rotation_sets(bytes_per_set: int) -> int:
     """How many input/output sets to cycle through so that one pass over them is >= 4x the L2."""
     import torch

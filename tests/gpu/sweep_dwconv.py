@@ -87,25 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _forward(lib: object, spec: object, mode: str, tensors: tuple, params: object) -> object:
-    """One forward of ``lib`` on device tensors (x, w, b); returns the output tensor."""
-    import torch
-
-    x, w, b = tensors
-    y = torch.empty(spec.output_shape, dtype=x.dtype, device="cuda")  # type: ignore[attr-defined]
-    code = lib.forward(  # type: ignore[attr-defined]
-        harness.kernel_dtype(mode),
-        x.data_ptr(),
-        w.data_ptr(),
-        None if b is None else b.data_ptr(),
-        y.data_ptr(),
-        params,
-        torch.cuda.current_stream().cuda_stream,
-    )
-    assert code == 0, code
-    return y
-
-
 def _same_as(reference: Path, libraries: list[Path], names: list[str]) -> list[dict]:
     """The timed shapes in INT8 -> INT8 and FP16 on each library against ``reference`` (same
     inputs): INT8 must be identical (both exact); FP16 is reported as the largest difference."""
@@ -119,10 +100,10 @@ def _same_as(reference: Path, libraries: list[Path], names: list[str]) -> list[d
             gen = torch.Generator(device="cuda").manual_seed(5)
             tensors = harness.device_inputs(spec, mode, gen)
             params = harness.mode_params(spec, mode, 0.05)
-            y0 = _forward(ref_lib, spec, mode, tensors, params)
+            y0 = harness.device_forward(ref_lib, spec, mode, tensors, params)
             for path in libraries:
                 lib = harness.kl.KernelLibrary(path)
-                y = _forward(lib, spec, mode, tensors, params)
+                y = harness.device_forward(lib, spec, mode, tensors, params)
                 torch.cuda.synchronize()
                 diff = (y.float() - y0.float()).abs().max().item()  # type: ignore[attr-defined]
                 row = {"library": path.name, "case": name, "mode": mode, "path": lib.last_path()}

@@ -198,18 +198,8 @@ def test_mma_kernel_on_the_timed_shapes(library) -> None:
             params = harness.mode_params(spec, mode, 0.05)
             outs = []
             for on in (harness.kl.MMA_OFF, harness.kl.MMA_ON):
-                y = torch.empty(spec.output_shape, dtype=x.dtype, device="cuda")
                 with harness.mma_mode(library, on):
-                    code = library.forward(
-                        harness.kernel_dtype(mode),
-                        x.data_ptr(),
-                        w.data_ptr(),
-                        None if b is None else b.data_ptr(),
-                        y.data_ptr(),
-                        params,
-                        torch.cuda.current_stream().cuda_stream,
-                    )
-                    assert code == 0
+                    y = harness.device_forward(library, spec, mode, (x, w, b), params)
                     assert library.last_path() == (
                         "depthwise_mma" if on == harness.kl.MMA_ON else "depthwise_rows"
                     )
