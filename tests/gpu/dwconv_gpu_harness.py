@@ -349,15 +349,8 @@ def gpu_runner(lib: Any, stream: Any | None = None) -> Runner:
         y = torch.full(spec.output_shape, poison, dtype=out_dtype, device=dev)
         on = stream or torch.cuda.current_stream()
         torch.cuda.synchronize()  # inputs and poison are in place before the side stream reads
-        code = lib.forward(
-            kernel_dtype(mode),
-            x.data_ptr(),
-            w.data_ptr(),
-            None if b is None else b.data_ptr(),
-            y.data_ptr(),
-            mode_params(spec, mode, output_scale),
-            on.cuda_stream,
-        )
+        params = mode_params(spec, mode, output_scale)
+        code = launch(lib, mode, (x, w, b), y, params, on.cuda_stream)
         if code != 0:
             raise RuntimeError(f"dwconv2d_forward_{kernel_dtype(mode)} returned CUDA error {code}")
         on.synchronize()
@@ -633,19 +626,25 @@ def device_forward(lib: Any, spec: Any, mode: str, tensors: tuple, params: Any) 
     the output tensor (the call's return code checked)."""
     import torch
 
+    y = torch.empty(spec.output_shape, dtype=tensors[0].dtype, device="cuda")
+    code = launch(lib, mode, tensors, y, params, torch.cuda.current_stream().cuda_stream)
+    assert code == 0, code
+    return y
+
+
+def launch(lib: Any, mode: str, tensors: tuple, y: Any, params: Any, stream: int) -> int:
+    """``lib``'s forward for ``mode`` on the device tensors (x, w, b) into ``y``; its CUDA error
+    code (0: launched)."""
     x, w, b = tensors
-    y = torch.empty(spec.output_shape, dtype=x.dtype, device="cuda")
-    code = lib.forward(
+    return lib.forward(
         kernel_dtype(mode),
         x.data_ptr(),
         w.data_ptr(),
         None if b is None else b.data_ptr(),
         y.data_ptr(),
         params,
-        torch.cuda.current_stream().cuda_stream,
+        stream,
     )
-    assert code == 0, code
-    return y
 
 
 def rotation_sets(bytes_per_set: int) -> int:
