@@ -23,7 +23,7 @@ import numpy as np
 
 from quantbench import calibrators as registry
 from quantbench.errors import QuantbenchError
-from quantbench.stats import StatsFile, TensorStats
+from quantbench.stats import StatsFile, TensorStats, settled
 from quantbench.table import INT8_MAX, CalibrationTable
 
 #: default ``--clip-warn``: more than 1 value in 1000 beyond the threshold is flagged
@@ -100,14 +100,11 @@ def check_sqnr_floor(floor_db: float) -> float:
     return floor_db
 
 
-def clip_fraction(
-    stats: TensorStats, amax: float, cdf: tuple[np.ndarray, np.ndarray] | None = None
-) -> float:
-    """Fraction of the tensor's finite values with |x| beyond ``amax`` (``cdf``: its
-    :meth:`~quantbench.stats.TensorStats.abs_cdf`, if already built)."""
+def clip_fraction(stats: TensorStats, amax: float) -> float:
+    """Fraction of the tensor's finite values with |x| beyond ``amax``."""
     if stats.count == 0:
         return 0.0
-    return max(stats.count_above(amax, cdf), 0.0) / stats.count
+    return max(stats.count_above(amax), 0.0) / stats.count
 
 
 def expected_mse(stats: TensorStats, amax: float) -> float:
@@ -131,20 +128,21 @@ def clip_flags(
     """Every tensor of ``table`` (or of ``tensors``) whose threshold clips more than ``limit``
     of its values, with the built-in method that has the lowest expected error among those that
     clip less (``known``: tables already built from ``stats``, by method, whose amax is taken
-    instead of computed again). Each tensor's |x| CDF is built once per call; inside
-    :func:`quantbench.stats.settled`, once for all calls."""
+    instead of computed again). Each tensor's |x| CDF and bin centres, read for every
+    threshold, are built once (:func:`~quantbench.stats.settled`; once for all calls when the
+    caller's scope is settled too)."""
     flags = []
     names = tensors if tensors is not None else list(table)
-    for name in names:
-        if name not in table or name not in stats.tensors:
-            continue
-        t, entry = stats[name], table.entries[name]
-        cdf = t.abs_cdf() if t.count else None  # read for every threshold below
-        fraction = clip_fraction(t, entry.amax, cdf)
-        if fraction <= limit:
-            continue
-        method = entry.method or table.method
-        flags.append(_flag(t, method, entry.amax, fraction, known or {}, cdf))
+    with settled():
+        for name in names:
+            if name not in table or name not in stats.tensors:
+                continue
+            t, entry = stats[name], table.entries[name]
+            fraction = clip_fraction(t, entry.amax)
+            if fraction <= limit:
+                continue
+            method = entry.method or table.method
+            flags.append(_flag(t, method, entry.amax, fraction, known or {}))
     return flags
 
 
@@ -154,7 +152,6 @@ def _flag(
     amax: float,
     fraction: float,
     known: dict[str, CalibrationTable],
-    cdf: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> ClipFlag:
     current = expected_mse(t, amax)
     best: tuple[float, str, float, float] | None = None
@@ -166,7 +163,7 @@ def _flag(
             other = built.entries[t.name].amax
         else:
             other = registry.compute_amax(m, t)
-        other_fraction = clip_fraction(t, other, cdf)
+        other_fraction = clip_fraction(t, other)
         error = expected_mse(t, other)
         if other_fraction < fraction and error < current and (best is None or error < best[0]):
             best = (error, m, other, other_fraction)

@@ -53,7 +53,11 @@ _SETTLED: ContextVar[dict[tuple[int, tuple], tuple[TensorStats, object]] | None]
 def settled() -> Iterator[None]:
     """A scope in which the statistics read do not change (the tables of a finished pass): a
     tensor's |x| histograms and CDF are computed once, not once per table (``--method all``'s
-    seven tables and the clip check read the same ones). Derived arrays come back read-only."""
+    seven tables and the clip check read the same ones). Derived arrays come back read-only; a
+    scope inside another shares the outer one's arrays."""
+    if _SETTLED.get() is not None:
+        yield
+        return
     token = _SETTLED.set({})
     try:
         yield
@@ -312,8 +316,8 @@ class TensorStats:
         return _resample(fine, self.bin_width, origin, upper, num_bins, lower, data_range)
 
     def abs_cdf(self) -> tuple[np.ndarray, np.ndarray]:
-        """(fine bin edges, cumulative |x| counts at them): what :meth:`count_above` reads, to
-        build once for many thresholds."""
+        """(fine bin edges, cumulative |x| counts at them): what :meth:`count_above` and
+        :meth:`abs_quantile` read (inside :func:`settled`, built once for every threshold)."""
 
         def edges_and_cdf() -> np.ndarray:
             fine = self.abs_fine_counts()
@@ -323,12 +327,9 @@ class TensorStats:
         edges, cdf = self._derived(("cdf",), edges_and_cdf)
         return edges, cdf
 
-    def count_above(
-        self, threshold: float, cdf: tuple[np.ndarray, np.ndarray] | None = None
-    ) -> float:
-        """How many |x| exceed ``threshold`` (fine bins split linearly); ``cdf``: this tensor's
-        :meth:`abs_cdf`, if already built."""
-        edges, cumulative = cdf if cdf is not None else self.abs_cdf()
+    def count_above(self, threshold: float) -> float:
+        """How many |x| exceed ``threshold`` (fine bins split linearly)."""
+        edges, cumulative = self.abs_cdf()
         return float(cumulative[-1] - np.interp(threshold, edges, cumulative))
 
     def abs_quantile(self, q: float) -> float:

@@ -193,3 +193,16 @@ def test_settled_statistics_give_the_same_histograms_once_and_never_stale() -> N
             t.abs_fine_counts()[0] = 0
     t.update(np.array([100.0], np.float32))  # after the scope: new values, new histogram
     assert t.abs_histogram(2048)[-1] >= 1 and not np.array_equal(t.abs_cdf()[1], plain_cdf)
+
+
+def test_a_settled_scope_inside_another_shares_its_arrays() -> None:
+    """clip_flags settles its own reads; inside calibrate's scope it must reuse the tables'
+    arrays, and leaving the inner scope must not end the outer one."""
+    t = TensorStats("t")
+    t.update(np.random.default_rng(6).standard_normal(10_000).astype(np.float32))
+    with settled():
+        outer = t.abs_cdf()[1]
+        with settled():
+            assert np.shares_memory(t.abs_cdf()[1], outer)
+        assert np.shares_memory(t.abs_cdf()[1], outer)
+    assert not np.shares_memory(t.abs_cdf()[1], outer)
