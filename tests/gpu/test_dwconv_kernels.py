@@ -129,12 +129,12 @@ def test_dispatch_takes_cudnn_for_grouped_float_shapes(library, runner) -> None:
         assert library.forward_path(params, harness.kernel_dtype(mode)) == expected
 
 
-def _mma_names() -> list[str]:
-    """The grid's cases that depthwise_mma serves when switched on (GPU runs only)."""
+def _mma_names(mma: int) -> list[str]:
+    """The grid's cases that depthwise_mma serves (FP16) in MMA mode ``mma`` (GPU runs only)."""
     if REASON is not None:
         return []
     lib = harness.get_library()
-    with harness.mma_mode(lib, harness.kl.MMA_ON):
+    with harness.mma_mode(lib, mma):
         return [
             n
             for n in CASE_NAMES
@@ -142,23 +142,9 @@ def _mma_names() -> list[str]:
         ]
 
 
-MMA_NAMES = _mma_names()
-
-
-def _auto_mma_names() -> list[str]:
-    """The grid's cases on which the per-shape table (the default) takes depthwise_mma (FP16)."""
-    if REASON is not None:
-        return []
-    lib = harness.get_library()
-    with harness.mma_mode(lib, harness.kl.MMA_AUTO):
-        return [
-            n
-            for n in CASE_NAMES
-            if lib.forward_path(harness.CASES[n].to_params(), "f16") == "depthwise_mma"
-        ]
-
-
-AUTO_MMA_NAMES = _auto_mma_names()
+#: when switched on, and by the per-shape table (the default)
+MMA_NAMES = _mma_names(harness.kl.MMA_ON)
+AUTO_MMA_NAMES = _mma_names(harness.kl.MMA_AUTO)
 
 
 @pytest.mark.parametrize("mode", ["f16", "int8_i8", "int8_f32", "int8_tie"])
