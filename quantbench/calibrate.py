@@ -27,7 +27,6 @@ from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
 from quantbench.fileio import check_output_path, write_bytes_atomic
 from quantbench.graph import Graph, calibration_tensors, open_graph, untyped_tensors
-from quantbench.parallel_tables import tables_and_flags
 from quantbench.progress import info, warn
 from quantbench.sharded import collect_sharded
 from quantbench.stats import StatsFile, settled
@@ -198,13 +197,6 @@ class MethodChecks:
         if self._warming is None:
             self._warming = self._THREAD.submit(registry.warm_up, self._names)
 
-    def warmed(self) -> None:
-        """Waits for the warm-up (done beside inference, so this seldom waits): the tables are
-        built in workers forked from this process, and a fork in the middle of an import
-        would leave them a half-imported module."""
-        if self._warming is not None:
-            self._warming.result()
-
 
 def method_file_name(method: str, fmt: str) -> str:
     """``percentile:99.99`` -> ``percentile-99.99.cache`` (safe on every file system)."""
@@ -345,16 +337,14 @@ def calibrate(
         stats_path = stats_file.save(save_stats)
     for line in nonfinite_report(stats_file):
         warn(line)
-    plain = [m for m in method_list if m != AUTO]
+    tables: dict[str, CalibrationTable] = {}
     auto = None
-    checks.warmed()
     with settled():  # the tables and the clip check read each tensor's histograms once
-        built, clipping = tables_and_flags(stats_file, plain, clip_warn)
-        if AUTO in method_list:
-            built[AUTO], auto = method_table(
+        for m in method_list:
+            tables[m], found = method_table(
                 graph,
                 stats_file,
-                AUTO,
+                m,
                 data,
                 holdout_data,
                 batch_size=batch_size,
@@ -362,9 +352,10 @@ def calibrate(
                 provider=provider,
                 executor=executor,
             )
-            clipping[AUTO] = clip_flags(stats_file, built[AUTO], clip_warn, known=built)
-    tables = {m: built[m] for m in method_list}
-    clipping = {m: clipping[m] for m in method_list}
+            auto = found or auto
+        clipping = {
+            m: clip_flags(stats_file, t, clip_warn, known=tables) for m, t in tables.items()
+        }
     for m, flags in clipping.items():
         if text := clip_warning(flags, clip_warn, m):
             warn(text)
