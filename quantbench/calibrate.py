@@ -14,7 +14,6 @@ from pathlib import Path
 
 from quantbench import calibrators as registry
 from quantbench.autocalib import AUTO, AutoTable, choose_auto
-from quantbench.backends.onnxruntime import CPU_PROVIDER, resolve_provider
 from quantbench.clipguard import (
     DEFAULT_CLIP_WARN,
     ClipFlag,
@@ -35,7 +34,6 @@ from quantbench.table import CalibrationTable
 from quantbench.table.build import build_table, nonfinite_report
 from quantbench.table.codecs import FORMAT_SUFFIX, encode_table
 from quantbench.table.trt_cache import DEFAULT_TRT_VERSION, check_cache_target
-from quantbench.tableworkers import TableWorkers
 
 __all__ = ["AUTO", "build_table", "calibrate", "obtain_stats", "CalibrationResult"]
 
@@ -315,55 +313,49 @@ def calibrate(
         )
     graph = model if isinstance(model, Graph) else open_graph(model)
     mode = tensors or default_tensors_mode(fmt)
-    calibrated = calibration_tensors(graph, mode)  # a bad --tensors fails here
+    calibration_tensors(graph, mode)  # a bad --tensors fails here
     targets = _output_targets(graph, method_list, output, fmt)
     if save_stats is not None:
         check_output_path(save_stats)
-    with TableWorkers([m for m in method_list if m != AUTO], len(calibrated)) as workers:
-
-        def before_inference() -> None:
-            checks.wait()
-            if _host_idle_during_inference(provider, executor):
-                workers.start()  # they warm up while this process infers
-
-        stats_file, stats_path, from_cache = obtain_stats(
-            graph,
-            data,
-            tensors=mode,
-            stats=stats,
-            merge=merge,
-            batch_size=batch_size,
-            max_samples=max_samples,
-            preset=preset,
-            provider=provider,
-            use_cache=use_cache,
-            show_progress=show_progress,
-            executor=executor,
-            before_inference=before_inference,
-        )
-        checks.wait()  # statistics from a file or the cache: no inference ran, the check holds
-        if save_stats is not None:
-            stats_path = stats_file.save(save_stats)
-        for line in nonfinite_report(stats_file):
-            warn(line)
-        auto = None
-        with settled():  # the tables and the clip check read each tensor's histograms once
-            built, clipping = workers.tables(stats_file, clip_warn)
-            if AUTO in method_list:
-                built[AUTO], auto = method_table(
-                    graph,
-                    stats_file,
-                    AUTO,
-                    data,
-                    holdout_data,
-                    batch_size=batch_size,
-                    preset=preset,
-                    provider=provider,
-                    executor=executor,
-                )
-                clipping[AUTO] = clip_flags(stats_file, built[AUTO], clip_warn, known=built)
-    tables = {m: built[m] for m in method_list}
-    clipping = {m: clipping[m] for m in method_list}
+    stats_file, stats_path, from_cache = obtain_stats(
+        graph,
+        data,
+        tensors=mode,
+        stats=stats,
+        merge=merge,
+        batch_size=batch_size,
+        max_samples=max_samples,
+        preset=preset,
+        provider=provider,
+        use_cache=use_cache,
+        show_progress=show_progress,
+        executor=executor,
+        before_inference=checks.wait,
+    )
+    checks.wait()  # statistics from a file or the cache: no inference ran, the check still holds
+    if save_stats is not None:
+        stats_path = stats_file.save(save_stats)
+    for line in nonfinite_report(stats_file):
+        warn(line)
+    tables: dict[str, CalibrationTable] = {}
+    auto = None
+    with settled():  # the tables and the clip check read each tensor's histograms once
+        for m in method_list:
+            tables[m], found = method_table(
+                graph,
+                stats_file,
+                m,
+                data,
+                holdout_data,
+                batch_size=batch_size,
+                preset=preset,
+                provider=provider,
+                executor=executor,
+            )
+            auto = found or auto
+        clipping = {
+            m: clip_flags(stats_file, t, clip_warn, known=tables) for m, t in tables.items()
+        }
     for m, flags in clipping.items():
         if text := clip_warning(flags, clip_warn, m):
             warn(text)
@@ -385,14 +377,6 @@ def calibrate(
         untyped_tensors(graph),
         clip_warn,
     )
-
-
-def _host_idle_during_inference(provider: str | None, executor: ExecutorSpec | None) -> bool:
-    """Whether this process's host cores wait while inference runs: a GPU (or other non-CPU)
-    provider in this process, not the CPU provider and not shards on worker processes."""
-    if not provider or (executor is not None and not executor.is_local):
-        return False
-    return resolve_provider(provider) != CPU_PROVIDER
 
 
 def _output_targets(

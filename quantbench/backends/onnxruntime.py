@@ -21,7 +21,6 @@ import onnx
 from quantbench import customops
 from quantbench.errors import InternalError, QuantbenchError, first_line
 
-CPU_PROVIDER = "CPUExecutionProvider"
 _PROVIDER_ALIASES = {
     "cpu": "CPUExecutionProvider",
     "cuda": "CUDAExecutionProvider",
