@@ -140,6 +140,17 @@ CASES: dict[str, Any] = {
     "dwr_odd_k3_c5": ConvSpec(1, 5, 8, 16, 5, (3, 3), pads=(1,) * 4, group=5, bias_mode=S),
     "dwr_odd_k5_c3_s2": ConvSpec(2, 3, 16, 16, 3, (5, 5), (2, 2), (2,) * 4, group=3),
     "dwr_odd_k7_pb_w12": ConvSpec(3, 1, 12, 12, 1, (7, 7), (1, 1), (3,) * 4, (1, 1), 1, True, PB),
+    # depthwise_rows storing each output row as soon as it is summed (rows_stream): a thread's
+    # last rows past the image (Ho = 13, 12, 9, 14: not a multiple of its 7 rows), the last
+    # thread of a row with fewer than V outputs (Wo = 52, 30, 20, 14 against V = 8, 4, 4, 8),
+    # uneven top/bottom pads, per-batch weights whose filters start at every byte offset in a
+    # word (7 channels of 9 bytes), and 5 x 7 planes over blocks of several planes.
+    "dws_k3_pb_w52_h13": ConvSpec(3, 7, 13, 52, 7, (3, 3), (1, 1), (1,) * 4, (1, 1), 7, True, PB),
+    "dws_k5_s2_w60_h23": ConvSpec(
+        2, 6, 23, 60, 6, (5, 5), (2, 2), (1, 2, 3, 2), group=6, bias_mode=S
+    ),
+    "dws_k7_w20_h9_pb": ConvSpec(5, 7, 9, 20, 7, (7, 7), (1, 1), (2, 3, 4, 3), (1, 1), 7, True, S),
+    "dws_k3_s2_w28_h29": ConvSpec(2, 10, 29, 28, 10, (3, 3), (2, 2), (0, 1, 1, 1), group=10),
 }
 MODES = ("f32", "f16", "int8_i8", "int8_f32", "int8_tie")
 

@@ -684,9 +684,13 @@ __global__ void __launch_bounds__(kMaxThreads) depthwise_tiled_kernel(TIn const*
 // the row pitch allows. The next plane's filter and bias are fetched while the current one is
 // computed (INT8, FP16 3x3). INT8 keeps the bytes packed and forms each output's 4-tap windows
 // with byte permutes, so one dp4a does 4 multiply-adds (filter rows padded with zero taps to a
-// multiple of 4, packed from aligned words with funnel shifts); its epilogue requantizes in
-// fixed point with an exactness check (StoreI8ToI8::rows_store). FP16 is widened to float32 as
-// it is read from shared memory.
+// multiple of 4: the filter's words shifted to byte 0 by funnel shifts, then one byte permute
+// per packed word); its epilogue requantizes in fixed point with an exactness check
+// (StoreI8ToI8::rows_store). INT8 also stores each output row as soon as it is summed
+// (rows_stream: only the rows still being summed keep accumulators), reads each input row's
+// words one row ahead (DWCONV2D_ROWS_PREFETCH_I8), and skips the rows past the image without a
+// branch (rows_pred_rows, also FP16). FP16 is widened to float32
+// as it is read from shared memory.
 
 constexpr int kRowsR = 7;            // output rows per thread (7 * 2^k is a common plane size)
 constexpr int kRowsMaxThreads = 512; // per block with V = 4 (DWCONV2D_ROWS_MAX_THREADS_NARROW with V = 8)
@@ -705,12 +709,18 @@ constexpr int kRowsAheadBytes = DWCONV2D_ROWS_AHEAD_BYTES; // input bytes in fli
 #endif
 constexpr int kRowsAheadBytes3x3 = DWCONV2D_ROWS_AHEAD_BYTES_3X3; // 3x3: more (measured)
 // Shared memory a block may use for several planes (above 48 KiB: opt-in, launch_rows_ks), and
-// whether plan_rows prefers plane counts that fill whole warps (see plan_rows).
+// whether plan_rows prefers plane counts that fill whole warps (see plan_rows). INT8 5x5 / 7x7
+// (_I8_LARGE) have their own: 96 KiB and whole warps, measured faster there (7x7 stride 1:
+// 28.1 against 31.3 us, 5x5 stride 2: 22.2 against 22.6 us on the H200) and slower for FP32, FP16
+// and INT8 3x3.
 #ifndef DWCONV2D_ROWS_PPB_SMEM
 #define DWCONV2D_ROWS_PPB_SMEM (48 * 1024)
 #endif
 #ifndef DWCONV2D_ROWS_PPB_SMEM_F32
 #define DWCONV2D_ROWS_PPB_SMEM_F32 DWCONV2D_ROWS_PPB_SMEM
+#endif
+#ifndef DWCONV2D_ROWS_PPB_SMEM_I8_LARGE
+#define DWCONV2D_ROWS_PPB_SMEM_I8_LARGE (96 * 1024)
 #endif
 #ifndef DWCONV2D_ROWS_FULL_WARPS
 #define DWCONV2D_ROWS_FULL_WARPS 0
@@ -718,14 +728,22 @@ constexpr int kRowsAheadBytes3x3 = DWCONV2D_ROWS_AHEAD_BYTES_3X3; // 3x3: more (
 #ifndef DWCONV2D_ROWS_FULL_WARPS_F32
 #define DWCONV2D_ROWS_FULL_WARPS_F32 DWCONV2D_ROWS_FULL_WARPS
 #endif
-// per element size: FP32 (_F32) and the narrow types
-constexpr int rows_ppb_smem(int elem)
+#ifndef DWCONV2D_ROWS_FULL_WARPS_I8_LARGE
+#define DWCONV2D_ROWS_FULL_WARPS_I8_LARGE 1
+#endif
+// per element size and kernel size: FP32 (_F32), INT8 5x5 / 7x7 (_I8_LARGE), else the narrow types
+constexpr int rows_ppb_smem(int elem, int ks)
 {
-    return elem == 4 ? DWCONV2D_ROWS_PPB_SMEM_F32 : DWCONV2D_ROWS_PPB_SMEM;
+    return elem == 4 ? DWCONV2D_ROWS_PPB_SMEM_F32
+        : elem == 1 && ks != 3 ? DWCONV2D_ROWS_PPB_SMEM_I8_LARGE
+                               : DWCONV2D_ROWS_PPB_SMEM;
 }
-constexpr bool rows_full_warps(int elem)
+constexpr bool rows_full_warps(int elem, int ks)
 {
-    return (elem == 4 ? DWCONV2D_ROWS_FULL_WARPS_F32 : DWCONV2D_ROWS_FULL_WARPS) != 0;
+    return (elem == 4 ? DWCONV2D_ROWS_FULL_WARPS_F32
+               : elem == 1 && ks != 3 ? DWCONV2D_ROWS_FULL_WARPS_I8_LARGE
+                                      : DWCONV2D_ROWS_FULL_WARPS)
+        != 0;
 }
 
 __host__ __device__ constexpr int floor_div4(int v)
@@ -775,6 +793,61 @@ __host__ __device__ constexpr int rows_r(int elem, int ks)
     return elem == 4 || ks == 7 ? kRowsR
         : ks == 3               ? (elem == 1 ? DWCONV2D_ROWS_R_I8 : DWCONV2D_ROWS_R_F16)
                                 : (elem == 1 ? DWCONV2D_ROWS_R5_I8 : DWCONV2D_ROWS_R5_F16);
+}
+
+// Whether a thread stores each output row as soon as its last input row has been summed (inside
+// the row loop), rather than all R rows after it: the same arithmetic and stores in another order,
+// but only the accumulators of the (KS + S - 1) / S rows still being summed are live instead of
+// all R * V (INT8 -> INT8 3x3 alone: 96 registers instead of 116, 5 blocks of 112 threads per
+// multiprocessor instead of 4; with the row prefetch and predicated rows below, which use the
+// registers it frees, 118, and faster still: see README "What has been verified"). Measured on
+// the H200: INT8 as fast or faster on every timed shape, FP16 and FP32 no faster, so on for INT8
+// only. Compile-time knobs per element size: DWCONV2D_ROWS_STREAM_I8, _F16, _F32 (0: all rows
+// after the loop, the previous order).
+#ifndef DWCONV2D_ROWS_STREAM_I8
+#define DWCONV2D_ROWS_STREAM_I8 1
+#endif
+#ifndef DWCONV2D_ROWS_STREAM_F16
+#define DWCONV2D_ROWS_STREAM_F16 0
+#endif
+#ifndef DWCONV2D_ROWS_STREAM_F32
+#define DWCONV2D_ROWS_STREAM_F32 0
+#endif
+// INT8: read each input row's words one row ahead (1, measured faster with rows_stream) or where
+// they are used (0).
+#ifndef DWCONV2D_ROWS_PREFETCH_I8
+#define DWCONV2D_ROWS_PREFETCH_I8 1
+#endif
+// Rows past the image: skipped by a branch per row (0) or stored with nothing to store (1), per
+// element size (_I8, _F16, _F32; DWCONV2D_ROWS_PRED_ROWS sets all three): 1 measured faster for
+// INT8 and FP16 (fewer branches and reconvergence points per row), slower for FP32 3x3.
+#ifdef DWCONV2D_ROWS_PRED_ROWS
+#define DWCONV2D_ROWS_PRED_ROWS_I8 DWCONV2D_ROWS_PRED_ROWS
+#define DWCONV2D_ROWS_PRED_ROWS_F16 DWCONV2D_ROWS_PRED_ROWS
+#define DWCONV2D_ROWS_PRED_ROWS_F32 DWCONV2D_ROWS_PRED_ROWS
+#endif
+#ifndef DWCONV2D_ROWS_PRED_ROWS_I8
+#define DWCONV2D_ROWS_PRED_ROWS_I8 1
+#endif
+#ifndef DWCONV2D_ROWS_PRED_ROWS_F16
+#define DWCONV2D_ROWS_PRED_ROWS_F16 1
+#endif
+#ifndef DWCONV2D_ROWS_PRED_ROWS_F32
+#define DWCONV2D_ROWS_PRED_ROWS_F32 0
+#endif
+__host__ __device__ constexpr bool rows_pred_rows(int elem)
+{
+    return (elem == 1 ? DWCONV2D_ROWS_PRED_ROWS_I8
+               : elem == 2 ? DWCONV2D_ROWS_PRED_ROWS_F16
+                           : DWCONV2D_ROWS_PRED_ROWS_F32)
+        != 0;
+}
+__host__ __device__ constexpr bool rows_stream(int elem)
+{
+    return (elem == 1 ? DWCONV2D_ROWS_STREAM_I8
+               : elem == 2 ? DWCONV2D_ROWS_STREAM_F16
+                           : DWCONV2D_ROWS_STREAM_F32)
+        != 0;
 }
 
 __host__ __device__ constexpr int rows_max_threads(int elem, int ks)
@@ -957,6 +1030,42 @@ __host__ __device__ constexpr int rows_min_blocks(int elem, int ks)
                      : (ks == 3 ? DWCONV2D_ROWS_MIN_BLOCKS_3X3 : 1);
 }
 
+// The NFW aligned words from w32 that hold an INT8 filter's bytes sh0 .. end - 1, for a filter
+// whose words do not all lie inside the weight tensor (see fetch in depthwise_rows_kernel): words
+// wholly inside the filter are read as words, the (at most two) that straddle its ends byte by
+// byte from the filter's own bytes (zero elsewhere).
+template <int NFW>
+__device__ __noinline__ Words<NFW> rows_filter_edge(uint32_t const* w32, int32_t sh0, int32_t end)
+{
+    Words<NFW> out;
+#pragma unroll
+    for (int i = 0; i < NFW; ++i)
+    {
+        uint32_t word = 0U;
+        if (4 * i < end)
+        {
+            if (4 * i >= sh0 && 4 * i + 4 <= end)
+            {
+                word = __ldg(w32 + i);
+            }
+            else
+            {
+                auto const* const wb = reinterpret_cast<unsigned char const*>(w32 + i);
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                {
+                    if (4 * i + q >= sh0 && 4 * i + q < end)
+                    {
+                        word |= static_cast<uint32_t>(__ldg(wb + q)) << (8 * q);
+                    }
+                }
+            }
+        }
+        out.w[i] = word;
+    }
+    return out;
+}
+
 template <int KS, int S, class TIn, class TB, class Store>
 __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn)), KS),
     rows_min_blocks(static_cast<int>(sizeof(TIn)), KS))
@@ -971,6 +1080,9 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
     constexpr int LPAD = 16 / static_cast<int>(sizeof(TIn));
     constexpr int G = (KS + 3) / 4;      // 4-tap groups per filter row (INT8)
     constexpr int NR = (R - 1) * S + KS; // input rows per thread
+    constexpr bool kStream = rows_stream(static_cast<int>(sizeof(TIn))); // see rows_stream()
+    constexpr bool kPrefetch = DWCONV2D_ROWS_PREFETCH_I8 != 0;            // INT8: see load_row below
+    constexpr bool kPredRows = rows_pred_rows(static_cast<int>(sizeof(TIn))); // see store_row below
     extern __shared__ __align__(16) unsigned char smem_raw[];
 
     int32_t const t = static_cast<int32_t>(threadIdx.x);
@@ -1084,30 +1196,25 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
             // end, or before its start when w is not 4-byte aligned) is ever read.
             auto const a0 = addr & ~uintptr_t{3};
             bool const inside = a0 >= w_lo && a0 + 4 * static_cast<uintptr_t>((end + 3) / 4) <= w_hi;
-#pragma unroll
-            for (int i = 0; i < NFW; ++i)
+            if (!ok || inside)
             {
-                uint32_t word = 0U;
-                if (ok && 4 * i < end)
-                {
-                    if (inside || (4 * i >= f.sh0 && 4 * i + 4 <= end))
-                    {
-                        word = __ldg(w32 + i);
-                    }
-                    else
-                    {
-                        auto const* const wb = reinterpret_cast<unsigned char const*>(w32 + i);
+                // the common case: whole words, predicated loads, no branch per word
 #pragma unroll
-                        for (int q = 0; q < 4; ++q)
-                        {
-                            if (4 * i + q >= f.sh0 && 4 * i + q < end)
-                            {
-                                word |= static_cast<uint32_t>(__ldg(wb + q)) << (8 * q);
-                            }
-                        }
-                    }
+                for (int i = 0; i < NFW; ++i)
+                {
+                    f.raw[i] = ok && 4 * i < end ? __ldg(w32 + i) : 0U;
                 }
-                f.raw[i] = word;
+            }
+            else
+            {
+                // at most the first and the last filter of the tensor: out of line (rare; its
+                // per-byte branches would otherwise sit in every plane's fetch)
+                Words<NFW> const e = rows_filter_edge<NFW>(w32, f.sh0, end);
+#pragma unroll
+                for (int i = 0; i < NFW; ++i)
+                {
+                    f.raw[i] = e.w[i];
+                }
             }
         }
         else
@@ -1160,6 +1267,24 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
                 acc[i][j] = Acc(Store::kAccBias); // see StoreI8ToI8::kAccBias (0 for the others)
             }
         }
+        // Output row i of this thread, once summed (rows_stream(): inside the row loop below, as
+        // soon as input row i * S + KS - 1 is done; else all rows after it).
+        int64_t const y0 = (static_cast<int64_t>(plane) * s.Ho + orow0) * s.Wo + col0;
+        // A row past the image (orow0 + i >= Ho) is skipped by a branch, or (rows_pred_rows) stored
+        // with count 0, i.e. none of its pieces (see store_row_bytes), with no branch of its own.
+        auto store_row = [&](int i, auto const& ctx) {
+            if constexpr (kPredRows)
+            {
+                int const n = orow0 + i < s.Ho ? count : 0;
+                store.template rows_store<V>(y0 + static_cast<int64_t>(i) * s.Wo, acc[i], ctx, pl.out_chunk, n);
+            }
+            else if (orow0 + i < s.Ho)
+            {
+                store.template rows_store<V>(y0 + static_cast<int64_t>(i) * s.Wo, acc[i], ctx, pl.out_chunk, count);
+            }
+        };
+        // rows_stream(): whether input row r completes an output row (KS - 1 + i * S for row i).
+        auto row_done = [](int r) { return r >= KS - 1 && (r - (KS - 1)) % S == 0; };
 
         if constexpr (kInt8)
         {
@@ -1171,7 +1296,19 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
             if (active)
             {
                 // The filter rows packed into 4-tap words (zero taps past KS): the bytes of
-                // row kh, group g start at byte sh0 + c (c = kh * KS + 4 g) of raw[].
+                // row kh, group g start at byte c = kh * KS + 4 g of the filter, i.e. at byte
+                // sh0 + c of raw[]. raw[] is first shifted down by sh0 bytes (al[i]: filter bytes
+                // 4 i .. 4 i + 3, one funnel shift each), so that every word is then one byte
+                // permute with a constant selector (none where c % 4 == 0) plus the mask of its
+                // zero taps: about 2 instructions a word instead of 5 (two selects on sh0, a
+                // funnel shift, the mask), 9 words per plane and thread at 3x3.
+                constexpr int NAL = (KS * (KS - 1) + 4 * (G - 1)) / 4 + 2; // < NFW: raw[i + 1] exists
+                uint32_t al[NAL];
+#pragma unroll
+                for (int i = 0; i < NAL; ++i)
+                {
+                    al[i] = __funnelshift_r(cur.raw[i], cur.raw[i + 1], 8 * cur.sh0);
+                }
                 uint32_t wk[KS * G];
 #pragma unroll
                 for (int kh = 0; kh < KS; ++kh)
@@ -1181,25 +1318,51 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
                     {
                         constexpr uint32_t kAll = 0xFFFFFFFFU;
                         int const c = kh * KS + 4 * g;
-                        bool const up = cur.sh0 + (c & 3) >= 4; // the window starts one word later
-                        uint32_t const lo = up ? cur.raw[c / 4 + 1] : cur.raw[c / 4];
-                        uint32_t const hi = up ? cur.raw[c / 4 + 2] : cur.raw[c / 4 + 1];
-                        uint32_t const word = __funnelshift_r(lo, hi, 8 * ((cur.sh0 + c) & 3));
+                        uint32_t const word = c % 4 == 0
+                            ? al[c / 4]
+                            : __byte_perm(al[c / 4], al[c / 4 + 1], 0x3210U + 0x1111U * static_cast<uint32_t>(c % 4));
                         int const valid = KS - 4 * g;
                         wk[kh * G + g] = valid >= 4 ? word : word & (kAll >> (32 - 8 * valid));
                     }
                 }
                 unsigned char const* const base
                     = reinterpret_cast<unsigned char const*>(tile) + (ty * R * S) * pl.P + LPAD + col0 * S;
-#pragma unroll
-                for (int r = 0; r < NR; ++r)
-                {
+                [[maybe_unused]] auto const ctx = store.rows_plane(cur.bias);
+                // The words of input row r (kPrefetch, DWCONV2D_ROWS_PREFETCH_I8: read one row
+                // ahead, so that the shared-memory latency of row r + 1 hides behind row r's dp4a
+                // and stores).
+                auto load_row = [&](int r, uint32_t(&wd)[NW]) {
                     uint32_t const* const rw = reinterpret_cast<uint32_t const*>(base + r * pl.P) + WLO;
-                    uint32_t wd[NW];
 #pragma unroll
                     for (int i = 0; i < NW; ++i)
                     {
                         wd[i] = rw[i];
+                    }
+                };
+                [[maybe_unused]] uint32_t ahead[NW];
+                if constexpr (kPrefetch)
+                {
+                    load_row(0, ahead);
+                }
+#pragma unroll
+                for (int r = 0; r < NR; ++r)
+                {
+                    uint32_t wd[NW];
+                    if constexpr (kPrefetch)
+                    {
+#pragma unroll
+                        for (int i = 0; i < NW; ++i)
+                        {
+                            wd[i] = ahead[i];
+                        }
+                        if (r + 1 < NR)
+                        {
+                            load_row(r + 1, ahead);
+                        }
+                    }
+                    else
+                    {
+                        load_row(r, wd);
                     }
 #pragma unroll
                     for (int j = 0; j < V; ++j)
@@ -1224,6 +1387,13 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
                             }
                         }
                     }
+                    if constexpr (kStream)
+                    {
+                        if (row_done(r))
+                        {
+                            store_row((r - (KS - 1)) / S, ctx);
+                        }
+                    }
                 }
             }
         }
@@ -1243,6 +1413,7 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
                     wr[i] = Traits<TIn>::load(cur.wt[i]);
                 }
                 TIn const* const base = tile + (ty * R * S) * pl.P + LPAD + col0 * S;
+                [[maybe_unused]] auto const ctx = store.rows_plane(cur.bias);
 #pragma unroll
                 for (int r = 0; r < NR; ++r)
                 {
@@ -1270,20 +1441,26 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
                             }
                         }
                     }
+                    if constexpr (kStream)
+                    {
+                        if (row_done(r))
+                        {
+                            store_row((r - (KS - 1)) / S, ctx);
+                        }
+                    }
                 }
             }
         }
 
-        if (active)
+        if constexpr (!kStream)
         {
-            auto const ctx = store.rows_plane(cur.bias);
-            int64_t const y0 = (static_cast<int64_t>(plane) * s.Ho + orow0) * s.Wo + col0;
-#pragma unroll
-            for (int i = 0; i < R; ++i)
+            if (active)
             {
-                if (orow0 + i < s.Ho)
+                auto const ctx = store.rows_plane(cur.bias);
+#pragma unroll
+                for (int i = 0; i < R; ++i)
                 {
-                    store.template rows_store<V>(y0 + static_cast<int64_t>(i) * s.Wo, acc[i], ctx, pl.out_chunk, count);
+                    store_row(i, ctx);
                 }
             }
         }
@@ -2154,13 +2331,13 @@ bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out)
     {
         --stages;
     }
-    int64_t PPB = std::max<int64_t>(1,
-        std::min<int64_t>({max_threads / TXY, std::max<int64_t>(rows_ppb_smem(elem), kSmemBudget) / (stages * slice(TY)), planes}));
+    int64_t const ppb_smem = std::max<int64_t>(rows_ppb_smem(elem, ks), kSmemBudget);
+    int64_t PPB = std::max<int64_t>(1, std::min<int64_t>({max_threads / TXY, ppb_smem / (stages * slice(TY)), planes}));
     while (PPB > 1 && (planes + PPB - 1) / PPB * bands < kRowsMinBlocks)
     {
         --PPB;
     }
-    if (rows_full_warps(elem))
+    if (rows_full_warps(elem, ks))
     {
         // lanes used / lanes of the warps started, as a fraction p / q compared exactly
         int64_t best = PPB;
@@ -2299,6 +2476,28 @@ inline int widest_row_load(ConvShape const& s, int in_elem, void const* x)
     return 0;
 }
 
+// The (kernel size, stride) pairs that depthwise_rows and depthwise_mma are instantiated for, one
+// switch for both launchers: calls launch(ks, st) with std::integral_constant arguments (their
+// ::value the template arguments) for a square 3x3/5x5/7x7 kernel of stride 1 or 2, and returns
+// false (launch not called) for any other shape.
+template <int V>
+using IntC = std::integral_constant<int, V>;
+
+template <class Launch>
+bool dispatch_ks_stride(ConvShape const& s, Launch&& launch)
+{
+    switch (s.kH * 10 + s.sh)
+    {
+    case 31: launch(IntC<3>{}, IntC<1>{}); return true;
+    case 32: launch(IntC<3>{}, IntC<2>{}); return true;
+    case 51: launch(IntC<5>{}, IntC<1>{}); return true;
+    case 52: launch(IntC<5>{}, IntC<2>{}); return true;
+    case 71: launch(IntC<7>{}, IntC<1>{}); return true;
+    case 72: launch(IntC<7>{}, IntC<2>{}); return true;
+    default: return false;
+    }
+}
+
 // Plans and launches depthwise_rows for these pointers; false (nothing launched) when the shape or
 // the pointers' alignment does not allow it, and the caller takes the tiled path.
 template <class TIn, class TB, class Store>
@@ -2317,18 +2516,9 @@ bool launch_rows(TIn const* x, TIn const* w, TB const* b, Store store, void cons
         return false;
     }
     pl.out_chunk = rows_out_chunk(rows_v(in_elem, s.kH) * out_elem, out_elem, s.Wo, y);
-    int const key = s.kH * 10 + s.sh;
-    switch (key)
-    {
-    case 31: *status = launch_rows_ks<3, 1>(x, w, b, store, s, pl, stream); break;
-    case 32: *status = launch_rows_ks<3, 2>(x, w, b, store, s, pl, stream); break;
-    case 51: *status = launch_rows_ks<5, 1>(x, w, b, store, s, pl, stream); break;
-    case 52: *status = launch_rows_ks<5, 2>(x, w, b, store, s, pl, stream); break;
-    case 71: *status = launch_rows_ks<7, 1>(x, w, b, store, s, pl, stream); break;
-    case 72: *status = launch_rows_ks<7, 2>(x, w, b, store, s, pl, stream); break;
-    default: return false;
-    }
-    return true;
+    return dispatch_ks_stride(s, [&](auto ks, auto st) {
+        *status = launch_rows_ks<decltype(ks)::value, decltype(st)::value>(x, w, b, store, s, pl, stream);
+    });
 }
 
 // depthwise_mma: the plan for element size `elem` (2 or 1) with `load_bytes` copies; false when
@@ -2442,17 +2632,9 @@ bool launch_mma(TIn const* x, TIn const* w, TB const* b, Store store, void const
             return false;
         }
         pl.out_chunk = rows_out_chunk(4 * out_elem, out_elem, s.Wo, y);
-        switch (s.kH * 10 + s.sh)
-        {
-        case 31: *status = launch_mma_ks<3, 1>(x, w, b, store, s, pl, stream); break;
-        case 32: *status = launch_mma_ks<3, 2>(x, w, b, store, s, pl, stream); break;
-        case 51: *status = launch_mma_ks<5, 1>(x, w, b, store, s, pl, stream); break;
-        case 52: *status = launch_mma_ks<5, 2>(x, w, b, store, s, pl, stream); break;
-        case 71: *status = launch_mma_ks<7, 1>(x, w, b, store, s, pl, stream); break;
-        case 72: *status = launch_mma_ks<7, 2>(x, w, b, store, s, pl, stream); break;
-        default: return false;
-        }
-        return true;
+        return dispatch_ks_stride(s, [&](auto ks, auto st) {
+            *status = launch_mma_ks<decltype(ks)::value, decltype(st)::value>(x, w, b, store, s, pl, stream);
+        });
     }
 }
 
@@ -3658,7 +3840,8 @@ int mma_mode()
 // element types on which depthwise_mma was measured faster than depthwise_rows on the H200 (N=32,
 // tests/gpu/run_gpu_checks.py, see README.md): 7x7 stride 1 in FP16 (C=384, 28x28: 34.9 against
 // 38.1 us). INT8 7x7 stride 1 is not in it: 31.5 us on depthwise_rows against 34.0 on
-// depthwise_mma since depthwise_rows' copy loop was tightened (it was 33.4 against 36.5 before).
+// depthwise_mma since depthwise_rows' copy loop was tightened (it was 33.4 against 36.5 before),
+// 26.7 since its INT8 rows are streamed and its 5x5/7x7 blocks fill whole warps.
 // depthwise_mma was slower at 3x3 stride 1 and 5x5 stride 2 (1.4-1.7x), and 3x3 stride 2, 5x5
 // stride 1 and 7x7 stride 2 were not measured, so they stay on depthwise_rows. elem: 2 (FP16) or
 // 1 (INT8).
