@@ -15,6 +15,7 @@ from quantbench.metrics import (
     AgreementAccumulator,
     agreement_kind,
     channels_first_outputs,
+    class_axis_doubts,
     declared_output_kinds,
 )
 
@@ -89,3 +90,106 @@ def test_compare_does_not_report_agreement_for_a_probability_map(run_cli, tmp_pa
         "--target", "top1_agreement=0.99", "-o", tmp_path / "rec",
     )  # fmt: skip
     assert code == 2 and "top1_agreement" in err and "one channel" in err
+
+
+def _head_model(nodes: list, out_shape: list, inits: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """x[N,T,8] -> ``nodes`` -> y, with float32 initializers ``inits``."""
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+W = {"w": np.ones((8, 5)), "v": np.ones((8, 3))}
+
+
+@pytest.mark.parametrize(
+    ("nodes", "shape", "doubt"),
+    [
+        # a CTC/token head: MatMul features, then a softmax over them
+        ([("MatMul", ["x", "w"], "t"), ("Softmax", ["t"], "y", {"axis": -1})], [0, 6, 5], ""),
+        ([("MatMul", ["x", "w"], "t"), ("Add", ["t", "b"], "y")], [0, 6, 5], ""),
+        # a softmax over the time axis says nothing of the last one; the MatMul under it does
+        ([("MatMul", ["x", "w"], "t"), ("Softmax", ["t"], "y", {"axis": 1})], [0, 6, 5], ""),
+        # two heads side by side along the last axis (YOLOv5: boxes | objectness | classes)
+        ([("MatMul", ["x", "w"], "a"), ("MatMul", ["x", "v"], "c"),
+          ("Concat", ["a", "c"], "y", {"axis": -1})], [0, 6, 8], "Concat along it"),
+        # ... and along another axis: the last one is still the MatMuls' features
+        ([("MatMul", ["x", "w"], "a"), ("MatMul", ["x", "w"], "c"),
+          ("Concat", ["a", "c"], "y", {"axis": 1})], [0, 12, 5], ""),
+        # [N, features, T] (YOLOv8's anchors-last layout): the last axis is the MatMul's time
+        ([("MatMul", ["x", "w"], "a"), ("Transpose", ["a"], "y", {"perm": [0, 2, 1]})],
+         [0, 5, 6], "whose features are its last axis"),
+        # a Transpose that moves the features last again
+        ([("MatMul", ["x", "w"], "a"), ("Transpose", ["a"], "b", {"perm": [0, 2, 1]}),
+          ("Transpose", ["b"], "y", {"perm": [0, 2, 1]})], [0, 6, 5], ""),
+        # a hidden state or an embedding
+        ([("LayerNormalization", ["x", "g"], "y", {"axis": -1})], [0, 6, 8],
+         "comes from LayerNormalization"),
+        ([("Identity", ["x"], "y")], [0, 6, 8], "graph input"),
+    ],
+)  # fmt: skip
+def test_the_last_axis_holds_classes_only_by_how_it_was_made(nodes, shape, doubt):
+    made = [
+        helper.make_node(op, ins, [out], **(extra[0] if extra else {}))
+        for op, ins, out, *extra in nodes
+    ]
+    inits = {**W, "b": np.zeros(5), "g": np.ones(8)}
+    model = _head_model(made, ["N", *shape[1:]], inits)
+    doubts = class_axis_doubts(model)
+    if doubt:
+        assert doubt in doubts["y"] and doubts["y"].startswith("its last axis may not hold")
+        kind, reason = declared_output_kinds(model)["y"]
+        assert kind is None and doubt in reason
+    else:
+        assert "y" not in doubts
+        assert declared_output_kinds(model)["y"][0] == "position"
+
+
+def test_a_detector_head_has_no_agreement_in_compare(run_cli, tmp_path):
+    """YOLO-like [N, 4 + classes, anchors]: Concat(boxes, Sigmoid(scores)) along axis 1 of
+    a Reshape of a convolution. An argmax over anchors (or over box coordinates and scores)
+    would be a meaningless 'agreement'; drift metrics stand."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((6, 3, 3, 3)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([0, 6, -1], dtype=np.int64), "shape")
+    starts, ends, axes = (
+        numpy_helper.from_array(np.array([v], dtype=np.int64), n)
+        for v, n in ((0, "s0"), (4, "e0"), (1, "ax"))
+    )
+    e1 = numpy_helper.from_array(np.array([6], dtype=np.int64), "e1")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Reshape", ["c", "shape"], ["r"]),
+        helper.make_node("Slice", ["r", "s0", "e0", "ax"], ["boxes"]),
+        helper.make_node("Slice", ["r", "e0", "e1", "ax"], ["logits"]),
+        helper.make_node("Sigmoid", ["logits"], ["scores"]),
+        helper.make_node("Concat", ["boxes", "scores"], ["y"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 64])],
+        [w, shape, starts, ends, axes, e1],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "det.onnx"
+    onnx.save(model, path)
+    data = tmp_path / "d.npz"
+    np.savez(data, x=rng.random((12, 3, 8, 8)).astype(np.float32))
+    out = tmp_path / "c.json"
+    args = ["--model", path, "--data", data, "--calib-data", data, "-m", "minmax"]
+    code, _, err = run_cli("compare", "fp32", "int8", *args, "--no-latency", "--json", out)
+    assert code == 0, err
+    row = json.loads(out.read_text())["outputs"][0]
+    assert row["agreement"] is None and row["sequence_agreement"] is None
+    assert "may not hold class scores" in row["agreement_note"]
+    assert row["sqnr_db"] is not None

@@ -42,6 +42,7 @@ from quantbench.metrics import (
     DriftAccumulator,
     OutputsAccumulator,
     channels_first_outputs,
+    class_axis_doubts,
     labels_accuracy_reason,
 )
 from quantbench.progress import progress_bar, warn
@@ -244,17 +245,20 @@ def run_comparison(
     ref_out = _output_names(graph.model)
     usable = not labels_accuracy_reason(labels)
     layout = channels_first_outputs(graph.model)
+    doubts = class_axis_doubts(graph.model)
     for side in sides:
         if metric_script is not None:
             side.script = metric_script.session()
         if side.runner is not None:
             pairing = _pair_outputs(ref_out, _output_names(side.candidate.model))
             side.outputs = OutputsAccumulator(
-                list(pairing), labels_usable=usable, channels_first=layout
+                list(pairing), labels_usable=usable, channels_first=layout, class_axis_doubt=doubts
             )
             side.pairing = pairing
     label_iter = _label_batches(labels)
-    acc_ref = OutputsAccumulator(ref_out, labels_usable=usable, channels_first=layout)
+    acc_ref = OutputsAccumulator(
+        ref_out, labels_usable=usable, channels_first=layout, class_axis_doubt=doubts
+    )
     seen = 0
     first_feed: Feed | None = None
     with progress_bar("Comparing", total=source.num_samples, show=show_progress) as advance:

@@ -28,6 +28,7 @@ from quantbench.metrics import (
     OutputsAccumulator,
     agreement_kind,
     channels_first_outputs,
+    class_axis_doubts,
     declared_output_kinds,
     labels_accuracy_reason,
     lower_is_better,
@@ -134,6 +135,8 @@ class Evaluator:
     outputs: list[str] = field(default_factory=list)
     #: outputs whose class axis is 1 (NCHW maps)
     channels_first: frozenset[str] = field(default_factory=frozenset)
+    #: outputs whose last axis may not hold classes, and why (metrics.class_axis_doubts)
+    class_axis_doubt: dict[str, str] = field(default_factory=dict)
     reference: list[dict[str, np.ndarray]] = field(default_factory=list)
     batch_labels: list[np.ndarray | None] = field(default_factory=list)
     evaluations: int = 0
@@ -141,6 +144,7 @@ class Evaluator:
     def __post_init__(self) -> None:
         self.outputs = [o.name for o in self.graph.model.graph.output]
         self.channels_first = channels_first_outputs(self.graph.model)
+        self.class_axis_doubt = class_axis_doubts(self.graph.model)
         if self.reference:  # a worker's copy: the driver's FP32 outputs, no second FP32 pass
             self.num_samples = self.source.num_samples or 0
             self.attach_script(self.script)
@@ -187,7 +191,9 @@ class Evaluator:
             return
         first = self.reference[0]
         kinds = {
-            o: agreement_kind(np.shape(first[o]), o, o in self.channels_first)
+            o: agreement_kind(
+                np.shape(first[o]), o, o in self.channels_first, self.class_axis_doubt.get(o, "")
+            )
             for o in self.outputs
         }
         reason = metric_support(metric, kinds, self.labels)
@@ -200,7 +206,11 @@ class Evaluator:
         raise QuantbenchError(f"{option} {metric}: {reason}")
 
     def _fp32_nonfinite(self) -> str:
-        acc = OutputsAccumulator(self.outputs, channels_first=self.channels_first)
+        acc = OutputsAccumulator(
+            self.outputs,
+            channels_first=self.channels_first,
+            class_axis_doubt=self.class_axis_doubt,
+        )
         for ref in self.reference:
             acc.update(ref, ref)
         texts = [
@@ -243,7 +253,10 @@ class Evaluator:
     def _score(self, candidate: Iterable[dict[str, np.ndarray]]) -> dict[str, float | None]:
         usable = not labels_accuracy_reason(self.labels)
         acc = OutputsAccumulator(
-            self.outputs, labels_usable=usable, channels_first=self.channels_first
+            self.outputs,
+            labels_usable=usable,
+            channels_first=self.channels_first,
+            class_axis_doubt=self.class_axis_doubt,
         )
         session = self.script.session() if self.script is not None else None
         for index, got in enumerate(candidate):  # the candidate drives: it checks its count
