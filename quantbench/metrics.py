@@ -336,62 +336,77 @@ def class_axis_doubts(model: Any) -> dict[str, str]:
     boxes and class scores, anchors last) or a hidden state ``[N, T, D]`` is none of these, and
     an argmax over it would report a meaningless "agreement" (on nudenet's YOLOv8: 0.42 where
     the output's SQNR is 27.7 dB)."""
-    producer = {out: node for node in model.graph.node for out in node.output}
-    constants = constant_tensors(model)
+    walk = _LastAxisWalk(
+        {out: node for node in model.graph.node for out in node.output}, constant_tensors(model)
+    )
     doubts = {}
     for value in model.graph.output:
-        rank = (
-            len(value.type.tensor_type.shape.dim)
-            if value.type.tensor_type.HasField("shape")
-            else None
-        )
-        why = _last_axis_doubt(value.name, -1, rank, producer, constants, 64)
-        if why:
+        t = value.type.tensor_type
+        rank = len(t.shape.dim) if t.HasField("shape") else None
+        if why := walk.doubt(value.name, -1, rank):
             doubts[value.name] = f"its last axis may not hold class scores: {why}"
     return doubts
 
 
-def _last_axis_doubt(
-    tensor: str,
-    axis: int,
-    rank: int | None,
-    producer: Mapping[str, Any],
-    constants: Collection[str],
-    depth: int,
-) -> str:
-    """'' when ``axis`` (negative, from the end) of ``tensor`` is a class axis by how it was
-    made (see :func:`class_axis_doubts`), else what made it instead."""
-    node = producer.get(tensor)
-    if node is None:
-        return "it comes from a graph input"
-    if depth <= 0:
-        return "its producers are too deep to follow"
-    op = node.op_type
-    if op in _FEATURES_LAST:
-        return "" if axis == -1 else f"it comes from {op}, whose features are its last axis"
-    if op in _NCHW_OPS:
-        if rank is not None and rank + axis == 1:
+@dataclass
+class _LastAxisWalk:
+    """Follows one axis of a tensor back through the ops that made it (each (tensor, axis)
+    once: a residual graph reaches the same tensors by many paths)."""
+
+    producer: Mapping[str, Any]
+    constants: Collection[str]
+    seen: dict[tuple[str, int], str] = field(default_factory=dict)
+
+    def doubt(self, tensor: str, axis: int, rank: int | None, depth: int = 64) -> str:
+        """'' when ``axis`` (negative, from the end) of ``tensor`` is a class axis by how it
+        was made, else what made it instead (the ops walked through, nearest first)."""
+        key = (tensor, axis)
+        if key not in self.seen:
+            self.seen[key] = self._doubt(tensor, axis, rank, depth)
+        return self.seen[key]
+
+    def _doubt(self, tensor: str, axis: int, rank: int | None, depth: int) -> str:
+        node = self.producer.get(tensor)
+        if node is None:
+            return "it comes from a graph input"
+        if depth <= 0:
+            return "its producers are too deep to follow"
+        op = node.op_type
+        if op in _FEATURES_LAST:
+            return "" if axis == -1 else f"it comes from {op}, whose features are its last axis"
+        if op in _NCHW_OPS:
+            if rank is not None and rank + axis == 1:
+                return ""
+            return f"it comes from {op}, whose classes would be on axis 1"
+        if op in ("Softmax", "LogSoftmax", "Hardmax") and _same_axis(
+            _softmax_axis(node), axis, rank
+        ):
             return ""
-        return f"it comes from {op}, whose classes would be on axis 1"
-    if op in ("Softmax", "LogSoftmax", "Hardmax") and _same_axis(_softmax_axis(node), axis, rank):
+        if op == "Transpose":
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            if not perm or not -len(perm) <= axis < 0:
+                return "it comes from a Transpose this check cannot follow"
+            inner = perm[len(perm) + axis] - len(perm)
+            return _through(op, self.doubt(node.input[0], inner, len(perm), depth - 1))
+        data = [i for i in node.input if i and i not in self.constants]
+        if op == "Concat":
+            cat = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if _same_axis(cat, axis, rank):
+                return "it is a Concat along it (several heads side by side)"
+        elif op not in _VALUEWISE or not data:
+            return f"it comes from {op}"
+        for source in data:
+            if why := self.doubt(source, axis, rank, depth - 1):
+                return _through(op, why)
         return ""
-    if op == "Transpose":
-        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-        if not perm:
-            return "it comes from a Transpose without perm"
-        inner = perm[len(perm) + axis] - len(perm)
-        return _last_axis_doubt(node.input[0], inner, len(perm), producer, constants, depth - 1)
-    data = [i for i in node.input if i and i not in constants]
-    if op == "Concat":
-        cat = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        if _same_axis(cat, axis, rank):
-            return "it is a Concat along it (several heads side by side)"
-    elif op not in _VALUEWISE or not data:
-        return f"it comes from {op}"
-    for source in data:
-        if why := _last_axis_doubt(source, axis, rank, producer, constants, depth - 1):
-            return why
-    return ""
+
+
+def _through(op: str, why: str) -> str:
+    """``why`` as seen from the op above it: ``it comes from Reshape (through Concat, Mul)``."""
+    if not why:
+        return ""
+    head, _, path = why.partition(" (through ")
+    return f"{head} (through {op}{', ' + path[:-1] if path else ''})"
 
 
 def _same_axis(attr: int, axis: int, rank: int | None) -> bool:
