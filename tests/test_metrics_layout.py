@@ -193,3 +193,15 @@ def test_a_detector_head_has_no_agreement_in_compare(run_cli, tmp_path):
     assert row["agreement"] is None and row["sequence_agreement"] is None
     assert "may not hold class scores" in row["agreement_note"]
     assert row["sqnr_db"] is not None
+
+
+def test_the_walk_visits_each_tensor_once_in_a_residual_graph():
+    """40 residual Adds over one MatMul: 2^40 paths, one tensor each level (finishes at once)."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["t0"])]
+    nodes += [helper.make_node("Add", [f"t{i}", f"t{i}"], [f"t{i + 1}"]) for i in range(40)]
+    nodes.append(helper.make_node("Identity", ["t40"], ["y"]))
+    model = _head_model(nodes, ["N", 6, 5], {"w": np.ones((8, 5))})
+    assert class_axis_doubts(model) == {}
+    nodes[0] = helper.make_node("Reshape", ["x", "s"], ["t0"])
+    model = _head_model(nodes, ["N", 6, 5], {"w": np.ones((8, 5)), "s": np.array([0, 6, 5])})
+    assert "Reshape (through Identity, Add" in class_axis_doubts(model)["y"]
