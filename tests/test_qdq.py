@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import synthetic
 from onnx import TensorProto, helper, numpy_helper
 
 from quantbench.errors import QuantbenchError
@@ -1021,3 +1022,30 @@ def test_gemm_qdq_output_matches_numpy_fake_quant():
     expected = _fake_quant(x, s_x).astype(np.float64) @ _fake_quant(wt, s_w[:, None]).T
     (got,) = run(q, {"x": x})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_one_graph_quantized_with_many_tables_is_upgraded_once(tmp_path, monkeypatch):
+    """auto and recover quantize one model with many tables: the opset upgrade (here 12 -> 13,
+    for per-channel weights) runs once per source graph, and every result is the one a fresh
+    graph gives."""
+    from quantbench.calibrate import calibrate
+    from quantbench.qdq import quantize as qz
+
+    path = synthetic.save(synthetic.small_cnn(opset=12), tmp_path / "m12.onnx")
+    np.savez(tmp_path / "d.npz", input=synthetic.images(16))
+    tables = calibrate(path, tmp_path / "d.npz", methods=["minmax", "mse"], show_progress=False)
+    tables = tables.tables
+    assert tables["minmax"].amaxes() != tables["mse"].amaxes()
+    fresh = {m: quantize_model(open_graph(path), t).model for m, t in tables.items()}
+    upgrades = []
+    real = qz.ensure_qdq_opset
+    monkeypatch.setattr(qz, "ensure_qdq_opset", lambda *a: upgrades.append(1) or real(*a))
+    graph = open_graph(path)
+    for m in ["minmax", "mse", "minmax"]:
+        result = quantize_model(graph, tables[m])
+        assert result.opset_from == 12 and result.opset_to == 13 and result.per_channel
+        assert result.model.SerializeToString() == fresh[m].SerializeToString()
+    assert len(upgrades) == 1
+    quantize_model(open_graph(path), tables["mse"])  # another graph: its own upgrade
+    quantize_model(graph, tables["mse"], per_channel=False)  # another form: its own too
+    assert len(upgrades) == 3

@@ -20,7 +20,7 @@ from quantbench.fileio import write_bytes_atomic
 from quantbench.graph import Graph, node_labels, open_graph
 from quantbench.qdq.embedded import embed_table
 from quantbench.qdq.insert import insert_qdq
-from quantbench.qdq.opset import ensure_qdq_opset
+from quantbench.qdq.opset import OpsetDecision, ensure_qdq_opset
 from quantbench.qdq.placement import (
     DEFAULT_OP_TYPES,
     Exclusions,
@@ -70,9 +70,8 @@ def quantize_model(
         model = stripped
     else:
         warnings += _check_provenance(source, table, allow_partial, label)
-    decision = ensure_qdq_opset(model, per_channel)
+    decision, g = _qdq_ready(graph_or_path, model, per_channel, requantize)
     warnings += decision.warnings
-    g = open_graph(decision.model, require_fixed_rank=False)
     options = PlacementOptions(op_types, exclude, decision.per_channel, quantize_residual)
     placement = plan_placement(g, table, options)
     warnings += _check_coverage(g, table, placement, allow_partial, label)
@@ -91,6 +90,35 @@ def quantize_model(
         per_channel=decision.per_channel,
         qdq_pairs=pairs,
     )
+
+
+#: the last source graph's Q/DQ-ready form: (source, its node and initializer counts,
+#: per_channel, requantize, the opset decision, the graph derived from it). ``--method auto`` and
+#: the recovery loop quantize one model with many tables or exclusion sets, and the opset upgrade
+#: (version_converter and the checker: 0.4 s a call on dddd-ocr's opset 12) and the graph's
+#: derivation (0.16 s) depend on neither; the source is held, so its identity is not reused.
+_READY: list[tuple[Graph, int, bool, bool, OpsetDecision, Graph]] = []
+
+
+def _qdq_ready(
+    source: object, model: onnx.ModelProto, per_channel: bool, requantize: bool
+) -> tuple[OpsetDecision, Graph]:
+    """:func:`ensure_qdq_opset` of ``model`` (the working copy of ``source``) and its graph,
+    computed once per source :class:`Graph` (a Graph's model is never changed in place; its
+    node and initializer counts are compared too, a cheap guard: ByteSize costs 75 ms)."""
+    size = _shape_of(source.model) if isinstance(source, Graph) else -1
+    for cached, cached_size, pc, rq, decision, g in _READY:
+        if cached is source and cached_size == size and (pc, rq) == (per_channel, requantize):
+            return decision, g
+    decision = ensure_qdq_opset(model, per_channel)
+    g = open_graph(decision.model, require_fixed_rank=False)
+    if isinstance(source, Graph):
+        _READY[:] = [(source, size, per_channel, requantize, decision, g)]
+    return decision, g
+
+
+def _shape_of(model: onnx.ModelProto) -> int:
+    return len(model.graph.node) * 2**32 + len(model.graph.initializer)
 
 
 def write_quantized(result: QuantizeResult, path: str | os.PathLike[str]) -> Path:
