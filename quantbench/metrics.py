@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx
 
 from quantbench.graph import constant_tensors
 
@@ -337,7 +338,9 @@ def class_axis_doubts(model: Any) -> dict[str, str]:
     an argmax over it would report a meaningless "agreement" (on nudenet's YOLOv8: 0.42 where
     the output's SQNR is 27.7 dB)."""
     walk = _LastAxisWalk(
-        {out: node for node in model.graph.node for out in node.output}, constant_tensors(model)
+        {out: node for node in model.graph.node for out in node.output},
+        constant_tensors(model),
+        _last_dims(model),
     )
     doubts = {}
     for value in model.graph.output:
@@ -355,6 +358,8 @@ class _LastAxisWalk:
 
     producer: Mapping[str, Any]
     constants: Collection[str]
+    #: tensor -> the static size of its last axis, where shape inference knows it
+    last_dims: Mapping[str, int]
     seen: dict[tuple[str, int], str] = field(default_factory=dict)
 
     def doubt(self, tensor: str, axis: int, rank: int | None, depth: int = 64) -> str:
@@ -389,6 +394,13 @@ class _LastAxisWalk:
             inner = perm[len(perm) + axis] - len(perm)
             return _through(op, self.doubt(node.input[0], inner, len(perm), depth - 1))
         data = [i for i in node.input if i and i not in self.constants]
+        if op in _RESHAPES and axis == -1 and data:
+            # [T*N, C] -> [T, N, C] (a CRNN's head after its Linear): the last axis goes through
+            # when its size is known and the same on both sides
+            size = self.last_dims.get(tensor)
+            if size is None or self.last_dims.get(data[0]) != size:
+                return f"it comes from {op}, which may not keep it"
+            return _through(op, self.doubt(data[0], axis, None, depth - 1))
         if op == "Concat":
             cat = next((a.i for a in node.attribute if a.name == "axis"), 0)
             if _same_axis(cat, axis, rank):
@@ -399,6 +411,30 @@ class _LastAxisWalk:
             if why := self.doubt(source, axis, rank, depth - 1):
                 return _through(op, why)
         return ""
+
+
+def _last_dims(model: Any) -> dict[str, int]:
+    """Tensor -> static size of its last axis, from the graph and ONNX shape inference (none
+    where inference fails, e.g. a model over 2 GiB)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+    except Exception:  # noqa: BLE001 - best effort: without sizes, reshapes stay in doubt
+        inferred = model.graph
+    dims = {}
+    for value in [*inferred.value_info, *inferred.input, *inferred.output]:
+        shape = value.type.tensor_type.shape
+        if value.type.tensor_type.HasField("shape") and shape.dim:
+            last = shape.dim[-1]
+            if last.HasField("dim_value") and last.dim_value > 0:
+                dims[value.name] = int(last.dim_value)
+    for init in model.graph.initializer:
+        if init.dims:
+            dims[init.name] = int(init.dims[-1])
+    return dims
+
+
+#: ops that only reshape: the last axis goes through them when its size stays the same
+_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
 
 def _through(op: str, why: str) -> str:

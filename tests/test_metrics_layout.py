@@ -129,6 +129,12 @@ W = {"w": np.ones((8, 5)), "v": np.ones((8, 3))}
         # a Transpose that moves the features last again
         ([("MatMul", ["x", "w"], "a"), ("Transpose", ["a"], "b", {"perm": [0, 2, 1]}),
           ("Transpose", ["b"], "y", {"perm": [0, 2, 1]})], [0, 6, 5], ""),
+        # a CRNN's head: Linear on [N*T, H], then back to [N, T, C]: the last axis goes through
+        ([("Reshape", ["x", "flat"], "f"), ("MatMul", ["f", "w"], "m"),
+          ("Reshape", ["m", "seq"], "y")], [0, 6, 5], ""),
+        # a reshape that splits the features: the last axis is a part of them
+        ([("MatMul", ["x", "w10"], "m"), ("Reshape", ["m", "split"], "y")], [0, 6, 2, 5],
+         "Reshape, which may not keep it"),
         # a hidden state or an embedding
         ([("LayerNormalization", ["x", "g"], "y", {"axis": -1})], [0, 6, 8],
          "comes from LayerNormalization"),
@@ -140,8 +146,12 @@ def test_the_last_axis_holds_classes_only_by_how_it_was_made(nodes, shape, doubt
         helper.make_node(op, ins, [out], **(extra[0] if extra else {}))
         for op, ins, out, *extra in nodes
     ]
-    inits = {**W, "b": np.zeros(5), "g": np.ones(8)}
+    inits = {**W, "b": np.zeros(5), "g": np.ones(8), "w10": np.ones((8, 10))}
+    shapes = {"flat": [-1, 8], "seq": [-1, 6, 5], "split": [-1, 6, 2, 5]}
     model = _head_model(made, ["N", *shape[1:]], inits)
+    model.graph.initializer.extend(
+        numpy_helper.from_array(np.array(v, dtype=np.int64), k) for k, v in shapes.items()
+    )
     doubts = class_axis_doubts(model)
     if doubt:
         assert doubt in doubts["y"] and doubts["y"].startswith("its last axis may not hold")
@@ -204,4 +214,4 @@ def test_the_walk_visits_each_tensor_once_in_a_residual_graph():
     assert class_axis_doubts(model) == {}
     nodes[0] = helper.make_node("Reshape", ["x", "s"], ["t0"])
     model = _head_model(nodes, ["N", 6, 5], {"w": np.ones((8, 5)), "s": np.array([0, 6, 5])})
-    assert "Reshape (through Identity, Add" in class_axis_doubts(model)["y"]
+    assert "Reshape, which may not keep it (through Identity, Add" in class_axis_doubts(model)["y"]
