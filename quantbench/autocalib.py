@@ -45,7 +45,7 @@ from quantbench.data import DataSource, dynamic_batch, open_data
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec, run_tasks, task_threads
 from quantbench.graph import Graph
-from quantbench.isolated import build_isolated
+from quantbench.isolated import build_isolated, shared_upgrades
 from quantbench.jsonsafe import json_float
 from quantbench.metrics import DriftAccumulator
 from quantbench.progress import warn
@@ -320,9 +320,10 @@ def auto_table(
         )
         judged_scores = dict(zip(judged, found))
     else:
-        judged_scores = {
-            m: isolated_sqnr(graph, tables[m], held_out, provider, threads) for m in judged
-        }
+        with shared_upgrades():  # the candidates share one reference: upgraded once
+            judged_scores = {
+                m: isolated_sqnr(graph, tables[m], held_out, provider, threads) for m in judged
+            }
     scores = {m: judged_scores[same_as[m]] for m in method_list}
     mixed = _relabelled(tables[base_name], base_name)
     choices: dict[str, dict[str, Any]] = {}

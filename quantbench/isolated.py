@@ -14,7 +14,9 @@ to FP16 too — the error that op's FP16 storage adds by itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import onnx
@@ -217,21 +219,36 @@ def build_isolated(
     return IsolatedModel(model, twins, ops)
 
 
-#: the last reference upgraded for isolated twins: (reference, its node and initializer counts,
-#: opset, upgraded). The candidates of ``--method auto`` share one reference (0.3 s a conversion
-#: on dddd-ocr); the reference is held, so its identity is not reused, and the counts are
-#: compared too (a cheap guard against a reference changed in place).
-_UPGRADED: list[tuple[onnx.ModelProto, int, int, onnx.ModelProto]] = []
+#: inside :func:`shared_upgrades`: (id of a reference, opset) -> (the reference, held so that
+#: its id is not reused, and its upgrade)
+_UPGRADES: ContextVar[dict[tuple[int, int], tuple[onnx.ModelProto, onnx.ModelProto]] | None] = (
+    ContextVar("quantbench_isolated_upgrades", default=None)
+)
+
+
+@contextmanager
+def shared_upgrades() -> Iterator[None]:
+    """A scope in which :func:`build_isolated` upgrades each reference to each opset once:
+    ``--method auto``'s candidates share one reference (0.3 s a conversion on dddd-ocr's
+    opset 12). The reference must not change in place inside the scope."""
+    if _UPGRADES.get() is not None:
+        yield
+        return
+    token = _UPGRADES.set({})
+    try:
+        yield
+    finally:
+        _UPGRADES.reset(token)
 
 
 def _upgraded(reference: onnx.ModelProto, opset: int) -> onnx.ModelProto:
-    size = len(reference.graph.node) * 2**32 + len(reference.graph.initializer)
-    for cached, cached_size, cached_opset, upgraded in _UPGRADED:
-        if cached is reference and (cached_size, cached_opset) == (size, opset):
-            return upgraded
-    upgraded = version_converter.convert_version(reference, opset)
-    _UPGRADED[:] = [(reference, size, opset, upgraded)]
-    return upgraded
+    memo = _UPGRADES.get()
+    if memo is None:
+        return version_converter.convert_version(reference, opset)
+    key = (id(reference), opset)
+    if key not in memo:
+        memo[key] = (reference, version_converter.convert_version(reference, opset))
+    return memo[key][1]
 
 
 def build_isolated_fp16(

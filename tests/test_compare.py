@@ -315,3 +315,31 @@ def test_method_auto_everywhere(run_cli, cnn_path, cnn_data, eval_data, tmp_path
         show_progress=False,
     )
     assert res["b"]["method"] == "auto"
+
+
+def test_isolated_twins_upgrade_a_shared_reference_once_in_scope(tmp_path, monkeypatch):
+    """auto scores several candidates against one reference: inside shared_upgrades the
+    reference is converted to the candidates' opset once; outside, every call converts."""
+    from quantbench import isolated
+    from quantbench.calibrate import calibrate
+    from quantbench.graph import open_graph
+    from quantbench.isolated import shared_upgrades
+    from quantbench.qdq import quantize_model
+
+    path = synthetic.save(synthetic.small_cnn(opset=12), tmp_path / "m12.onnx")
+    np.savez(tmp_path / "d.npz", input=synthetic.images(8))
+    tables = calibrate(path, tmp_path / "d.npz", methods=["minmax", "mse"], show_progress=False)
+    graph = open_graph(path)
+    candidates = [quantize_model(graph, t).model for t in tables.tables.values()]
+    conversions = []
+    real = isolated.version_converter.convert_version
+    monkeypatch.setattr(
+        isolated.version_converter,
+        "convert_version",
+        lambda *a: conversions.append(1) or real(*a),
+    )
+    alone = [build_isolated(graph.model, c).model.SerializeToString() for c in candidates]
+    assert len(conversions) == 2
+    with shared_upgrades():
+        shared = [build_isolated(graph.model, c).model.SerializeToString() for c in candidates]
+    assert len(conversions) == 3 and shared == alone

@@ -1049,3 +1049,21 @@ def test_one_graph_quantized_with_many_tables_is_upgraded_once(tmp_path, monkeyp
     quantize_model(open_graph(path), tables["mse"])  # another graph: its own upgrade
     quantize_model(graph, tables["mse"], per_channel=False)  # another form: its own too
     assert len(upgrades) == 3
+
+
+def test_the_ready_graph_is_dropped_with_its_source(tmp_path):
+    """The kept Q/DQ-ready form goes with its source graph, not with the process."""
+    import gc
+
+    from quantbench.calibrate import calibrate
+    from quantbench.qdq import quantize as qz
+
+    path = synthetic.save(synthetic.small_cnn(opset=12), tmp_path / "m12.onnx")
+    np.savez(tmp_path / "d.npz", input=synthetic.images(8))
+    table = calibrate(path, tmp_path / "d.npz", methods=["minmax"], show_progress=False)
+    graph = open_graph(path)
+    quantize_model(graph, table.tables["minmax"])
+    assert len(qz._READY) == 1
+    del graph
+    gc.collect()
+    assert qz._READY == []

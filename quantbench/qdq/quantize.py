@@ -9,6 +9,7 @@ before the graph is edited and nothing is written here; :func:`write_quantized` 
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -96,8 +97,9 @@ def quantize_model(
 #: per_channel, requantize, the opset decision, the graph derived from it). ``--method auto`` and
 #: the recovery loop quantize one model with many tables or exclusion sets, and the opset upgrade
 #: (version_converter and the checker: 0.4 s a call on dddd-ocr's opset 12) and the graph's
-#: derivation (0.16 s) depend on neither; the source is held, so its identity is not reused.
-_READY: list[tuple[Graph, int, bool, bool, OpsetDecision, Graph]] = []
+#: derivation (0.16 s) depend on neither. The entry refers to its source weakly and is dropped
+#: with it.
+_READY: list[tuple[weakref.ref[Graph], int, bool, bool, OpsetDecision, Graph]] = []
 
 
 def _qdq_ready(
@@ -108,12 +110,13 @@ def _qdq_ready(
     node and initializer counts are compared too, a cheap guard: ByteSize costs 75 ms)."""
     size = _shape_of(source.model) if isinstance(source, Graph) else -1
     for cached, cached_size, pc, rq, decision, g in _READY:
-        if cached is source and cached_size == size and (pc, rq) == (per_channel, requantize):
+        if cached() is source and cached_size == size and (pc, rq) == (per_channel, requantize):
             return decision, g
     decision = ensure_qdq_opset(model, per_channel)
     g = open_graph(decision.model, require_fixed_rank=False)
     if isinstance(source, Graph):
-        _READY[:] = [(source, size, per_channel, requantize, decision, g)]
+        _READY[:] = [(weakref.ref(source), size, per_channel, requantize, decision, g)]
+        weakref.finalize(source, _READY.clear)  # gone with its graph, not kept for the process
     return decision, g
 
 
