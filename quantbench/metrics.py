@@ -38,6 +38,7 @@ import math
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -337,11 +338,8 @@ def class_axis_doubts(model: Any) -> dict[str, str]:
     boxes and class scores, anchors last) or a hidden state ``[N, T, D]`` is none of these, and
     an argmax over it would report a meaningless "agreement" (on nudenet's YOLOv8: 0.42 where
     the output's SQNR is 27.7 dB)."""
-    walk = _LastAxisWalk(
-        {out: node for node in model.graph.node for out in node.output},
-        constant_tensors(model),
-        _last_dims(model),
-    )
+    producer = {out: node for node in model.graph.node for out in node.output}
+    walk = _LastAxisWalk(model, producer, constant_tensors(model))
     doubts = {}
     for value in model.graph.output:
         t = value.type.tensor_type
@@ -356,11 +354,16 @@ class _LastAxisWalk:
     """Follows one axis of a tensor back through the ops that made it (each (tensor, axis)
     once: a residual graph reaches the same tensors by many paths)."""
 
+    model: Any
     producer: Mapping[str, Any]
     constants: Collection[str]
-    #: tensor -> the static size of its last axis, where shape inference knows it
-    last_dims: Mapping[str, int]
     seen: dict[tuple[str, int], str] = field(default_factory=dict)
+
+    @cached_property
+    def last_dims(self) -> dict[str, int]:
+        """Tensor -> the static size of its last axis, where shape inference knows it (run
+        only when a reshape is met: most heads end in a MatMul or a softmax first)."""
+        return _last_dims(self.model)
 
     def doubt(self, tensor: str, axis: int, rank: int | None, depth: int = 64) -> str:
         """'' when ``axis`` (negative, from the end) of ``tensor`` is a class axis by how it
