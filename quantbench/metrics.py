@@ -349,6 +349,34 @@ def class_axis_doubts(model: Any) -> dict[str, str]:
     return doubts
 
 
+@dataclass(frozen=True)
+class OutputLayout:
+    """What a model's graph says about where its outputs' classes lie, which argmax agreement
+    reads: the outputs whose class axis is 1 (:func:`channels_first_outputs`) and those whose
+    last axis may not hold classes, with why (:func:`class_axis_doubts`). The default knows no
+    model: every class axis is the last."""
+
+    channels_first: frozenset[str] = frozenset()
+    class_axis_doubt: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, model: Any) -> OutputLayout:
+        return cls(channels_first_outputs(model), class_axis_doubts(model))
+
+    def kind(self, shape: Sequence[int | str | None], name: str) -> tuple[str | None, str]:
+        """:func:`agreement_kind` of output ``name`` with this layout."""
+        return agreement_kind(
+            shape, name, name in self.channels_first, self.class_axis_doubt.get(name, "")
+        )
+
+    def accumulator(self, name: str) -> AgreementAccumulator:
+        return AgreementAccumulator(
+            name=name,
+            channels_first=name in self.channels_first,
+            class_axis_doubt=self.class_axis_doubt.get(name, ""),
+        )
+
+
 @dataclass
 class _LastAxisWalk:
     """Follows one axis of a tensor back through the ops that made it (each (tensor, axis)
@@ -504,25 +532,19 @@ def accuracy_output(kinds: Mapping[str, str | None]) -> str | None:
 
 
 def output_kinds(
-    shapes: Mapping[str, Sequence[int | str | None] | None],
-    channels_first: Collection[str] = (),
-    class_axis_doubt: Mapping[str, str] | None = None,
+    shapes: Mapping[str, Sequence[int | str | None] | None], layout: OutputLayout | None = None
 ) -> dict[str, tuple[str | None, str]]:
     """:func:`agreement_kind` of every output; a shape of ``None`` (rank unknown) is unknown."""
-    doubts = class_axis_doubt or {}
+    layout = layout or OutputLayout()
     return {
-        name: (UNKNOWN, "its shape is unknown")
-        if shape is None
-        else agreement_kind(shape, name, name in channels_first, doubts.get(name, ""))
+        name: (UNKNOWN, "its shape is unknown") if shape is None else layout.kind(shape, name)
         for name, shape in shapes.items()
     }
 
 
 def declared_output_kinds(model: Any) -> dict[str, tuple[str | None, str]]:
     """:func:`output_kinds` of a model's outputs as it declares them."""
-    return output_kinds(
-        declared_output_shapes(model), channels_first_outputs(model), class_axis_doubts(model)
-    )
+    return output_kinds(declared_output_shapes(model), OutputLayout.of(model))
 
 
 def declared_output_shapes(model: Any) -> dict[str, tuple[int | str | None, ...] | None]:
@@ -577,23 +599,14 @@ class OutputsAccumulator:
 
     names: list[str]
     labels_usable: bool = True
-    #: outputs whose class axis is 1 (:func:`channels_first_outputs`)
-    channels_first: Collection[str] = ()
-    #: outputs whose last axis may not hold classes, and why (:func:`class_axis_doubts`)
-    class_axis_doubt: Mapping[str, str] = field(default_factory=dict)
+    #: where the outputs' classes lie (:meth:`OutputLayout.of` the model)
+    layout: OutputLayout = field(default_factory=OutputLayout)
     drift: dict[str, DriftAccumulator] = field(default_factory=dict)
     agreement: dict[str, AgreementAccumulator] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.drift = {n: DriftAccumulator() for n in self.names}
-        self.agreement = {
-            n: AgreementAccumulator(
-                name=n,
-                channels_first=n in self.channels_first,
-                class_axis_doubt=self.class_axis_doubt.get(n, ""),
-            )
-            for n in self.names
-        }
+        self.agreement = {n: self.layout.accumulator(n) for n in self.names}
 
     def update(
         self,
@@ -610,15 +623,7 @@ class OutputsAccumulator:
             self.agreement[name].update(a, b, lab)
 
     def label_output(self, reference: Mapping[str, np.ndarray]) -> str | None:
-        kinds = {
-            n: agreement_kind(
-                np.shape(reference[n]),
-                n,
-                n in self.channels_first,
-                self.class_axis_doubt.get(n, ""),
-            )[0]
-            for n in self.names
-        }
+        kinds = {n: self.layout.kind(np.shape(reference[n]), n)[0] for n in self.names}
         return accuracy_output(kinds)
 
     def rows(self) -> dict[str, dict[str, Any]]:

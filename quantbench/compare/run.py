@@ -40,9 +40,8 @@ from quantbench.metrics import (
     DRIFT_KEYS,
     ClipCounter,
     DriftAccumulator,
+    OutputLayout,
     OutputsAccumulator,
-    channels_first_outputs,
-    class_axis_doubts,
     labels_accuracy_reason,
 )
 from quantbench.progress import progress_bar, warn
@@ -244,21 +243,16 @@ def run_comparison(
     ref_runner, ref_fetch, sides = prepare_sides(graph, cands, provider, threads, xp)
     ref_out = _output_names(graph.model)
     usable = not labels_accuracy_reason(labels)
-    layout = channels_first_outputs(graph.model)
-    doubts = class_axis_doubts(graph.model)
+    layout = OutputLayout.of(graph.model)
     for side in sides:
         if metric_script is not None:
             side.script = metric_script.session()
         if side.runner is not None:
             pairing = _pair_outputs(ref_out, _output_names(side.candidate.model))
-            side.outputs = OutputsAccumulator(
-                list(pairing), labels_usable=usable, channels_first=layout, class_axis_doubt=doubts
-            )
+            side.outputs = OutputsAccumulator(list(pairing), labels_usable=usable, layout=layout)
             side.pairing = pairing
     label_iter = _label_batches(labels)
-    acc_ref = OutputsAccumulator(
-        ref_out, labels_usable=usable, channels_first=layout, class_axis_doubt=doubts
-    )
+    acc_ref = OutputsAccumulator(ref_out, labels_usable=usable, layout=layout)
     seen = 0
     first_feed: Feed | None = None
     with progress_bar("Comparing", total=source.num_samples, show=show_progress) as advance:

@@ -25,10 +25,8 @@ from quantbench.graph import Graph
 from quantbench.jsonsafe import json_float
 from quantbench.metrics import (
     MODEL_METRICS,
+    OutputLayout,
     OutputsAccumulator,
-    agreement_kind,
-    channels_first_outputs,
-    class_axis_doubts,
     declared_output_kinds,
     labels_accuracy_reason,
     lower_is_better,
@@ -133,18 +131,15 @@ class Evaluator:
     threads: int | None = None
     script: MetricScript | None = None
     outputs: list[str] = field(default_factory=list)
-    #: outputs whose class axis is 1 (NCHW maps)
-    channels_first: frozenset[str] = field(default_factory=frozenset)
-    #: outputs whose last axis may not hold classes, and why (metrics.class_axis_doubts)
-    class_axis_doubt: dict[str, str] = field(default_factory=dict)
+    #: where the outputs' classes lie (NCHW maps, last axes that may not be classes)
+    layout: OutputLayout = field(default_factory=OutputLayout)
     reference: list[dict[str, np.ndarray]] = field(default_factory=list)
     batch_labels: list[np.ndarray | None] = field(default_factory=list)
     evaluations: int = 0
 
     def __post_init__(self) -> None:
         self.outputs = [o.name for o in self.graph.model.graph.output]
-        self.channels_first = channels_first_outputs(self.graph.model)
-        self.class_axis_doubt = class_axis_doubts(self.graph.model)
+        self.layout = OutputLayout.of(self.graph.model)
         if self.reference:  # a worker's copy: the driver's FP32 outputs, no second FP32 pass
             self.num_samples = self.source.num_samples or 0
             self.attach_script(self.script)
@@ -190,12 +185,7 @@ class Evaluator:
         if self.fp32_metrics.get(metric) is not None:
             return
         first = self.reference[0]
-        kinds = {
-            o: agreement_kind(
-                np.shape(first[o]), o, o in self.channels_first, self.class_axis_doubt.get(o, "")
-            )
-            for o in self.outputs
-        }
+        kinds = {o: self.layout.kind(np.shape(first[o]), o) for o in self.outputs}
         reason = metric_support(metric, kinds, self.labels)
         if not reason and metric not in METRICS:
             returned = [k for k in self.fp32_metrics if k not in RESERVED]
@@ -206,11 +196,7 @@ class Evaluator:
         raise QuantbenchError(f"{option} {metric}: {reason}")
 
     def _fp32_nonfinite(self) -> str:
-        acc = OutputsAccumulator(
-            self.outputs,
-            channels_first=self.channels_first,
-            class_axis_doubt=self.class_axis_doubt,
-        )
+        acc = OutputsAccumulator(self.outputs, layout=self.layout)
         for ref in self.reference:
             acc.update(ref, ref)
         texts = [
@@ -252,12 +238,7 @@ class Evaluator:
 
     def _score(self, candidate: Iterable[dict[str, np.ndarray]]) -> dict[str, float | None]:
         usable = not labels_accuracy_reason(self.labels)
-        acc = OutputsAccumulator(
-            self.outputs,
-            labels_usable=usable,
-            channels_first=self.channels_first,
-            class_axis_doubt=self.class_axis_doubt,
-        )
+        acc = OutputsAccumulator(self.outputs, labels_usable=usable, layout=self.layout)
         session = self.script.session() if self.script is not None else None
         for index, got in enumerate(candidate):  # the candidate drives: it checks its count
             ref, lab = self.reference[index], self.batch_labels[index]
