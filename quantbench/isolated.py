@@ -23,6 +23,7 @@ import onnx
 from onnx import TensorProto, helper, version_converter
 
 from quantbench.graph import node_labels
+from quantbench.memo import memo_scope
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 SUFFIX = "::isolated"
@@ -231,14 +232,8 @@ def shared_upgrades() -> Iterator[None]:
     """A scope in which :func:`build_isolated` upgrades each reference to each opset once:
     ``--method auto``'s candidates share one reference (0.3 s a conversion on dddd-ocr's
     opset 12). The reference must not change in place inside the scope."""
-    if _UPGRADES.get() is not None:
+    with memo_scope(_UPGRADES):
         yield
-        return
-    token = _UPGRADES.set({})
-    try:
-        yield
-    finally:
-        _UPGRADES.reset(token)
 
 
 def _upgraded(reference: onnx.ModelProto, opset: int) -> onnx.ModelProto:

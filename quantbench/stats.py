@@ -37,6 +37,7 @@ from quantbench.binning import HALF_BINS
 from quantbench.errors import QuantbenchError
 from quantbench.fileio import atomic_path
 from quantbench.jsonsafe import json_float as _json_float
+from quantbench.memo import memo_scope
 
 #: exponent of an empty or all-zero histogram: every later exponent re-bins it into bin 0.
 MIN_EXPONENT = -160
@@ -55,14 +56,8 @@ def settled() -> Iterator[None]:
     tensor's |x| histograms and CDF are computed once, not once per table (``--method all``'s
     seven tables and the clip check read the same ones). Derived arrays come back read-only; a
     scope inside another shares the outer one's arrays."""
-    if _SETTLED.get() is not None:
+    with memo_scope(_SETTLED):
         yield
-        return
-    token = _SETTLED.set({})
-    try:
-        yield
-    finally:
-        _SETTLED.reset(token)
 
 
 def exponent_for(max_abs: float) -> int:
