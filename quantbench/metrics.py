@@ -185,8 +185,8 @@ def agreement_kind(
     """
     if _COORDINATES.search(name):
         return None, f"{name!r} holds boxes/coordinates (by its name): argmax over it means nothing"
-    shape_in = shape
-    if _nchw_map(shape, channels_first):
+    nchw = _nchw_map(shape, channels_first)
+    if nchw:
         if shape[1] == 1:
             return None, "NCHW map with one channel (e.g. a probability map): argmax means nothing"
         shape = _class_axis_last(shape)
@@ -202,7 +202,7 @@ def agreement_kind(
         return None, "the class axis (last) has size 1: argmax means nothing"
     if len(rest) == 1:
         return CLASS, ""
-    if class_axis_doubt and not _nchw_map(shape_in, channels_first):
+    if class_axis_doubt and not nchw:  # an NCHW map's classes are on axis 1, not the last
         return None, class_axis_doubt
     return POSITION, ""
 
