@@ -10,9 +10,12 @@ point may also point at a :class:`CalibratorSpec`.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
+from types import ModuleType
 
 import numpy as np
 
@@ -71,6 +74,26 @@ class CalibratorSpec:
 
 _REGISTRY: dict[str, CalibratorSpec] = {}
 _loaded = False
+#: where vectorised calibrators do their heavy array work (None: NumPy, on the host)
+_TABLE_ARRAYS: ContextVar[ModuleType | None] = ContextVar("quantbench_table_arrays", default=None)
+
+
+@contextmanager
+def tables_on(xp: ModuleType | None) -> Iterator[None]:
+    """Inside, vectorised calibrators that can run their heavy array work on ``xp`` (CuPy: the
+    GPU the statistics were collected on) run it there, all of a table's tensors at once. The
+    amaxes do not change: a calibrator computes its candidates' scores there and settles the
+    near-ties on the host, exactly as NumPy's path does. ``None``: NumPy."""
+    token = _TABLE_ARRAYS.set(xp)
+    try:
+        yield
+    finally:
+        _TABLE_ARRAYS.reset(token)
+
+
+def table_arrays() -> ModuleType | None:
+    """The array module of the innermost :func:`tables_on` (None: NumPy on the host)."""
+    return _TABLE_ARRAYS.get()
 
 
 def register(
@@ -179,16 +202,18 @@ def cheap_to_check(method: str) -> bool:
     return parse_method(method)[0].check is not None
 
 
-def warm_up(methods: list[str]) -> None:
+def warm_up(methods: list[str], xp: ModuleType | None = None) -> None:
     """Each method run once on a one-value histogram, so that its first-use costs (SciPy's
-    import for the entropy family, mse's step matrix) are paid here, on a thread beside
-    inference, not in the first table. A failure is left for the table to raise."""
-    for method in methods:
-        try:
-            s, opt = parse_method(method)
-            s.fn(_probe(), opt)
-        except Exception:  # noqa: BLE001, S112 - the table's own call raises it again
-            continue
+    import for the entropy family, mse's step matrix, the kernels of a :func:`tables_on`
+    device ``xp``) are paid here, on a thread beside inference, not in the first table. A
+    failure is left for the table to raise."""
+    with tables_on(xp):
+        for method in methods:
+            try:
+                s, opt = parse_method(method)
+                s.fn(_probe(), opt)
+            except Exception:  # noqa: BLE001, S112 - the table's own call raises it again
+                continue
 
 
 def _probe() -> TensorStats:

@@ -51,12 +51,14 @@ builds when it sees all values in one call. Our histogram is interpolated from t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from types import ModuleType
 
 import numpy as np
 
-from quantbench.calibrators import register
+from quantbench.calibrators import register, register_many, table_arrays
 from quantbench.errors import QuantbenchError
 from quantbench.stats import TensorStats
 
@@ -74,6 +76,9 @@ TIE_ATOL = 1e-12
 #: the whole matrix's (2 MB each) were mapped and zeroed afresh by the kernel for every
 #: operation: entropy:pytorch on ResNet-50's 123 live tensors took 1.3 s that way, 0.45 s now
 KL_BLOCK = 120
+#: histograms whose candidates one GPU evaluation covers (entropy:pytorch's gathered levels of
+#: 128 histograms: 250 MB of float64)
+DEVICE_HISTOGRAMS = 128
 
 VARIANTS = ("trt", "slides", "pytorch", "ort", "ort-2048")
 
@@ -108,10 +113,10 @@ def digitize_group_edges(num_bins: int, levels: int, start: int) -> np.ndarray:
 # --------------------------------------------------------------------------- KL kernels
 
 
-def _xlogx(v: np.ndarray) -> np.ndarray:
-    out = np.zeros_like(v, dtype=np.float64)
+def _xlogx(v: np.ndarray, xp: ModuleType = np) -> np.ndarray:
+    out = xp.zeros_like(v, dtype=xp.float64)
     pos = v > 0
-    out[pos] = v[pos] * np.log(v[pos])
+    out[pos] = v[pos] * xp.log(v[pos])
     return out
 
 
@@ -140,7 +145,10 @@ def digitize_group_ranges(num_bins: int, levels: int, start: int) -> LevelRanges
 
 
 def kl_divergences(
-    bins: np.ndarray, level_edges: np.ndarray, ranges: LevelRanges | None = None
+    bins: np.ndarray,
+    level_edges: np.ndarray,
+    ranges: LevelRanges | None = None,
+    xp: ModuleType = np,
 ) -> np.ndarray:
     """KL(P || Q) of every candidate at once (natural log), ``inf`` where Q = 0 < P.
 
@@ -155,27 +163,36 @@ def kl_divergences(
     bins), so no per-bin work is done per candidate. ``ranges`` (of these ``level_edges``): each
     level's ``L log(L / n)`` is computed once per distinct range and gathered per candidate,
     the same numbers summed in the same order, so the same bits.
+
+    ``bins`` may hold one histogram per row, as ``xp`` arrays (CuPy: all on the GPU at once);
+    the result then has one row of candidates per histogram.
     """
-    pre = _Prefix.of(bins, level_edges[:, -1])
-    p_log_q = np.empty(len(level_edges))
-    last_q = np.empty(len(level_edges))
+    level_edges = xp.asarray(level_edges)
+    pre = _Prefix.of(bins, level_edges[:, -1], xp)
+    candidates = (*pre.cum.shape[:-1], len(level_edges))
+    p_log_q = xp.empty(candidates)
+    last_q = xp.empty(candidates)
+    block = KL_BLOCK if xp is np else len(level_edges)  # a GPU takes every row at once
     if ranges is not None:
         cum, nonempty = pre.cum, pre.nonempty_cum
+        start, end, which = (xp.asarray(a) for a in (ranges.start, ranges.end, ranges.which))
         q, terms = _level_q_terms(
-            cum[ranges.end] - cum[ranges.start], nonempty[ranges.end] - nonempty[ranges.start]
+            cum[..., end] - cum[..., start], nonempty[..., end] - nonempty[..., start], xp
         )
-        last_q = q[ranges.which[:, -1]]
-    for start in range(0, len(level_edges), KL_BLOCK):  # rows are independent: same bits
-        rows = slice(start, start + KL_BLOCK)
+        last_q = q[..., which[:, -1]]
+    for first in range(0, len(level_edges), block):  # rows are independent: same bits
+        rows = slice(first, first + block)
         if ranges is not None:
-            p_log_q[rows] = terms[ranges.which[rows]].sum(axis=1)
+            p_log_q[..., rows] = terms[..., which[rows]].sum(axis=-1)
             continue
         edges = level_edges[rows]
-        level_q, p_log_q[rows] = _level_terms(
-            np.diff(pre.cum[edges], axis=1), np.diff(pre.nonempty_cum[edges], axis=1)
+        level_q, p_log_q[..., rows] = _level_terms(
+            xp.diff(pre.cum[..., edges], axis=-1),
+            xp.diff(pre.nonempty_cum[..., edges], axis=-1),
+            xp,
         )
-        last_q[rows] = level_q[:, -1]
-    return pre.kl(p_log_q, last_q)
+        last_q[..., rows] = level_q[..., -1]
+    return pre.kl(p_log_q, last_q, xp)
 
 
 @dataclass(frozen=True)
@@ -188,45 +205,51 @@ class _Prefix:
     nonempty_cum: np.ndarray
     xlogx_cum: np.ndarray
     outliers: np.ndarray
-    total: float
+    total: float | np.ndarray  # (n, 1) for n histograms
     last: np.ndarray
 
     @classmethod
-    def of(cls, bins: np.ndarray, kept: np.ndarray) -> _Prefix:
-        bins = np.asarray(bins, dtype=np.float64)
+    def of(cls, bins: np.ndarray, kept: np.ndarray, xp: ModuleType = np) -> _Prefix:
+        """Prefix sums of ``bins``: one histogram (``(bins,)``) or one per row (``(n, bins)``)."""
+        bins = xp.asarray(bins, dtype=xp.float64)
+        lead = [(0, 0)] * (bins.ndim - 1)
         return cls(
             kept,
-            np.concatenate([[0.0], np.cumsum(bins)]),
-            np.concatenate([[0], np.cumsum(bins > 0)]),
-            np.concatenate([[0.0], np.cumsum(_xlogx(bins))]),
+            xp.pad(xp.cumsum(bins, axis=-1), [*lead, (1, 0)]),
+            xp.pad(xp.cumsum(bins > 0, axis=-1, dtype=xp.int64), [*lead, (1, 0)]),
+            xp.pad(xp.cumsum(_xlogx(bins, xp), axis=-1), [*lead, (1, 0)]),
             # suffix sums, so an empty tail is exactly 0 rather than total - prefix
-            np.concatenate([np.cumsum(bins[::-1])[::-1], [0.0]])[kept],
-            bins.sum(),
-            bins[kept - 1],
+            xp.pad(xp.cumsum(bins[..., ::-1], axis=-1)[..., ::-1], [*lead, (0, 1)])[..., kept],
+            bins.sum(axis=-1, keepdims=True) if bins.ndim > 1 else bins.sum(),
+            bins[..., kept - 1],
         )
 
-    def kl(self, p_log_q: np.ndarray, last_q: np.ndarray) -> np.ndarray:
+    def kl(self, p_log_q: np.ndarray, last_q: np.ndarray, xp: ModuleType = np) -> np.ndarray:
         """KL per candidate from ``sum_levels L log(L / n)`` and the last level's Q."""
         kept, outliers, last = self.kept, self.outliers, self.last
         with np.errstate(divide="ignore", invalid="ignore"):
-            p_log_q = p_log_q + np.where(outliers > 0, outliers * np.log(last_q), 0.0)
-            p_log_p = self.xlogx_cum[kept - 1] + _xlogx(last + outliers)
-            kl = (p_log_p - p_log_q) / self.total + np.log(self.cum[kept] / self.total)
-        kl[(outliers > 0) & (last <= 0)] = np.inf
+            p_log_q = p_log_q + xp.where(outliers > 0, outliers * xp.log(last_q), 0.0)
+            p_log_p = self.xlogx_cum[..., kept - 1] + _xlogx(last + outliers, xp)
+            kl = (p_log_p - p_log_q) / self.total + xp.log(self.cum[..., kept] / self.total)
+        kl[(outliers > 0) & (last <= 0)] = xp.inf
         return kl
 
 
-def _level_terms(count: np.ndarray, nonempty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _level_terms(
+    count: np.ndarray, nonempty: np.ndarray, xp: ModuleType = np
+) -> tuple[np.ndarray, np.ndarray]:
     """Each level's Q (its count over its non-empty bins) and, per row, ``sum L log Q``."""
-    q, terms = _level_q_terms(count, nonempty)
-    return q, terms.sum(axis=1)
+    q, terms = _level_q_terms(count, nonempty, xp)
+    return q, terms.sum(axis=-1)
 
 
-def _level_q_terms(count: np.ndarray, nonempty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _level_q_terms(
+    count: np.ndarray, nonempty: np.ndarray, xp: ModuleType = np
+) -> tuple[np.ndarray, np.ndarray]:
     """Each level's Q and its ``L log Q`` (0 for an empty level)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(count > 0, count / nonempty, 0.0)
-        return q, np.where(count > 0, count * np.log(q), 0.0)
+        q = xp.where(count > 0, count / nonempty, 0.0)
+        return q, xp.where(count > 0, count * xp.log(q), 0.0)
 
 
 def kl_divergence_direct(bins: np.ndarray, edges: np.ndarray) -> float:
@@ -248,7 +271,9 @@ def kl_divergence_direct(bins: np.ndarray, edges: np.ndarray) -> float:
     return float(np.sum(rel_entr(p / p.sum(), q / q.sum())))
 
 
-def kl_divergences_floor_groups(bins: np.ndarray, level_edges: np.ndarray) -> np.ndarray:
+def kl_divergences_floor_groups(
+    bins: np.ndarray, level_edges: np.ndarray, xp: ModuleType = np
+) -> np.ndarray:
     """:func:`kl_divergences` for :func:`floor_group_edges`, sharing the levels candidates have
     in common (to within summation order, which :func:`best_candidate`'s tie check absorbs).
 
@@ -256,22 +281,25 @@ def kl_divergences_floor_groups(bins: np.ndarray, level_edges: np.ndarray) -> np
     ``levels - 1`` levels (``j * g``); only the last level, running to ``i``, differs. So
     ``sum L log(L / n)`` over those is computed once per group size (16 of them for 2048 bins)
     and the per-candidate work is the last level alone: about 4 thousand logarithms instead of
-    250 thousand.
+    250 thousand. ``bins`` may hold one histogram per row, as in :func:`kl_divergences`.
     """
-    kept = level_edges[:, -1]
-    pre = _Prefix.of(bins, kept)
-    group = level_edges[:, 1]  # j * g at j = 1
-    sizes, which = np.unique(group, return_inverse=True)
+    sizes, which = np.unique(level_edges[:, 1], return_inverse=True)  # group size: j * g at j=1
     shared_edges = np.arange(level_edges.shape[1] - 1)[None, :] * sizes[:, None]
+    kept, start, which, shared_edges = (
+        xp.asarray(a) for a in (level_edges[:, -1], level_edges[:, -2], which, shared_edges)
+    )
+    pre = _Prefix.of(bins, kept, xp)
     _, shared = _level_terms(  # levels 0 .. levels-2 of each group size
-        np.diff(pre.cum[shared_edges], axis=1), np.diff(pre.nonempty_cum[shared_edges], axis=1)
+        xp.diff(pre.cum[..., shared_edges], axis=-1),
+        xp.diff(pre.nonempty_cum[..., shared_edges], axis=-1),
+        xp,
     )
-    start = level_edges[:, -2:-1]
     last_q, last = _level_terms(
-        pre.cum[kept[:, None]] - pre.cum[start],
-        pre.nonempty_cum[kept[:, None]] - pre.nonempty_cum[start],
+        (pre.cum[..., kept] - pre.cum[..., start])[..., None],
+        (pre.nonempty_cum[..., kept] - pre.nonempty_cum[..., start])[..., None],
+        xp,
     )
-    return pre.kl(shared[which] + last, last_q[:, 0])
+    return pre.kl(shared[..., which] + last, last_q[..., 0], xp)
 
 
 def best_candidate(
@@ -310,23 +338,52 @@ def trt_amax(stats: TensorStats) -> float:
     example), which is not what TensorRT's caches for ReLU networks show. Everything else is
     the slide algorithm: same bins, candidates, levels and ``(i + 0.5)`` threshold.
     """
-    bins = stats.abs_histogram(HIST_BINS)
-    bins[0] = max(bins[0] - zero_spike(stats), 0.0)
-    return _slide_threshold(bins, stats.max_abs)
+    return slide_amaxes([stats], without_zero_spike=True)[0]
 
 
 def slides_amax(stats: TensorStats) -> float:
     """The GTC-2017 slide pseudocode literally: ``(i + 0.5) * max|x| / 2048``, first best ``i``."""
-    return _slide_threshold(stats.abs_histogram(HIST_BINS), stats.max_abs)
+    return slide_amaxes([stats], without_zero_spike=False)[0]
 
 
-def _slide_threshold(bins: np.ndarray, max_abs: float) -> float:
-    if not bins.any():
-        return max_abs
+def slide_amaxes(stats: list[TensorStats], without_zero_spike: bool) -> list[float]:
+    """:func:`trt_amax` (``without_zero_spike``) or :func:`slides_amax` of every tensor, the
+    candidates' KL of all of them at once on :func:`table_arrays`' device when there is one."""
     edges = floor_group_edges(HIST_BINS, QUANT_LEVELS, START_BIN)
-    kl = kl_divergences_floor_groups(bins, edges)
-    kept = int(edges[best_candidate(bins, edges, kl=kl), -1])
-    return (kept + 0.5) * max_abs / HIST_BINS
+    histograms = [stats_bins(t, without_zero_spike) for t in stats]
+    searched = [i for i, bins in enumerate(histograms) if bins.any()]
+    kls = candidate_kls(kl_divergences_floor_groups, [histograms[i] for i in searched], edges)
+    amax = [t.max_abs for t in stats]  # an all-zero histogram keeps the whole range
+    for i, kl in zip(searched, kls, strict=True):
+        kept = int(edges[best_candidate(histograms[i], edges, kl=kl), -1])
+        amax[i] = (kept + 0.5) * stats[i].max_abs / HIST_BINS
+    return amax
+
+
+def stats_bins(stats: TensorStats, without_zero_spike: bool) -> np.ndarray:
+    """The 2048-bin |x| histogram the slide search reads, its zero spike taken out or not."""
+    bins = stats.abs_histogram(HIST_BINS)  # a fresh array: changing bin 0 harms no caller
+    if without_zero_spike:
+        bins[0] = max(bins[0] - zero_spike(stats), 0.0)
+    return bins
+
+
+def candidate_kls(
+    kernel: Callable[..., np.ndarray], histograms: list[np.ndarray], *args: object
+) -> list[np.ndarray]:
+    """``kernel(bins, *args)``: every candidate's KL of each histogram. On the host, one
+    histogram at a time (the bits the tests pin); on a :func:`table_arrays` device, up to
+    :data:`DEVICE_HISTOGRAMS` at once, with only the KL rows coming back. The two differ in
+    the last bits only, which :func:`best_candidate`'s near-tie check on the host absorbs, so
+    the amaxes are the same."""
+    xp = table_arrays()
+    if xp is None:
+        return [kernel(bins, *args) for bins in histograms]
+    out: list[np.ndarray] = []
+    for first in range(0, len(histograms), DEVICE_HISTOGRAMS):
+        part = xp.asarray(np.stack(histograms[first : first + DEVICE_HISTOGRAMS]))
+        out.extend(xp.asnumpy(kernel(part, *args, xp=xp)))
+    return out
 
 
 def pytorch_amax(stats: TensorStats) -> float:
@@ -336,16 +393,34 @@ def pytorch_amax(stats: TensorStats) -> float:
     (Q normalises 0/0) and the reversed ``np.argmin`` picks the *largest* such ``i``, i.e. the
     left edge of the first non-empty bin (for data far from 0, amax is about min|x|).
     """
+    return pytorch_amaxes([stats])[0]
+
+
+def _pytorch_bins(stats: TensorStats) -> np.ndarray:
     bins = stats.abs_histogram(HIST_BINS)  # a fresh array: overwriting bin 0 harms no caller
     bins[0] = bins[1]
+    return bins
+
+
+def pytorch_amaxes(stats: list[TensorStats]) -> list[float]:
+    """:func:`pytorch_amax` of every tensor, their KL at once as in :func:`slide_amaxes`."""
     edges = digitize_group_edges(HIST_BINS, QUANT_LEVELS, START_BIN)
     kept_all = edges[:, -1]
-    nan_rows = np.flatnonzero(np.cumsum(bins)[kept_all - 1] == 0)
-    if nan_rows.size:
-        return int(kept_all[nan_rows[-1]]) * stats.max_abs / HIST_BINS
-    kl = kl_divergences(bins, edges, digitize_group_ranges(HIST_BINS, QUANT_LEVELS, START_BIN))
-    kept = int(kept_all[best_candidate(bins, edges, last=True, kl=kl)])
-    return kept * stats.max_abs / HIST_BINS
+    histograms = [_pytorch_bins(t) for t in stats]
+    amax = [0.0] * len(stats)
+    searched = []
+    for i, bins in enumerate(histograms):
+        empty_rows = np.flatnonzero(np.cumsum(bins)[kept_all - 1] == 0)  # the NaN quirk
+        if empty_rows.size:
+            amax[i] = int(kept_all[empty_rows[-1]]) * stats[i].max_abs / HIST_BINS
+        else:
+            searched.append(i)
+    ranges = digitize_group_ranges(HIST_BINS, QUANT_LEVELS, START_BIN)
+    kls = candidate_kls(kl_divergences, [histograms[i] for i in searched], edges, ranges)
+    for i, kl in zip(searched, kls, strict=True):
+        kept = int(kept_all[best_candidate(histograms[i], edges, last=True, kl=kl)])
+        amax[i] = kept * stats[i].max_abs / HIST_BINS
+    return amax
 
 
 def _ort_smooth(dist: np.ndarray) -> np.ndarray | None:
@@ -474,3 +549,15 @@ def entropy(stats: TensorStats, option: str | None) -> float:
     """amax minimising KL(P || Q) the way the chosen tool does it (default: quantbench's
     zero-spike variant of TensorRT's search)."""
     return float(_VARIANT_FNS[_check_variant(option)](stats))
+
+
+@register_many("entropy")
+def entropy_many(stats: list[TensorStats], option: str | None) -> list[float]:
+    """:func:`entropy` of many tensors, the candidates' KL of all of them at once (on the GPU
+    inside :func:`quantbench.calibrators.tables_on`) for the 2048-bin variants."""
+    variant = _check_variant(option)
+    if variant in ("trt", "slides"):
+        return slide_amaxes(stats, without_zero_spike=variant == "trt")
+    if variant == "pytorch":
+        return pytorch_amaxes(stats)
+    return [float(_VARIANT_FNS[variant](t)) for t in stats]

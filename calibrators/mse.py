@@ -13,16 +13,17 @@ error of centre ``k`` under candidate ``i`` is ``(u - min(rint(u), 127))**2`` wi
 (1920 x 2048 float64, 31 MiB, ~20 ms, on first use); a table's tensors share one matrix product
 (reading the 31 MiB once, not once per tensor). Candidates within float noise of the minimum are
 re-evaluated with a plain sum, so the first minimum does not depend on how BLAS ordered the sums
-(one tensor or many give the same amax).
+(one tensor or many, host or GPU, give the same amax).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from types import ModuleType
 
 import numpy as np
 
-from quantbench.calibrators import register, register_many
+from quantbench.calibrators import register, register_many, table_arrays
 from quantbench.errors import QuantbenchError
 from quantbench.stats import TensorStats
 
@@ -48,6 +49,22 @@ def step_error_matrix(num_bins: int = HIST_BINS, start: int = START_BIN) -> np.n
     np.square(matrix, out=matrix)
     matrix.flags.writeable = False
     return matrix
+
+
+@lru_cache(maxsize=2)
+def _device_step_errors(xp: ModuleType) -> np.ndarray:
+    """:func:`step_error_matrix` copied to ``xp``'s device once (31 MiB)."""
+    return xp.asarray(step_error_matrix(HIST_BINS, START_BIN))
+
+
+def _step_errors_of(counts: np.ndarray) -> np.ndarray:
+    """Every candidate's error (in steps**2) for each column of ``counts``: one matrix product,
+    on :func:`table_arrays`' device when there is one (near-ties are settled on the host by
+    :func:`_first_best`, so the amaxes do not depend on where it ran)."""
+    xp = table_arrays()
+    if xp is None:
+        return step_error_matrix(HIST_BINS, START_BIN) @ counts
+    return xp.asnumpy(_device_step_errors(xp) @ xp.asarray(counts))
 
 
 def _steps_squared(num_bins: int, bin_width: float) -> np.ndarray:
@@ -87,7 +104,7 @@ def mse_many(stats: list[TensorStats], option: str | None) -> list[float]:
     if not stats:
         return []
     counts = np.stack([t.abs_histogram(HIST_BINS) for t in stats], axis=1)
-    errors = step_error_matrix(HIST_BINS, START_BIN) @ counts
+    errors = _step_errors_of(counts)
     out = []
     for j, t in enumerate(stats):
         bin_width = t.max_abs / HIST_BINS

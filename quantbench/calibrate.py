@@ -23,6 +23,7 @@ from quantbench.clipguard import (
 )
 from quantbench.collect import cached_stats_path, collect_stats, find_cached_stats
 from quantbench.data import can_reread, open_data
+from quantbench.devicecollect import table_device
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
 from quantbench.fileio import check_output_path, write_bytes_atomic
@@ -175,7 +176,8 @@ class MethodChecks:
 
     _THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-methods")
 
-    def __init__(self, methods: list[str] | None):
+    def __init__(self, methods: list[str] | None, provider: str | None = None):
+        self._provider = provider
         requested = methods or [registry.DEFAULT_METHOD]
         want_auto = any(m.strip() == AUTO for m in requested)
         # canonical names; an unknown one fails here, now
@@ -195,7 +197,8 @@ class MethodChecks:
         """Re-raises the first bad option's error; then warms the methods up (once)."""
         self._trials.result()
         if self._warming is None:
-            self._warming = self._THREAD.submit(registry.warm_up, self._names)
+            device = table_device(self._provider)
+            self._warming = self._THREAD.submit(registry.warm_up, self._names, device)
 
 
 def method_file_name(method: str, fmt: str) -> str:
@@ -298,7 +301,7 @@ def calibrate(
     check_clip_warn(clip_warn)
     if executor is not None:
         executor.validate()
-    checks = MethodChecks(methods)
+    checks = MethodChecks(methods, provider)
     method_list = checks.methods
     if AUTO in method_list and data is None and holdout_data is None:
         if methods:  # asked for by name: say what is missing
@@ -339,7 +342,9 @@ def calibrate(
         warn(line)
     tables: dict[str, CalibrationTable] = {}
     auto = None
-    with settled():  # the tables and the clip check read each tensor's histograms once
+    # the tables and the clip check read each tensor's histograms once; where the pass ran on
+    # the GPU, the calibrators' candidate scores are computed there too
+    with settled(), registry.tables_on(table_device(provider)):
         for m in method_list:
             tables[m], found = method_table(
                 graph,

@@ -59,6 +59,17 @@ def wants_device_stats(provider: str | None) -> bool:
     return True
 
 
+def table_device(provider: str | None) -> ModuleType | None:
+    """CuPy where the pass runs on the GPU (:func:`wants_device_stats`, without its warning):
+    the tables' heavy array work goes there too (:func:`quantbench.calibrators.tables_on`)."""
+    if not device_binning_wanted() or not provider:
+        return None
+    try:
+        return import_cupy() if resolve_provider(provider) == CUDA_PROVIDER else None
+    except QuantbenchError:
+        return None
+
+
 def collect_on_device(
     graph: Graph,
     source: DataSource,

@@ -12,6 +12,7 @@ import io
 import math
 import struct
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from quantbench.calibrators import (
     expand_methods,
     parse_method,
     spec,
+    tables_on,
 )
 from quantbench.calibrators import entropy as entropy_module
 from quantbench.errors import QuantbenchError
@@ -277,6 +279,41 @@ def test_a_table_of_many_tensors_matches_the_references(
         assert got_mse == pytest.approx(brute_force_mse_amax(bins, t.max_abs), rel=1e-12, abs=0)
         assert got_slides == slide_entropy_amax(bins, t.max_abs)
     assert mse[-1] == slides[-1] == 0.0
+
+
+def _numpy_posing_as_cupy() -> ModuleType:
+    """NumPy under another name, with CuPy's ``asnumpy``: the device path's code (every
+    histogram of a table at once) run on the host."""
+    module = ModuleType("numpy_as_device")
+    module.__dict__.update({k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    module.asnumpy = np.asarray
+    return module
+
+
+def test_a_table_on_a_device_matches_the_references(
+    stats_by_name: dict[str, TensorStats], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside ``tables_on(device)`` the entropy and mse candidates of all tensors are scored at
+    once (in chunks: 3 histograms here) and the near-ties settled on the host: every amax is
+    the slow references' (and so the host path's), in order, empty tensors included."""
+    monkeypatch.setattr(entropy_module, "DEVICE_HISTOGRAMS", 3)
+    rng = np.random.default_rng(11)
+    extra = [stats_of(rng.gamma(k, size=30_000).astype(np.float32), f"g{k}") for k in (1, 2, 5)]
+    far = stats_of(rng.uniform(0.95, 1.0, 20_000).astype(np.float32), "far_from_0")  # NaN quirk
+    tensors = [*stats_by_name.values(), *extra, far, TensorStats("empty")]
+    with tables_on(_numpy_posing_as_cupy()):
+        methods = ("entropy:slides", "entropy", "entropy:pytorch", "mse")
+        got = {m: compute_amaxes(m, tensors) for m in methods}
+    for i, t in enumerate(tensors[:-1]):
+        bins = t.abs_histogram(2048)
+        assert got["entropy:slides"][i] == slide_entropy_amax(bins, t.max_abs)
+        assert got["entropy:pytorch"][i] == pytorch_entropy_amax(
+            bins, np.linspace(0.0, t.max_abs, 2049)
+        )
+        assert got["mse"][i] == pytest.approx(brute_force_mse_amax(bins, t.max_abs), rel=1e-12)
+    for m, amaxes in got.items():
+        assert amaxes == compute_amaxes(m, tensors), m  # the host path, tensor by tensor
+        assert amaxes[-1] == 0.0
 
 
 def test_entropy_trt_level_edges_for_non_multiple_of_128() -> None:
