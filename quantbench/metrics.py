@@ -174,14 +174,18 @@ def agreement_kind(
     name: str = "",
     channels_first: bool = False,
     class_axis_doubt: str = "",
+    doubt_unless_size: int | None = None,
 ) -> tuple[str | None, str]:
     """Which argmax agreement an output of ``shape`` supports, and why not when none.
 
     Returns (``"class"`` | ``"position"`` | ``None`` | ``"unknown"``, reason). ``shape`` may
     hold symbolic dims (str/None) from the graph: ``"unknown"`` then means "decide on data".
     ``channels_first``: a rank-4 output's class axis is 1 (NCHW), not the last.
-    ``class_axis_doubt``: why the graph gives no reason to read the last axis of a rank-3+
-    output as classes (:func:`class_axis_doubts`); it then has no per-position agreement.
+    ``class_axis_doubt``: why the graph gives no reason to read the last axis as classes
+    (:func:`class_axis_doubts`); the output then has no agreement (a pooled embedding
+    ``[N, D]``, a hidden state ``[N, T, D]``, logits flattened to ``[1, T*C]``).
+    ``doubt_unless_size``: the doubt does not hold where the last axis has this size (a reshape
+    whose target size is only known at run time, :class:`OutputLayout`).
     """
     if _COORDINATES.search(name):
         return None, f"{name!r} holds boxes/coordinates (by its name): argmax over it means nothing"
@@ -193,18 +197,21 @@ def agreement_kind(
     rest = list(shape[1:])
     if not rest:
         return None, f"rank-{len(shape)} output: no class axis to take an argmax over"
-    if len(rest) == 3 and rest[1:] == [1, 1]:
+    conv_head = len(rest) == 3 and rest[1:] == [1, 1]
+    if conv_head:
         rest = rest[:1]  # [N, C, 1, 1]: a classifier with a convolutional head
     last = rest[-1]
-    if not isinstance(last, int) or last < 0:
-        return UNKNOWN, "the class axis is symbolic"
-    if last <= 1:
+    if isinstance(last, int) and 0 <= last <= 1:
         return None, "the class axis (last) has size 1: argmax means nothing"
-    if len(rest) == 1:
-        return CLASS, ""
-    if class_axis_doubt and not nchw:  # an NCHW map's classes are on axis 1, not the last
+    # the doubt is about the last axis: an NCHW map's and a [N, C, 1, 1] head's classes are on 1
+    static = isinstance(last, int) and last >= 0
+    # lifted, or left to the data, where the axis may turn out of the size that lifts it
+    lifted = doubt_unless_size is not None and (not static or last == doubt_unless_size)
+    if class_axis_doubt and not nchw and not conv_head and not lifted:
         return None, class_axis_doubt
-    return POSITION, ""
+    if not static:
+        return UNKNOWN, "the class axis is symbolic"
+    return (CLASS, "") if len(rest) == 1 else (POSITION, "")
 
 
 @dataclass
@@ -217,6 +224,8 @@ class AgreementAccumulator:
     channels_first: bool = False
     #: why its last axis may not hold classes (:func:`class_axis_doubts`), or ''
     class_axis_doubt: str = ""
+    #: the size of the last axis at which that doubt does not hold (:class:`OutputLayout`)
+    doubt_unless_size: int | None = None
     kind: str | None = None
     reason: str = ""
     samples: int = 0
@@ -234,7 +243,7 @@ class AgreementAccumulator:
         """``labels``: integer class per sample, or None (then no accuracy)."""
         a, b = np.asarray(a), np.asarray(b)
         self.kind, self.reason = agreement_kind(
-            a.shape, self.name, self.channels_first, self.class_axis_doubt
+            a.shape, self.name, self.channels_first, self.class_axis_doubt, self.doubt_unless_size
         )
         if self.kind not in (CLASS, POSITION) or a.shape != b.shape:
             return
@@ -338,15 +347,24 @@ def class_axis_doubts(model: Any) -> dict[str, str]:
     boxes and class scores, anchors last) or a hidden state ``[N, T, D]`` is none of these, and
     an argmax over it would report a meaningless "agreement" (on nudenet's YOLOv8: 0.42 where
     the output's SQNR is 27.7 dB)."""
+    return _class_axis_evidence(model)[0]
+
+
+def _class_axis_evidence(model: Any) -> tuple[dict[str, str], dict[str, int]]:
+    """:func:`class_axis_doubts`, and the outputs whose doubt does not hold where their last
+    axis has a given size (a CRNN's ``Reshape(Linear [T*N, C], [T, N, -1])``: only the run
+    shows that the -1 is C)."""
     producer = {out: node for node in model.graph.node for out in node.output}
     walk = _LastAxisWalk(model, producer, constant_tensors(model))
-    doubts = {}
+    doubts, unless = {}, {}
     for value in model.graph.output:
         t = value.type.tensor_type
         rank = len(t.shape.dim) if t.HasField("shape") else None
         if why := walk.doubt(value.name, -1, rank):
             doubts[value.name] = f"its last axis may not hold class scores: {why}"
-    return doubts
+            if (value.name, -1) in walk.unless:
+                unless[value.name] = walk.unless[(value.name, -1)]
+    return doubts, unless
 
 
 @dataclass(frozen=True)
@@ -358,15 +376,21 @@ class OutputLayout:
 
     channels_first: frozenset[str] = frozenset()
     class_axis_doubt: Mapping[str, str] = field(default_factory=dict)
+    #: output -> the size of its last axis at which its doubt does not hold
+    doubt_unless_size: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, model: Any) -> OutputLayout:
-        return cls(channels_first_outputs(model), class_axis_doubts(model))
+        return cls(channels_first_outputs(model), *_class_axis_evidence(model))
 
     def kind(self, shape: Sequence[int | str | None], name: str) -> tuple[str | None, str]:
         """:func:`agreement_kind` of output ``name`` with this layout."""
         return agreement_kind(
-            shape, name, name in self.channels_first, self.class_axis_doubt.get(name, "")
+            shape,
+            name,
+            name in self.channels_first,
+            self.class_axis_doubt.get(name, ""),
+            self.doubt_unless_size.get(name),
         )
 
     def accumulator(self, name: str) -> AgreementAccumulator:
@@ -374,6 +398,7 @@ class OutputLayout:
             name=name,
             channels_first=name in self.channels_first,
             class_axis_doubt=self.class_axis_doubt.get(name, ""),
+            doubt_unless_size=self.doubt_unless_size.get(name),
         )
 
 
@@ -386,12 +411,14 @@ class _LastAxisWalk:
     producer: Mapping[str, Any]
     constants: Collection[str]
     seen: dict[tuple[str, int], str] = field(default_factory=dict)
+    #: (tensor, axis) whose doubt does not hold where the axis has this size at run time
+    unless: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @cached_property
-    def last_dims(self) -> dict[str, int]:
-        """Tensor -> the static size of its last axis, where shape inference knows it (run
-        only when a reshape is met: most heads end in a MatMul or a softmax first)."""
-        return _last_dims(self.model)
+    def shapes(self) -> dict[str, tuple[int | None, ...]]:
+        """Tensor -> its dims (None where not static), where shape inference knows its rank
+        (run only when a reshape or reduction is met: most heads end in a MatMul first)."""
+        return _static_shapes(self.model)
 
     def doubt(self, tensor: str, axis: int, rank: int | None, depth: int = 64) -> str:
         """'' when ``axis`` (negative, from the end) of ``tensor`` is a class axis by how it
@@ -423,49 +450,159 @@ class _LastAxisWalk:
             if not perm or not -len(perm) <= axis < 0:
                 return "it comes from a Transpose this check cannot follow"
             inner = perm[len(perm) + axis] - len(perm)
-            return _through(op, self.doubt(node.input[0], inner, len(perm), depth - 1))
+            return self._via(op, (tensor, axis), node.input[0], inner, len(perm), depth)
+        if op in _GLOBAL_POOLS:  # [N, C, H, W] -> [N, C, 1, 1]: the channels go through
+            if rank is not None and rank + axis == 1:
+                return _through(op, self.doubt(node.input[0], axis, rank, depth - 1))
+            return f"it comes from {op}, whose channels are on axis 1"
         data = [i for i in node.input if i and i not in self.constants]
         if op in _RESHAPES and axis == -1 and data:
-            # [T*N, C] -> [T, N, C] (a CRNN's head after its Linear): the last axis goes through
-            # when its size is known and the same on both sides
-            size = self.last_dims.get(tensor)
-            if size is None or self.last_dims.get(data[0]) != size:
-                return f"it comes from {op}, which may not keep it"
-            return _through(op, self.doubt(data[0], axis, None, depth - 1))
+            # [T*N, C] -> [T, N, C] (a CRNN's head after its Linear), [N, C, 1, 1] -> [N, C] (a
+            # convolutional head): the axis goes through when shape inference shows its size
+            # is the source's last axis that is not 1
+            inner = self._reshaped_from(tensor, data[0])
+            if inner is None:
+                return self._reshape_doubt(op, tensor, data[0], depth)
+            return _through(op, self.doubt(data[0], inner, self._rank(data[0]), depth - 1))
+        if op in _REDUCTIONS and data:
+            inner = self._reduced_from(node, tensor, axis, rank)
+            if inner is None:
+                return f"it comes from {op}, which may reduce it"
+            return _through(op, self.doubt(data[0], inner, self._rank(data[0]), depth - 1))
         if op == "Concat":
             cat = next((a.i for a in node.attribute if a.name == "axis"), 0)
             if _same_axis(cat, axis, rank):
                 return "it is a Concat along it (several heads side by side)"
         elif op not in _VALUEWISE or not data:
             return f"it comes from {op}"
+        if op in _BROADCASTING:
+            # logits - max, exp / sum (a softmax written out), logits + bias: the scores make
+            # the axis, whatever is broadcast against them
+            reasons = [self.doubt(source, axis, rank, depth - 1) for source in data]
+            if "" in reasons:
+                return ""
         for source in data:
-            if why := self.doubt(source, axis, rank, depth - 1):
-                return _through(op, why)
+            if why := self._via(op, (tensor, axis), source, axis, rank, depth):
+                return why
         return ""
 
+    def _via(self, op: str, key: tuple[str, int], source: str, axis: int, rank: int | None,
+             depth: int) -> str:  # fmt: skip
+        """The doubt of ``axis`` of ``source`` seen through ``op`` (which keeps the axis's
+        size), and its size condition carried up to ``key``."""
+        why = self.doubt(source, axis, rank, depth - 1)
+        if why and (source, axis) in self.unless:
+            self.unless[key] = self.unless[(source, axis)]
+        return _through(op, why)
 
-def _last_dims(model: Any) -> dict[str, int]:
-    """Tensor -> static size of its last axis, from the graph and ONNX shape inference (none
-    where inference fails, e.g. a model over 2 GiB)."""
+    def _reshape_doubt(self, op: str, tensor: str, source: str, depth: int) -> str:
+        """Why a reshape may not keep the last axis; where the target size is only known at
+        run time (``[T, N, -1]`` from Shape ops) and the source's last axis holds classes,
+        the doubt holds only if the output's last axis turns out of another size."""
+        out, src = self.shapes.get(tensor), self.shapes.get(source)
+        size = src[-1] if src else self._features(source)
+        unknown = not out or out[-1] is None
+        rank = len(src) if src else None
+        if unknown and size and size > 1 and not self.doubt(source, -1, rank, depth - 1):
+            self.unless[(tensor, -1)] = size
+            return f"it comes from {op}, which keeps it only if its size is {size}, as before it"
+        return f"it comes from {op}, which may not keep it"
+
+    def _rank(self, tensor: str) -> int | None:
+        shape = self.shapes.get(tensor)
+        return None if shape is None else len(shape)
+
+    def _reshaped_from(self, tensor: str, source: str) -> int | None:
+        """The axis of ``source`` (negative) that ``tensor``'s last axis is, or None: its last
+        axis of the same size, or, where the reshape drops axes (``[N, C, 1, 1] -> [N, C]``),
+        its last axis that is not of size 1."""
+        out, src = self.shapes.get(tensor), self.shapes.get(source)
+        if not out or not src or out[-1] is None:
+            return None
+        kept = len(src)
+        while len(out) < len(src) and kept > 1 and src[kept - 1] == 1:
+            kept -= 1
+        return kept - 1 - len(src) if src[kept - 1] == out[-1] else None
+
+    def _features(self, tensor: str) -> int | None:
+        """The output features of the Gemm/MatMul making ``tensor``, read from its weight
+        (where shape inference lost the activations' shapes, e.g. after an LSTM)."""
+        node = self.producer.get(tensor)
+        if node is None or node.op_type not in ("Gemm", "MatMul") or len(node.input) < 2:
+            return None
+        weight = self.shapes.get(node.input[1])
+        if not weight or len(weight) != 2 or node.input[1] not in self.constants:
+            return None
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return weight[0] if node.op_type == "Gemm" and trans_b else weight[1]
+
+    def _reduced_from(self, node: Any, tensor: str, axis: int, rank: int | None) -> int | None:
+        """The axis of a reduction's input (negative) that ``axis`` of its output is, or None
+        (the axis reduced, or the reduced axes unknown)."""
+        source_shape = self.shapes.get(node.input[0])
+        reduced = _reduction_axes(node, self.model)
+        if source_shape is None or reduced is None:
+            return None
+        source_rank = len(source_shape)
+        reduced = {a % source_rank for a in reduced} if reduced else set(range(source_rank))
+        keepdims = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
+        kept = (
+            list(range(source_rank))
+            if keepdims
+            else [a for a in range(source_rank) if a not in reduced]
+        )
+        if not -len(kept) <= axis < 0 or kept[axis] in reduced:
+            return None
+        return kept[axis] - source_rank
+
+
+def _static_shapes(model: Any) -> dict[str, tuple[int | None, ...]]:
+    """Tensor -> its dims (None where not a static size), from the graph and ONNX shape
+    inference (only the graph's own where inference fails, e.g. a model over 2 GiB)."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
-    except Exception:  # noqa: BLE001 - best effort: without sizes, reshapes stay in doubt
+    except Exception:  # noqa: BLE001 - best effort: without shapes, reshapes stay in doubt
         inferred = model.graph
-    dims = {}
+    shapes: dict[str, tuple[int | None, ...]] = {}
     for value in [*inferred.value_info, *inferred.input, *inferred.output]:
-        shape = value.type.tensor_type.shape
-        if value.type.tensor_type.HasField("shape") and shape.dim:
-            last = shape.dim[-1]
-            if last.HasField("dim_value") and last.dim_value > 0:
-                dims[value.name] = int(last.dim_value)
+        if value.type.tensor_type.HasField("shape"):
+            shapes[value.name] = tuple(
+                int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else None
+                for d in value.type.tensor_type.shape.dim
+            )
     for init in model.graph.initializer:
-        if init.dims:
-            dims[init.name] = int(init.dims[-1])
-    return dims
+        shapes[init.name] = tuple(int(d) for d in init.dims)
+    return shapes
+
+
+def _reduction_axes(node: Any, model: Any) -> list[int] | None:
+    """A reduction's axes (attribute, or constant second input from opset 18); [] for every
+    axis; None when they are only known at run time."""
+    attr = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
+    if attr is not None:
+        return attr
+    if len(node.input) < 2 or not node.input[1]:
+        noop = next((a.i for a in node.attribute if a.name == "noop_with_empty_axes"), 0)
+        return None if noop else []
+    for init in model.graph.initializer:
+        if init.name == node.input[1]:
+            return [int(a) for a in onnx.numpy_helper.to_array(init).reshape(-1)]
+    return None
 
 
 #: ops that only reshape: the last axis goes through them when its size stays the same
 _RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+#: [N, C, H, W] -> [N, C, 1, 1]
+_GLOBAL_POOLS = frozenset({"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})
+#: reductions: an axis they keep goes through them
+_REDUCTIONS = frozenset(
+    {
+        *("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd", "ReduceL1"),
+        *("ReduceL2", "ReduceLogSumExp", "ReduceSumSquare", "ReduceLogSum"),
+    }
+)
+#: value-wise ops of several data inputs, broadcast against each other
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "PRelu"})
 
 
 def _through(op: str, why: str) -> str:

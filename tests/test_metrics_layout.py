@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quantbench.metrics import (
     AgreementAccumulator,
+    OutputLayout,
     agreement_kind,
     channels_first_outputs,
     class_axis_doubts,
@@ -215,3 +216,159 @@ def test_the_walk_visits_each_tensor_once_in_a_residual_graph():
     nodes[0] = helper.make_node("Reshape", ["x", "s"], ["t0"])
     model = _head_model(nodes, ["N", 6, 5], {"w": np.ones((8, 5)), "s": np.array([0, 6, 5])})
     assert "Reshape, which may not keep it (through Identity, Add" in class_axis_doubts(model)["y"]
+
+
+def _graph_of(nodes: list, x_shape: list, y_shape: list, inits: dict) -> onnx.ModelProto:
+    """x -> ``nodes`` (op, inputs, output[, attributes]) -> y; ``inits``: float32 arrays, or
+    int64 ones for shapes and axes."""
+    made = [
+        helper.make_node(op, ins, [out], **(extra[0] if extra else {}))
+        for op, ins, out, *extra in nodes
+    ]
+    graph = helper.make_graph(
+        made,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+RANK2_INITS = {
+    "w": np.ones((8, 5), np.float32),
+    "g": np.ones(8, np.float32),
+    "cw": np.ones((10, 3, 3, 3), np.float32),
+    "hw": np.ones((3, 4), np.float32),
+    "sq": np.array([2, 3], np.int64),
+    "flat": np.array([0, -1], np.int64),
+    "last": np.array([-1], np.int64),
+}
+SEQ, IMAGE = ["N", 6, 8], ["N", 3, 8, 8]
+CONV = ("Conv", ["x", "cw"], "c", {"pads": [1, 1, 1, 1]})
+
+
+@pytest.mark.parametrize(
+    ("nodes", "x_shape", "y_shape", "doubt"),
+    [
+        # a pooled sentence embedding: the mean over tokens of a hidden state
+        ([("LayerNormalization", ["x", "g"], "h", {"axis": -1}),
+          ("ReduceMean", ["h"], "y", {"axes": [1], "keepdims": 0})], SEQ, ["N", 8],
+         "comes from LayerNormalization (through ReduceMean)"),
+        ([("ReduceMean", ["x"], "y", {"axes": [1], "keepdims": 0})], SEQ, ["N", 8],
+         "graph input (through ReduceMean)"),
+        # per-frame logits averaged over time: still the MatMul's classes
+        ([("MatMul", ["x", "w"], "m"), ("ReduceMean", ["m"], "y", {"axes": [1], "keepdims": 0})],
+         SEQ, ["N", 5], ""),
+        # ... averaged over the classes instead: the last axis left is time
+        ([("MatMul", ["x", "w"], "m"), ("ReduceMean", ["m"], "y", {"axes": [2], "keepdims": 0})],
+         SEQ, ["N", 6], "whose features are its last axis"),
+        # logits of every step flattened into one axis (a recognizer's [1, T*C])
+        ([("MatMul", ["x", "w"], "m"), ("Reshape", ["m", "flat"], "y")], SEQ, ["N", 30],
+         "Reshape, which may not keep it"),
+        # a softmax written out (magika, jax2tf): exp(logits - max) / sum
+        ([("MatMul", ["x", "w"], "m"), ("ReduceMax", ["m"], "mx", {"axes": [-1]}),
+          ("Sub", ["m", "mx"], "s"), ("Exp", ["s"], "e"),
+          ("ReduceSum", ["e", "last"], "z"), ("Div", ["e", "z"], "y")],
+         ["N", 8], ["N", 5], ""),
+        # convolutional classifier heads: the channels of the last convolution are the classes
+        ([CONV, ("GlobalAveragePool", ["c"], "p"), ("Flatten", ["p"], "y")], IMAGE, ["N", 10],
+         ""),
+        ([CONV, ("GlobalAveragePool", ["c"], "p"), ("Squeeze", ["p", "sq"], "y")], IMAGE,
+         ["N", 10], ""),
+        ([CONV, ("ReduceMean", ["c"], "y", {"axes": [2, 3], "keepdims": 0})], IMAGE, ["N", 10],
+         ""),
+        # a convolution's map flattened: channels and pixels in one axis
+        ([CONV, ("Flatten", ["c"], "y")], IMAGE, ["N", 640], "Flatten, which may not keep it"),
+        # a Linear head on [N, features]
+        ([("MatMul", ["x", "w"], "y")], ["N", 8], ["N", 5], ""),
+        ([("Identity", ["x"], "y")], ["N", 8], ["N", 8], "graph input"),
+    ],
+)  # fmt: skip
+def test_a_rank2_output_holds_classes_only_by_how_it_was_made(nodes, x_shape, y_shape, doubt):
+    """Rank-2 outputs ``[N, C]`` are judged as the last axis of longer ones: a pooled
+    embedding or flattened logits get no agreement, classifiers (Linear, convolutional and
+    written-out-softmax heads) keep theirs."""
+    model = _graph_of(nodes, x_shape, y_shape, RANK2_INITS)
+    onnx.checker.check_model(model, full_check=True)
+    kind, reason = declared_output_kinds(model)["y"]
+    if doubt:
+        assert kind is None and doubt in reason, reason
+    else:
+        assert kind == "class", reason
+
+
+def test_compare_reports_no_agreement_for_a_pooled_embedding(run_cli, tmp_path):
+    """A sentence-embedding-like model ``[N, T, 8] -> LayerNorm -> mean over T -> [N, 8]``:
+    no top-1 'agreement' over embedding dimensions, with the reason; drift metrics stand."""
+    nodes = [
+        ("MatMul", ["x", "w8"], "m"),
+        ("LayerNormalization", ["m", "g"], "h", {"axis": -1}),
+        ("ReduceMean", ["h"], "y", {"axes": [1], "keepdims": 0}),
+    ]
+    rng = np.random.default_rng(1)
+    inits = {"w8": rng.standard_normal((8, 8)).astype(np.float32), "g": np.ones(8, np.float32)}
+    path = tmp_path / "embed.onnx"
+    onnx.save(_graph_of(nodes, SEQ, ["N", 8], inits), path)
+    data = tmp_path / "d.npz"
+    np.savez(data, x=rng.standard_normal((12, 6, 8)).astype(np.float32))
+    out = tmp_path / "c.json"
+    args = ["--model", path, "--data", data, "--calib-data", data, "-m", "minmax"]
+    code, _, err = run_cli("compare", "fp32", "int8", *args, "--no-latency", "--json", out)
+    assert code == 0, err
+    row = json.loads(out.read_text())["outputs"][0]
+    assert row["agreement"] is None and row["top5_agreement"] is None
+    assert "comes from LayerNormalization (through ReduceMean)" in row["agreement_note"]
+    assert row["cosine"] is not None and row["sqnr_db"] is not None
+
+
+def _crnn_head(target: list) -> onnx.ModelProto:
+    """x[T, N, 8] -> Reshape [-1, 8] -> Linear (5 classes) -> Reshape to ``target`` built at
+    run time from x's shape (-1: the rest), as PyTorch exports ``y.view(T, b, -1)``."""
+    pick = {"T": 0, "N": 1}
+    nodes = [
+        ("Shape", ["x"], "shape"),
+        ("Reshape", ["x", "rows"], "r"),
+        ("MatMul", ["r", "w"], "m"),
+    ]
+    parts = []
+    for i, dim in enumerate(target):
+        if dim == -1:
+            parts.append("minus1")
+            continue
+        nodes += [
+            ("Gather", ["shape", f"i{pick[dim]}"], f"g{i}", {"axis": 0}),
+            ("Unsqueeze", [f"g{i}", "zero"], f"u{i}"),
+        ]
+        parts.append(f"u{i}")
+    nodes += [("Concat", parts, "target", {"axis": 0}), ("Reshape", ["m", "target"], "y")]
+    inits = {
+        "w": np.ones((8, 5), np.float32),
+        "rows": np.array([-1, 8], np.int64),
+        "minus1": np.array([-1], np.int64),
+        "zero": np.array([0], np.int64),
+        "i0": np.array(0, np.int64),
+        "i1": np.array(1, np.int64),
+    }
+    return _graph_of(nodes, ["T", "N", 8], [f"d{i}" for i in range(len(target))], inits)
+
+
+def test_a_run_time_reshape_keeps_the_classes_only_if_the_run_shows_their_size():
+    """Only the run tells whether ``-1`` is the Linear's 5 classes: ``[T, N, -1]`` is, and gets
+    per-position agreement; ``[T, -1]`` (each step's N x 5 scores in one axis) is not."""
+    per_step = OutputLayout.of(_crnn_head(["T", "N", -1]))
+    assert per_step.kind(("T", "N", "d2"), "y")[0] == "unknown"  # declared: ask the data
+    assert per_step.kind((6, 2, 5), "y") == ("position", "")
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((6, 2, 5)).astype(np.float32)
+    acc = per_step.accumulator("y")
+    acc.update(a, a + 0.3 * rng.standard_normal(a.shape).astype(np.float32))
+    assert acc.kind == "position" and acc.metrics()["agreement"] is not None
+    flattened = OutputLayout.of(_crnn_head(["T", -1]))
+    kind, reason = flattened.kind((6, 10), "y")
+    assert kind is None and "keeps it only if its size is 5" in reason
+    acc = flattened.accumulator("y")
+    acc.update(a.reshape(6, 10), a.reshape(6, 10))
+    assert acc.metrics()["agreement"] is None and "size is 5" in acc.note()
