@@ -226,6 +226,8 @@ class AgreementAccumulator:
     class_axis_doubt: str = ""
     #: the size of the last axis at which that doubt does not hold (:class:`OutputLayout`)
     doubt_unless_size: int | None = None
+    #: the graph declares the samples on axis 1 (a time-major ``[T, N, C]`` CTC output)
+    samples_second: bool = False
     kind: str | None = None
     reason: str = ""
     samples: int = 0
@@ -239,8 +241,16 @@ class AgreementAccumulator:
     correct_b: int = 0
     labelled: int = 0
 
-    def update(self, a: np.ndarray, b: np.ndarray, labels: np.ndarray | None = None) -> None:
-        """``labels``: integer class per sample, or None (then no accuracy)."""
+    def update(
+        self,
+        a: np.ndarray,
+        b: np.ndarray,
+        labels: np.ndarray | None = None,
+        batch: int | None = None,
+    ) -> None:
+        """``labels``: integer class per sample, or None (then no accuracy). ``batch``: the
+        samples the feed held, which tells a time-major ``[T, N, C]`` output (``T != N``) from a
+        batch-first one, so that a sequence is one sample's, not one time step's."""
         a, b = np.asarray(a), np.asarray(b)
         self.kind, self.reason = agreement_kind(
             a.shape, self.name, self.channels_first, self.class_axis_doubt, self.doubt_unless_size
@@ -249,6 +259,8 @@ class AgreementAccumulator:
             return
         if _nchw_map(a.shape, self.channels_first):
             a, b = _class_axis_last(a), _class_axis_last(b)
+        elif self.kind == POSITION and _samples_second(a.shape, batch, self.samples_second):
+            a, b = np.moveaxis(a, 1, 0), np.moveaxis(b, 1, 0)
         finite_a, finite_b = bool(np.isfinite(a).all()), bool(np.isfinite(b).all())
         self.nonfinite_a |= not finite_a
         self.nonfinite_b |= not finite_b
@@ -300,6 +312,16 @@ class AgreementAccumulator:
         acc_b = None if self.nonfinite_b else self.correct_b / self.labelled
         delta = None if acc_a is None or acc_b is None else acc_b - acc_a
         return {"A": acc_a, "B": acc_b, "delta": delta}
+
+
+def _samples_second(shape: tuple[int, ...], batch: int | None, declared: bool) -> bool:
+    """Whether axis 1 of a rank-3+ output holds the samples: as the feed's size shows it
+    (axis 0 is not that size, axis 1 is), else as the graph declares it."""
+    if len(shape) < 3:
+        return False
+    if batch is not None and (shape[0] == batch) != (shape[1] == batch):
+        return shape[1] == batch
+    return declared
 
 
 def _nchw_map(shape: Sequence[int | str | None], channels_first: bool) -> bool:
@@ -378,10 +400,13 @@ class OutputLayout:
     class_axis_doubt: Mapping[str, str] = field(default_factory=dict)
     #: output -> the size of its last axis at which its doubt does not hold
     doubt_unless_size: Mapping[str, int] = field(default_factory=dict)
+    #: outputs declared with the samples on axis 1 (:func:`samples_second_outputs`)
+    samples_second: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, model: Any) -> OutputLayout:
-        return cls(channels_first_outputs(model), *_class_axis_evidence(model))
+        doubts, unless = _class_axis_evidence(model)
+        return cls(channels_first_outputs(model), doubts, unless, samples_second_outputs(model))
 
     def kind(self, shape: Sequence[int | str | None], name: str) -> tuple[str | None, str]:
         """:func:`agreement_kind` of output ``name`` with this layout."""
@@ -399,7 +424,23 @@ class OutputLayout:
             channels_first=name in self.channels_first,
             class_axis_doubt=self.class_axis_doubt.get(name, ""),
             doubt_unless_size=self.doubt_unless_size.get(name),
+            samples_second=name in self.samples_second,
         )
+
+
+def samples_second_outputs(model: Any) -> frozenset[str]:
+    """Outputs whose declared axis 1, not 0, is the first input's symbolic batch axis: a
+    time-major ``[T, N, C]`` recognizer (PyTorch's CRNN/CTC exports)."""
+    inits = {i.name for i in model.graph.initializer}
+    feeds = [v for v in model.graph.input if v.name not in inits]
+    dims = feeds[0].type.tensor_type.shape.dim if feeds else []
+    batch = dims[0].dim_param if dims and dims[0].HasField("dim_param") else ""
+    found = set()
+    for value in model.graph.output if batch else ():
+        out = value.type.tensor_type.shape.dim
+        if len(out) >= 3 and out[1].dim_param == batch and out[0].dim_param != batch:
+            found.add(value.name)
+    return frozenset(found)
 
 
 @dataclass
@@ -750,14 +791,16 @@ class OutputsAccumulator:
         reference: Mapping[str, np.ndarray],
         candidate: Mapping[str, np.ndarray],
         labels: np.ndarray | None = None,
+        batch: int | None = None,
     ) -> None:
-        """One batch; ``candidate`` keyed by the reference's output names."""
+        """One batch of ``batch`` samples; ``candidate`` keyed by the reference's output
+        names."""
         label_output = self.label_output(reference)
         for name in self.names:
             a, b = reference[name], candidate[name]
             self.drift[name].update(a, b)
             lab = labels if name == label_output and self.labels_usable else None
-            self.agreement[name].update(a, b, lab)
+            self.agreement[name].update(a, b, lab, batch)
 
     def label_output(self, reference: Mapping[str, np.ndarray]) -> str | None:
         kinds = {n: self.layout.kind(np.shape(reference[n]), n)[0] for n in self.names}

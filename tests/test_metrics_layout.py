@@ -372,3 +372,31 @@ def test_a_run_time_reshape_keeps_the_classes_only_if_the_run_shows_their_size()
     acc = flattened.accumulator("y")
     acc.update(a.reshape(6, 10), a.reshape(6, 10))
     assert acc.metrics()["agreement"] is None and "size is 5" in acc.note()
+
+
+def test_a_time_major_output_counts_sequences_per_sample():
+    """A CTC recognizer exported time-major, ``[T, N, C]``: a sequence is one sample's steps
+    (axis 1), as the feed's size shows (T=5 steps, N=3 samples) or, without it, as the graph
+    declares the batch axis."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((5, 3, 4)).astype(np.float32)
+    b = a.copy()
+    b[2, 0] = -b[2, 0]  # sample 0 differs at step 2 (its argmax moves); samples 1 and 2 agree
+    per_sample = (a.argmax(-1) == b.argmax(-1)).all(axis=0).mean()  # by hand: 2 of 3
+    assert per_sample == pytest.approx(2 / 3)
+    fed = AgreementAccumulator(name="y")
+    fed.update(a, b, batch=3)
+    assert fed.metrics()["sequence_agreement"] == pytest.approx(per_sample)
+    assert fed.metrics()["agreement"] == pytest.approx(14 / 15)
+    assert fed.samples == 3
+    model = _graph_of(
+        [("Transpose", ["x"], "t", {"perm": [1, 0, 2]}), ("MatMul", ["t", "w"], "y")],
+        ["batch", 5, 8], [5, "batch", 4], {"w": np.ones((8, 4), np.float32)},
+    )  # fmt: skip
+    declared = OutputLayout.of(model).accumulator("y")
+    assert declared.samples_second
+    declared.update(a, b)  # no feed size: the declaration decides
+    assert declared.metrics()["sequence_agreement"] == pytest.approx(per_sample)
+    batch_first = AgreementAccumulator(name="y")
+    batch_first.update(np.moveaxis(a, 1, 0), np.moveaxis(b, 1, 0), batch=3)
+    assert batch_first.metrics()["sequence_agreement"] == pytest.approx(per_sample)

@@ -263,9 +263,9 @@ def run_comparison(
             ref = ref_runner.infer(feed, ref_fetch)
             ref.update(feed)
             ref_host = ref if drift is None else {o: to_host(ref[o]) for o in ref_out}
-            acc_ref.update(ref_host, ref_host, lab)
+            acc_ref.update(ref_host, ref_host, lab, n)
             for side in sides:
-                _update_side(side, ref, ref_out, feed, lab, drift, ref_host)
+                _update_side(side, ref, ref_out, feed, lab, n, drift, ref_host)
             seen += n
             advance(n)
     if seen == 0:
@@ -354,11 +354,13 @@ def _update_side(
     ref_out: list[str],
     feed: Feed,
     labels: np.ndarray | None,
+    batch: int,
     drift: DeviceDrift | None = None,
     ref_host: dict[str, np.ndarray] | None = None,
 ) -> None:
-    """One batch of one side. ``drift``: the tensors are on the GPU; the per-layer sums are
-    taken there (``ref_host``: the reference's outputs, on the host for the output metrics)."""
+    """One batch (``batch`` samples) of one side. ``drift``: the tensors are on the GPU; the
+    per-layer sums are taken there (``ref_host``: the reference's outputs, on the host for the
+    output metrics)."""
     ref_outputs = {o: (ref_host or ref)[o] for o in ref_out}
     if side.runner is None:  # the FP32 reference itself: a metric script scores FP32 vs FP32
         if side.script is not None:
@@ -372,7 +374,7 @@ def _update_side(
         _host_drift(side, ref, got)
     cand_outputs = {ro: got[co] for ro, co in side.pairing.items()}
     assert side.outputs is not None
-    side.outputs.update(ref_outputs, cand_outputs, labels)
+    side.outputs.update(ref_outputs, cand_outputs, labels, batch)
     if side.script is not None:
         side.script.update(ref_outputs, cand_outputs, labels)
 

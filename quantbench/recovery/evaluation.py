@@ -135,6 +135,8 @@ class Evaluator:
     layout: OutputLayout = field(default_factory=OutputLayout)
     reference: list[dict[str, np.ndarray]] = field(default_factory=list)
     batch_labels: list[np.ndarray | None] = field(default_factory=list)
+    #: samples per reference batch (tells a time-major output's samples axis)
+    batch_sizes: list[int] = field(default_factory=list)
     evaluations: int = 0
 
     def __post_init__(self) -> None:
@@ -150,6 +152,7 @@ class Evaluator:
             n = feed_num_samples(feed, self.graph.inputs)
             self.reference.append(runner.infer(feed, self.outputs))
             self.batch_labels.append(self._labels_for(seen, n))
+            self.batch_sizes.append(n)
             seen += n
         runner.close()
         if seen == 0:
@@ -242,7 +245,7 @@ class Evaluator:
         session = self.script.session() if self.script is not None else None
         for index, got in enumerate(candidate):  # the candidate drives: it checks its count
             ref, lab = self.reference[index], self.batch_labels[index]
-            acc.update(ref, got, lab)
+            acc.update(ref, got, lab, self.batch_sizes[index])
             if session is not None:
                 session.update(ref, {o: got[o] for o in self.outputs}, lab)
         metrics: dict[str, float | None] = dict(acc.model_metrics())
@@ -264,6 +267,7 @@ class EvaluationJob:
     script: str | None
     reference: list[dict[str, np.ndarray]]
     batch_labels: list[np.ndarray | None]
+    batch_sizes: list[int]
     #: what the variants are built from (quantbench.recovery.context.RecoveryContext)
     table: Any = None
     exclude: tuple[str, ...] = ()
@@ -299,6 +303,7 @@ def evaluation_job(
         script=_absolute_script(evaluator.script),
         reference=evaluator.reference,
         batch_labels=evaluator.batch_labels,
+        batch_sizes=evaluator.batch_sizes,
         table=table,
         exclude=exclude,
     )
@@ -326,6 +331,7 @@ def worker_evaluator(job: EvaluationJob) -> Evaluator:
         script,
         reference=job.reference,
         batch_labels=job.batch_labels,
+        batch_sizes=job.batch_sizes,
     )
 
 
