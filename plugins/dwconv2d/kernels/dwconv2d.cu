@@ -198,23 +198,6 @@ __device__ inline void store_row_bytes(unsigned char* p, uint32_t const (&wd)[NB
     store_row_bytes_narrow<NB, ELEM>(p, wds, chunk, count_bytes);
 }
 
-// The MMA epilogue (depthwise_rows' tensor-core variant): a 16 x 8 accumulator block holds, in
-// lane (g, tq), outputs (row g, columns 2 tq, 2 tq + 1) in a[0], a[1] and (row g + 8, the same
-// columns) in a[2], a[3]. The lane pair (tq even, tq + 1) exchanges halves: the even lane gets row
-// g, columns 2 tq .. 2 tq + 3, the odd lane row g + 8, columns 2 tq - 2 .. 2 tq + 1, in v[0..3].
-template <class A>
-__device__ inline void mma_swap(A const (&a)[4], bool odd, A (&v)[4])
-{
-    A const s0 = odd ? a[0] : a[2];
-    A const s1 = odd ? a[1] : a[3];
-    A const q0 = __shfl_xor_sync(0xFFFFFFFFU, s0, 1);
-    A const q1 = __shfl_xor_sync(0xFFFFFFFFU, s1, 1);
-    v[0] = odd ? q0 : a[0];
-    v[1] = odd ? q1 : a[1];
-    v[2] = odd ? a[2] : q0;
-    v[3] = odd ? a[3] : q1;
-}
-
 // Each store functor has operator() (one element, every path), and for the depthwise_rows path
 // rows_plane() (per-plane constants from the bias, once per plane) and rows_store<V>() (V adjacent
 // outputs of one row, see store_row_bytes for chunk/count).
@@ -270,22 +253,6 @@ struct StoreF16
         }
         store_row_bytes<2 * V, 2>(reinterpret_cast<unsigned char*>(y + i), wd, chunk, 2 * count);
     }
-    // MMA epilogue (see mma_swap): rounds the lane's own two pairs first (as rows_store), then
-    // exchanges one 4-byte word; stores 4 outputs at y[i] (8-byte aligned) when `ok`. Every lane
-    // of the warp calls it.
-    template <int V = 4> // a template: no unused-function warning where the variant is compiled out
-    __device__ void mma_store(int64_t i, float const (&a)[V], float bias, bool odd, bool ok) const
-    {
-        __half2 const h0 = __floats2half2_rn(a[0] + bias, a[1] + bias);
-        __half2 const h1 = __floats2half2_rn(a[2] + bias, a[3] + bias);
-        uint32_t const w0 = *reinterpret_cast<uint32_t const*>(&h0);
-        uint32_t const w1 = *reinterpret_cast<uint32_t const*>(&h1);
-        uint32_t const r = __shfl_xor_sync(0xFFFFFFFFU, odd ? w0 : w1, 1);
-        if (ok)
-        {
-            *reinterpret_cast<uint2*>(y + i) = odd ? make_uint2(r, w1) : make_uint2(w0, r);
-        }
-    }
 };
 
 // INT8 epilogues: every step is one explicit IEEE float32 rounding (no FMA contraction), so that a
@@ -314,17 +281,6 @@ struct StoreI8ToF32
             wd[j] = __float_as_uint(__fadd_rn(__fmul_rn(small_int_to_float(a[j]), acc_scale), bias));
         }
         store_row_bytes<4 * V, 4>(reinterpret_cast<unsigned char*>(y + i), wd, chunk, 4 * count);
-    }
-    // MMA epilogue (see mma_swap): 4 outputs at y[i] (16-byte aligned) when `ok`.
-    template <int V = 4>
-    __device__ void mma_store(int64_t i, int32_t const (&a)[V], float bias, bool odd, bool ok) const
-    {
-        int32_t v[4];
-        mma_swap(a, odd, v);
-        if (ok)
-        {
-            rows_store<4>(i, v, bias, 16, 4);
-        }
     }
 };
 
@@ -472,41 +428,6 @@ struct StoreI8ToI8
             wd = rows_fix<V>(wd, acc, c.bias, c.c2u, c.e2, c.exact, c.c1, acc_scale, output_scale);
         }
         store_row_bytes<V, 1>(reinterpret_cast<unsigned char*>(y + i), wd.w, chunk, count);
-    }
-    // MMA epilogue (see mma_swap): requantizes the lane's own 4 outputs (as rows_store: the same
-    // fixed-point z, exactness test and exact chain, bytes (row g: c0 c1, row g + 8: c0 c1)), then
-    // exchanges the 4-byte word with the pair lane and stores 4 bytes at y[i] when `ok`. Every
-    // lane of the warp calls it.
-    template <int V = 4>
-    __device__ void mma_store(int64_t i, int32_t const (&a)[V], RowsCtx const& c, bool odd, bool ok) const
-    {
-        int32_t h[4];
-        bool slow = c.exact;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-        {
-            uint64_t const z = mul_wide_u32(static_cast<uint32_t>(a[j]), c.c1) + c.c2u;
-            h[j] = static_cast<int32_t>(static_cast<uint32_t>(z >> 32));
-            slow = slow || static_cast<uint32_t>(z) < c.e2;
-        }
-        RowWords<4> wd;
-        wd.w[0] = pack_sat_s8(h[1], h[0], pack_sat_s8(h[3], h[2], 0U));
-        if (slow)
-        {
-            RowAcc<4> acc;
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-            {
-                acc.a[j] = a[j];
-            }
-            wd = rows_fix<4>(wd, acc, c.bias, c.c2u, c.e2, c.exact, c.c1, acc_scale, output_scale);
-        }
-        uint32_t const r = __shfl_xor_sync(0xFFFFFFFFU, wd.w[0], 1);
-        if (ok)
-        {
-            // even lane: own bytes 0, 1 then the pair's 0, 1 (row g); odd: the pair's 2, 3 then own 2, 3
-            *reinterpret_cast<uint32_t*>(y + i) = __byte_perm(wd.w[0], r, odd ? 0x3276U : 0x5410U);
-        }
     }
 };
 
@@ -934,108 +855,6 @@ __host__ __device__ constexpr int rows_max_threads(int elem, int ks)
     return rows_v(elem, ks) == 4 ? kRowsMaxThreads : DWCONV2D_ROWS_MAX_THREADS_NARROW;
 }
 
-// Tensor cores inside depthwise_rows (FP16 and INT8): the same blocks, multi-plane cp.async
-// pipeline and zero-bordered plane slices, but each warp of a plane computes 16 x (8 NB) output
-// tiles of it as matrix products, as depthwise_mma does (per filter row kh: A = 16 input rows x
-// KM consecutive input columns, B = the KM x 8 banded Toeplitz matrix of the filter row), instead
-// of V x R outputs per thread with FP32 FMAs / dp4a. Per element size, a bit mask of kernel sizes
-// (bit 0: 3x3, bit 1: 5x5, bit 2: 7x7; both strides): DWCONV2D_ROWS_MMA_F16, DWCONV2D_ROWS_MMA_I8
-// (0: the CUDA-core kernels of the previous rounds). Where the tensor-core plan does not fit (or
-// the GPU is older than sm_80) the CUDA-core kernel runs instead. See rows_mma_* below.
-// Default 0 (off): the fifth round's first form of it (one 16 x 8 block per warp step) ran on the
-// H200, correct on the whole depthwise grid but slower than the CUDA-core kernels (FP16 3x3 60.5
-// against 35.4 us); this form (NBT blocks per step, shared A halves, packed epilogue) has been
-// checked only on the CPU (index emulation, plans), not yet on a GPU. See README, fifth round.
-#ifndef DWCONV2D_ROWS_MMA_F16
-#define DWCONV2D_ROWS_MMA_F16 0
-#endif
-#ifndef DWCONV2D_ROWS_MMA_I8
-#define DWCONV2D_ROWS_MMA_I8 0
-#endif
-// Warps per plane of the tensor-core variant, at least (0: the CUDA-core kernel's threads per plane
-// rounded up to whole warps).
-#ifndef DWCONV2D_ROWS_MMA_WARPS
-#define DWCONV2D_ROWS_MMA_WARPS 0
-#endif
-__host__ __device__ constexpr bool rows_mma_wanted(int elem, int ks)
-{
-    return ((elem == 2 ? DWCONV2D_ROWS_MMA_F16 : elem == 1 ? DWCONV2D_ROWS_MMA_I8 : 0)
-               & (ks == 3 ? 1 : ks == 5 ? 2 : ks == 7 ? 4 : 0))
-        != 0;
-}
-// The tile of one warp step: 16 output rows x 8 NB output columns (NB = 2 for INT8 stride 1, where
-// one 32-column A fragment covers 16 output columns and their taps), from KSTEPS K steps of KM
-// input columns (FP16 stride 2: two k16 steps, 8 outputs at stride 2 span up to 21 columns),
-// starting OFF columns left of the first output's centre column (OFF * elem = 8 bytes: with the
-// slice's 16-byte left border, every A fragment row starts 8-byte aligned).
-__host__ __device__ constexpr int rows_mma_km(int elem)
-{
-    return elem == 1 ? 32 : 16;
-}
-__host__ __device__ constexpr int rows_mma_nb(int elem, int st)
-{
-    return elem == 1 && st == 1 ? 2 : 1;
-}
-__host__ __device__ constexpr int rows_mma_ksteps(int elem, int st)
-{
-    return elem == 2 && st == 2 ? 2 : 1;
-}
-__host__ __device__ constexpr int rows_mma_off(int elem)
-{
-    return 8 / elem;
-}
-// Output column alignment of a warp step (its first column): 4-byte aligned A loads (ow0 * S *
-// elem a multiple of 4) and 4-output store segments.
-__host__ __device__ constexpr int rows_mma_colalign(int elem, int st)
-{
-    return 4 / (st * elem) > 4 ? 4 / (st * elem) : 4;
-}
-// The zero-padded filter rows the B fragments are gathered from: tap kw of row kh at element
-// kh * ZL + Z + kw; Z and ZL cover every (lane, block, K step) offset plus the next word read by
-// smem_word_at().
-__host__ __device__ constexpr int rows_mma_z(int elem, int ks, int st)
-{
-    return rows_mma_off(elem) + (8 * rows_mma_nb(elem, st) - 1) * st - ks / 2;
-}
-__host__ __device__ constexpr int rows_mma_zl(int elem, int ks, int st)
-{
-    return (rows_mma_z(elem, ks, st) + rows_mma_ksteps(elem, st) * rows_mma_km(elem) - rows_mma_off(elem) + ks / 2
-               + 8 / elem + 8 + 7)
-        / 8 * 8;
-}
-// Half fragments (KM / 2 input columns) per block step (8 NB output columns at stride st), block
-// steps per warp step (DWCONV2D_ROWS_MMA_STEPS, or _I8 / _F16), half fragments per warp step and A
-// row, output columns per warp step.
-#ifndef DWCONV2D_ROWS_MMA_STEPS
-#define DWCONV2D_ROWS_MMA_STEPS 4
-#endif
-#ifndef DWCONV2D_ROWS_MMA_STEPS_F16
-#define DWCONV2D_ROWS_MMA_STEPS_F16 DWCONV2D_ROWS_MMA_STEPS
-#endif
-#ifndef DWCONV2D_ROWS_MMA_STEPS_I8
-#define DWCONV2D_ROWS_MMA_STEPS_I8 DWCONV2D_ROWS_MMA_STEPS
-#endif
-__host__ __device__ constexpr int rows_mma_steph(int elem, int st)
-{
-    return 8 * rows_mma_nb(elem, st) * st / (rows_mma_km(elem) / 2);
-}
-__host__ __device__ constexpr int rows_mma_steps(int elem, int st)
-{
-    return elem == 1 ? DWCONV2D_ROWS_MMA_STEPS_I8 : DWCONV2D_ROWS_MMA_STEPS_F16;
-}
-__host__ __device__ constexpr int rows_mma_halves(int elem, int st)
-{
-    return 2 * rows_mma_ksteps(elem, st) + (rows_mma_steps(elem, st) - 1) * rows_mma_steph(elem, st);
-}
-__host__ __device__ constexpr int rows_mma_gw(int elem, int st)
-{
-    return rows_mma_steps(elem, st) * 8 * rows_mma_nb(elem, st);
-}
-__host__ __device__ constexpr int rows_mma_zrow_bytes(int elem, int ks, int st)
-{
-    return (ks * rows_mma_zl(elem, ks, st) * elem + 15) / 16 * 16;
-}
-
 // Last 4-element group (float/half) or 4-byte word (int8) of an input row a thread reads,
 // relative to the group of its first output column.
 __host__ __device__ constexpr int rows_hi_word(int ks, int stride, bool packed_int8, int v)
@@ -1062,8 +881,6 @@ struct RowsPlan
     int32_t stages;      // buffers per plane slot (2..4): stages - 1 groups of planes in flight
     uint32_t kdiv_m;     // plane / K as (plane * kdiv_m) >> kdiv_s (plane < 2^31), see rows_div
     int32_t kdiv_s;
-    int32_t zrow_bytes;  // tensor-core variant: zero-padded filter rows per plane (after the buffers)
-    int32_t mma_wide;    // tensor-core variant: every 4-output segment whole, stored with one store
 };
 
 // floor(v / d) for 0 <= v < 2^31 and 1 <= d < 2^31 as (v * m) >> s, with l = ceil(log2 d),
@@ -1213,39 +1030,6 @@ __host__ __device__ constexpr int rows_min_blocks(int elem, int ks)
                      : (ks == 3 ? DWCONV2D_ROWS_MIN_BLOCKS_3X3 : 1);
 }
 
-// (mma.sync m16n8k32 s8 and m16n8k16 f16 need sm_80; launch_mma() and launch_rows()
-// run the tensor-core kernels only there.)
-__device__ inline void mma_tile(int32_t (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    __trap();
-#else
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-__device__ inline void mma_tile(float (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    __trap();
-#else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-// 4 bytes of shared memory starting at byte `byte` of a 4-byte aligned array (any alignment).
-__device__ inline uint32_t smem_word_at(unsigned char const* base, int32_t byte)
-{
-    uint32_t const* const w = reinterpret_cast<uint32_t const*>(base) + (byte >> 2);
-    return __funnelshift_r(w[0], w[1], 8 * (byte & 3));
-}
-
 // The NFW aligned words from w32 that hold an INT8 filter's bytes sh0 .. end - 1, for a filter
 // whose words do not all lie inside the weight tensor (see fetch in depthwise_rows_kernel): words
 // wholly inside the filter are read as words, the (at most two) that straddle its ends byte by
@@ -1282,7 +1066,7 @@ __device__ __noinline__ Words<NFW> rows_filter_edge(uint32_t const* w32, int32_t
     return out;
 }
 
-template <int KS, int S, class TIn, class TB, class Store, bool MMA>
+template <int KS, int S, class TIn, class TB, class Store>
 __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn)), KS),
     rows_min_blocks(static_cast<int>(sizeof(TIn)), KS))
     depthwise_rows_kernel(TIn const* __restrict__ x,
@@ -1311,10 +1095,8 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
     int32_t const stride = static_cast<int32_t>(gridDim.x);
 
     // Zero all buffers once: side columns and rows outside the image are never written again
-    // (the band, blockIdx.y, is the same for every plane this block handles); with MMA also the
-    // padded filter rows, whose taps alone are rewritten per plane.
-    for (int32_t i = t; i < (stages * buf_bytes + (MMA ? pl.PPB * pl.zrow_bytes : 0)) / 16;
-         i += static_cast<int32_t>(blockDim.x))
+    // (the band, blockIdx.y, is the same for every plane this block handles).
+    for (int32_t i = t; i < stages * buf_bytes / 16; i += static_cast<int32_t>(blockDim.x))
     {
         reinterpret_cast<uint4*>(smem_raw)[i] = make_uint4(0U, 0U, 0U, 0U);
     }
@@ -1376,16 +1158,15 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
     // the group's iteration (float, whose 3x3 kernel has no registers to spare; FP16 5x5/7x7,
     // whose filters are too many registers). INT8 keeps the aligned words that hold the filter's
     // bytes (a word read holds at least one of them) and packs them when they are used.
-    constexpr bool kAhead = kInt8 || (sizeof(TIn) == 2 && KS == 3) || MMA;
+    constexpr bool kAhead = kInt8 || (sizeof(TIn) == 2 && KS == 3);
     // INT8: words fetched; the last group's window starts at byte sh0 + KS (KS - 1) + 4 (G - 1)
     // and reads the word after the one holding that byte.
     constexpr int NFW = (KS * (KS - 1) + 4 * (G - 1)) / 4 + 3;
     struct Fetched
     {
-        uint32_t raw[kInt8 && !MMA ? NFW : 1];
+        uint32_t raw[kInt8 ? NFW : 1];
         int32_t sh0; // byte offset of the filter in raw[0]
-        TIn wt[kInt8 || MMA ? 1 : KS * KS];
-        TIn e0, e1; // MMA: the filter's taps lt and lt + TXY (this thread writes them to the padded rows)
+        TIn wt[kInt8 ? 1 : KS * KS];
         float bias;
     };
     // the weight tensor's bytes (INT8 filter reads stay inside them)
@@ -1395,19 +1176,12 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
             * sizeof(TIn);
     auto fetch = [&](int32_t group, Fetched& f) {
         int32_t const plane = group * pl.PPB + p;
-        bool const ok = group < pl.groups && plane < pl.planes && (MMA || orow0 < s.Ho);
+        bool const ok = group < pl.groups && plane < pl.planes && orow0 < s.Ho;
         int32_t const n = ok ? rows_div(plane, pl) : 0; // plane / s.K
         int32_t const k = ok ? plane - n * s.K : 0;
         TIn const* const wp = w + (s.weight_per_batch ? static_cast<int64_t>(n) * s.K * (KS * KS) : 0)
             + static_cast<int64_t>(k) * (KS * KS);
-        if constexpr (MMA)
-        {
-            // one tap (two where TXY < KS * KS) per thread, element by element: nothing outside
-            // the filter is read
-            f.e0 = ok && lt < KS * KS ? wp[lt] : TIn(0);
-            f.e1 = ok && lt + pl.TXY < KS * KS ? wp[lt + pl.TXY] : TIn(0);
-        }
-        else if constexpr (kInt8)
+        if constexpr (kInt8)
         {
             auto const addr = reinterpret_cast<uintptr_t>(wp);
             uint32_t const* const w32 = reinterpret_cast<uint32_t const*>(addr & ~uintptr_t{3});
@@ -1512,199 +1286,7 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
         // rows_stream(): whether input row r completes an output row (KS - 1 + i * S for row i).
         auto row_done = [](int r) { return r >= KS - 1 && (r - (KS - 1)) % S == 0; };
 
-        if constexpr (MMA)
-        {
-            // Tensor cores. A warp step computes 16 output rows x GW output columns: NBT block
-            // steps of NB adjacent 16 x 8 blocks. Per filter row kh, block step i's A fragments
-            // (16 input rows x KSTEPS * KM input columns, from input column (gc0 + i * 8 NB) * S -
-            // OFF) overlap step i + 1's by all but STEPH half fragments (H = KM / 2 columns: one
-            // 4-byte register of each of the rows g and g + 8), so each row's NH half fragments
-            // are loaded once per step and kh (4-byte shared-memory loads, conflict-free by the
-            // plan's pitch) and shared. Warp wq of the plane's TXY / 32 takes the steps wq,
-            // wq + TXY / 32, ... of the band (row-major over 16-row tiles and GW-column groups);
-            // bottom and right edge tiles are moved back to end at the band's last row / the last
-            // column (outputs already stored by the tile before are not stored again; rows past
-            // the band read its last row instead, columns past the image the zero border). B
-            // fragments (the Toeplitz bands of block j of a step, the same for every step) are
-            // gathered once per plane from the padded filter rows. The epilogue: the lane pair
-            // (tq, tq ^ 1) exchanges halves of each block's fragment so that every lane stores 4
-            // adjacent outputs of one row (Store::mma_store), same rounding as rows_store.
-            constexpr int E = static_cast<int>(sizeof(TIn));
-            constexpr int KM = rows_mma_km(E);
-            constexpr int NB = rows_mma_nb(E, S);
-            constexpr int KSTEPS = rows_mma_ksteps(E, S);
-            constexpr int OFF = rows_mma_off(E);
-            constexpr int CA = rows_mma_colalign(E, S);
-            constexpr int U = 4 / E; // elements per 4-byte register
-            constexpr int Z = rows_mma_z(E, KS, S);
-            constexpr int ZL = rows_mma_zl(E, KS, S);
-            constexpr int H = KM / 2;                      // input columns per half fragment
-            constexpr int STEPH = rows_mma_steph(E, S);     // half fragments per block step
-            constexpr int NBT = rows_mma_steps(E, S);       // block steps per warp step
-            constexpr int NH = rows_mma_halves(E, S);       // half fragments per warp step and row
-            constexpr int GW = rows_mma_gw(E, S);           // output columns per warp step
-            static_assert(OFF >= PAD && OFF <= LPAD, "taps of the first column inside the left border");
-            static_assert((8 * NB - 1) * S + KS - 1 - PAD + OFF <= KSTEPS * KM - 1, "a block's taps lie in its K steps");
-            static_assert(STEPH * H == 8 * NB * S, "block steps are whole half fragments");
-            auto constexpr touches = [](int j, int q) {
-                int const lo = 8 * j * S - PAD + OFF;
-                int const hi = (8 * j + 7) * S + KS - 1 - PAD + OFF;
-                return lo <= KM * q + KM - 1 && hi >= KM * q;
-            };
-            unsigned char* const zb = smem_raw + stages * buf_bytes + p * pl.zrow_bytes;
-            TIn* const zrow = reinterpret_cast<TIn*>(zb);
-            if (lt < KS * KS)
-            {
-                zrow[(lt / KS) * ZL + Z + lt % KS] = cur.e0;
-            }
-            if (lt + pl.TXY < KS * KS)
-            {
-                zrow[((lt + pl.TXY) / KS) * ZL + Z + (lt + pl.TXY) % KS] = cur.e1;
-            }
-            rows_wait(stages);
-            __syncthreads();
-            if (plane < pl.planes) // the same for the whole warp (TXY is a multiple of 32)
-            {
-                int32_t const lane = t & 31;
-                int32_t const g = lane >> 2;
-                int32_t const tq = lane & 3;
-                int32_t const wpp = pl.TXY >> 5;
-                uint32_t bf[KS][NB][KSTEPS][2];
-#pragma unroll
-                for (int kh = 0; kh < KS; ++kh)
-                {
-#pragma unroll
-                    for (int j = 0; j < NB; ++j)
-                    {
-#pragma unroll
-                        for (int qs = 0; qs < KSTEPS; ++qs)
-                        {
-#pragma unroll
-                            for (int h = 0; h < 2; ++h)
-                            {
-                                if (touches(j, qs))
-                                {
-                                    // B[k][g] for k = qs KM + U tq + H h + (0 .. U - 1)
-                                    int32_t const e = qs * KM + U * tq + H * h - (8 * j + g) * S + PAD - OFF + Z;
-                                    bf[kh][j][qs][h] = smem_word_at(zb + kh * ZL * E, e * E);
-                                }
-                                else
-                                {
-                                    bf[kh][j][qs][h] = 0U;
-                                }
-                            }
-                        }
-                    }
-                }
-                auto const ctx = store.rows_plane(cur.bias);
-                unsigned char const* const tb = reinterpret_cast<unsigned char const*>(tile) + 4 * tq;
-                int32_t const PB = pl.P * E; // slice pitch in bytes
-                int32_t const br = min(pl.TY * R, s.Ho - oh0); // output rows of this band
-                int32_t const ngrp = (s.Wo + GW - 1) / GW;
-                int32_t const ntiles = ((br + 15) >> 4) * ngrp;
-                int32_t const last_row0 = max(0, br - 16);
-                int32_t const last_gc0 = max(0, (s.Wo - GW + CA - 1) / CA * CA);
-                int64_t const ybase = (static_cast<int64_t>(plane) * s.Ho + oh0) * s.Wo;
-                bool const odd = (tq & 1) != 0;
-                bool const wide = pl.mma_wide != 0;
-                int32_t mt = 0;
-                int32_t grp = lt >> 5;
-                while (grp >= ngrp)
-                {
-                    grp -= ngrp;
-                    ++mt;
-                }
-                for (int32_t tile_i = lt >> 5; tile_i < ntiles; tile_i += wpp)
-                {
-                    int32_t const row0 = min(mt * 16, last_row0);
-                    int32_t const gc0 = min(grp * GW, last_gc0);
-                    // this lane's A rows (m = g, g + 8), clamped to the band
-                    unsigned char const* const pa0 = tb + min(row0 + g, br - 1) * S * PB + (LPAD + gc0 * S - OFF) * E;
-                    unsigned char const* const pb0 = tb + min(row0 + g + 8, br - 1) * S * PB + (LPAD + gc0 * S - OFF) * E;
-                    Acc acc2[NBT][NB][4];
-#pragma unroll
-                    for (int i = 0; i < NBT; ++i)
-                    {
-#pragma unroll
-                        for (int j = 0; j < NB; ++j)
-                        {
-#pragma unroll
-                            for (int q = 0; q < 4; ++q)
-                            {
-                                acc2[i][j][q] = Acc(Store::kAccBias); // see StoreI8ToI8::kAccBias
-                            }
-                        }
-                    }
-#pragma unroll
-                    for (int kh = 0; kh < KS; ++kh)
-                    {
-                        uint32_t hg[NH];
-                        uint32_t hg8[NH];
-#pragma unroll
-                        for (int h = 0; h < NH; ++h)
-                        {
-                            hg[h] = *reinterpret_cast<uint32_t const*>(pa0 + kh * PB + h * H * E);
-                            hg8[h] = *reinterpret_cast<uint32_t const*>(pb0 + kh * PB + h * H * E);
-                        }
-#pragma unroll
-                        for (int i = 0; i < NBT; ++i)
-                        {
-#pragma unroll
-                            for (int qs = 0; qs < KSTEPS; ++qs)
-                            {
-                                int const h0 = i * STEPH + 2 * qs;
-                                uint32_t const a[4] = {hg[h0], hg8[h0], hg[h0 + 1], hg8[h0 + 1]};
-#pragma unroll
-                                for (int j = 0; j < NB; ++j)
-                                {
-                                    if (touches(j, qs))
-                                    {
-                                        mma_tile(acc2[i][j], a, bf[kh][j][qs][0], bf[kh][j][qs][1]);
-                                    }
-                                }
-                            }
-                        }
-                    }
-                    // the even lane of a pair stores row g, the odd lane row g + 8, 4 columns each
-                    int32_t const row = row0 + g + (odd ? 8 : 0);
-                    bool const row_ok = row >= mt * 16 && row < br; // not stored by the tile before
-                    int32_t const col_l = gc0 + 4 * (tq >> 1);
-                    int32_t const skip = grp * GW - col_l; // block columns below it: stored before
-                    int32_t const end = s.Wo - col_l;
-                    int64_t const iy = ybase + static_cast<int64_t>(row) * s.Wo + col_l;
-#pragma unroll
-                    for (int i = 0; i < NBT; ++i)
-                    {
-#pragma unroll
-                        for (int j = 0; j < NB; ++j)
-                        {
-                            int const c = 8 * (i * NB + j);
-                            bool const ok = row_ok && c >= skip && c < end;
-                            if (wide)
-                            {
-                                store.mma_store(iy + c, acc2[i][j], ctx, odd, ok);
-                            }
-                            else
-                            {
-                                Acc v[4];
-                                mma_swap(acc2[i][j], odd, v);
-                                if (ok)
-                                {
-                                    store.template rows_store<4>(iy + c, v, ctx, pl.out_chunk, min(4, end - c));
-                                }
-                            }
-                        }
-                    }
-                    grp += wpp;
-                    while (grp >= ngrp)
-                    {
-                        grp -= ngrp;
-                        ++mt;
-                    }
-                }
-            }
-        }
-        else if constexpr (kInt8)
+        if constexpr (kInt8)
         {
             constexpr int WLO = floor_div4(-PAD);
             constexpr int WHI = rows_hi_word(KS, S, true, V);
@@ -1870,7 +1452,7 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
             }
         }
 
-        if constexpr (!kStream && !MMA)
+        if constexpr (!kStream)
         {
             if (active)
             {
@@ -1965,6 +1547,38 @@ struct MmaPlan
     int32_t NV;          // copies per input row
     int32_t out_chunk;   // bytes per output store (rows_out_chunk for 4 outputs)
 };
+
+// (mma.sync m16n8k32 s8 and m16n8k16 f16 need sm_80; launch_mma() runs this path only there.)
+__device__ inline void mma_tile(int32_t (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();
+#else
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ inline void mma_tile(float (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// 4 bytes of shared memory starting at byte `byte` of a 4-byte aligned array (any alignment).
+__device__ inline uint32_t smem_word_at(unsigned char const* base, int32_t byte)
+{
+    uint32_t const* const w = reinterpret_cast<uint32_t const*>(base) + (byte >> 2);
+    return __funnelshift_r(w[0], w[1], 8 * (byte & 3));
+}
 
 // This lane's share of the copies of one plane's rows: columns v0, v0 + 32, ... (several per row
 // when a row has more than 32) of rows r0, r0 + rstep, ... (rstep = 32 / copies per row, else 1).
@@ -2664,10 +2278,7 @@ int64_t rows_planes(ConvShape const& s)
 // wastes the fewest lanes in its last warp (e.g. 4 planes of 56 threads: 7 full warps, not 2
 // planes in 3.5 warps).
 // elem: the element size (shared memory holds the input type); load_bytes: copy width.
-// mma: the tensor-core variant (rows_mma_wanted()): threads per plane a multiple of 32 (whole
-// warps), a pitch whose A-fragment rows (S * pitch apart) fall in distinct banks and that holds the
-// last tile's K columns, and the padded filter rows per plane.
-bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out, bool mma = false)
+bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out)
 {
     int64_t const planes = rows_planes(s);
     if (planes == 0)
@@ -2687,33 +2298,7 @@ bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out, bool
     int64_t const lpad = 16 / elem;
     int64_t const hi = rows_hi_word(ks, st, elem == 1, static_cast<int>(V));
     int64_t const need = lpad + (TX - 1) * V * st + 4 * (hi + 1);
-    int64_t P = round_up(std::max<int64_t>(need, lpad + s.W), 16 / elem);
-    int64_t zb = 0;
-    if (mma)
-    {
-        if (elem == 4)
-        {
-            return false;
-        }
-        int64_t const gw = rows_mma_gw(elem, st);
-        int64_t const ca = rows_mma_colalign(elem, st);
-        int64_t const last_col0 = std::max<int64_t>(0, (s.Wo - gw + ca - 1) / ca * ca);
-        int64_t const kneed
-            = lpad + last_col0 * st - rows_mma_off(elem) + rows_mma_halves(elem, st) * (rows_mma_km(elem) / 2);
-        P = round_up(std::max<int64_t>(P, kneed), 16 / elem);
-        // 4-byte A loads: the 8 rows of a warp (4 words each) are st * P * elem / 4 words apart.
-        // Stride 1: P * elem / 4 = 4 mod 8 puts them in 8 distinct groups of 4 banks. Stride 2: the
-        // row step is twice a multiple of 4 words, so at best 2 * (P * elem / 4) = 8 mod 16 (rows
-        // g and g + 4 share banks: 2-way conflicts). P * elem is a multiple of 16 (P * elem / 4 of
-        // 4), so each target is reached within two steps of 16 bytes; the loop is bounded anyway.
-        // (Note: requiring 4 mod 8 at stride 2 as well never terminates; it hung the H200 call of
-        // this round, see README.)
-        for (int i = 0; i < 8 && (st == 1 ? (P * elem / 4) % 8 != 4 : (2 * (P * elem / 4)) % 16 != 8); ++i)
-        {
-            P += 16 / elem;
-        }
-        zb = rows_mma_zrow_bytes(elem, ks, st);
-    }
+    int64_t const P = round_up(std::max<int64_t>(need, lpad + s.W), 16 / elem);
     auto slice = [&](int64_t ty) {
         int64_t const nrs = (ty * R - 1) * st + ks;
         return round_up(nrs * P * elem, 16);
@@ -2727,7 +2312,7 @@ bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out, bool
     {
         return false;
     }
-    int64_t const TXY = mma ? std::max<int64_t>(round_up(TX * TY, 32), 32 * DWCONV2D_ROWS_MMA_WARPS) : TX * TY;
+    int64_t const TXY = TX * TY;
     int64_t const NV = static_cast<int64_t>(s.W) * elem / load_bytes; // copies per row (> TXY: several per thread)
     if (NV < 1 || (static_cast<int64_t>(s.W) * elem) % load_bytes != 0)
     {
@@ -2742,17 +2327,12 @@ bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out, bool
     int64_t const plane_bytes = std::min<int64_t>(pl_rows(TY, R, st, ks), s.H) * s.W * elem;
     int64_t const ahead = ks == 3 ? kRowsAheadBytes3x3 : kRowsAheadBytes;
     int64_t stages = std::min<int64_t>(4, 1 + ceil_div(ahead, std::max<int64_t>(plane_bytes, 1)));
-    while (stages > 2 && stages * slice(TY) + zb > kRowsSmemMax)
+    while (stages > 2 && stages * slice(TY) > kRowsSmemMax)
     {
         --stages;
     }
-    if (stages * slice(TY) + zb > kRowsSmemMax || TXY > max_threads)
-    {
-        return false;
-    }
     int64_t const ppb_smem = std::max<int64_t>(rows_ppb_smem(elem, ks), kSmemBudget);
-    int64_t PPB = std::max<int64_t>(
-        1, std::min<int64_t>({max_threads / TXY, ppb_smem / (stages * slice(TY) + zb), planes}));
+    int64_t PPB = std::max<int64_t>(1, std::min<int64_t>({max_threads / TXY, ppb_smem / (stages * slice(TY)), planes}));
     while (PPB > 1 && (planes + PPB - 1) / PPB * bands < kRowsMinBlocks)
     {
         --PPB;
@@ -2790,7 +2370,6 @@ bool plan_rows(ConvShape const& s, int elem, int load_bytes, RowsPlan* out, bool
     pl.planes = static_cast<int32_t>(planes);
     pl.stages = static_cast<int32_t>(stages);
     rows_div_magic(s.K, &pl.kdiv_m, &pl.kdiv_s);
-    pl.zrow_bytes = static_cast<int32_t>(zb);
     *out = pl;
     return true;
 }
@@ -2835,14 +2414,13 @@ int select_path(DWConv2DParams const& p)
     return DWCONV2D_PATH_DIRECT;
 }
 
-template <int KS, int S, class TIn, class TB, class Store, bool MMA>
+template <int KS, int S, class TIn, class TB, class Store>
 int launch_rows_ks(TIn const* x, TIn const* w, TB const* b, Store store, ConvShape const& s,
     RowsPlan const& pl, cudaStream_t stream)
 {
-    auto kernel = depthwise_rows_kernel<KS, S, TIn, TB, Store, MMA>;
+    auto kernel = depthwise_rows_kernel<KS, S, TIn, TB, Store>;
     int const threads = pl.PPB * pl.TXY;
-    size_t const smem = static_cast<size_t>(pl.stages) * pl.PPB * pl.slice_bytes
-        + static_cast<size_t>(pl.PPB) * pl.zrow_bytes;
+    size_t const smem = static_cast<size_t>(pl.stages) * pl.PPB * pl.slice_bytes;
     // Persistent blocks: as many as fit on the GPU at once (per band), each looping over groups of
     // planes. Without the device's numbers, one block per group.
     if (smem > static_cast<size_t>(kSmemBudget))
@@ -2932,45 +2510,14 @@ bool launch_rows(TIn const* x, TIn const* w, TB const* b, Store store, void cons
     }
     constexpr int in_elem = static_cast<int>(sizeof(TIn));
     int const load_bytes = widest_row_load(s, in_elem, x);
-    if (load_bytes == 0)
-    {
-        return false;
-    }
     RowsPlan pl{};
-    if constexpr (in_elem != 4)
-    {
-        // the tensor-core variant where it is wanted for this kernel size, the plan fits and the
-        // GPU has mma.sync (sm_80 or later), else the CUDA-core kernel below
-        if (rows_mma_wanted(in_elem, s.kH) && plan_rows(s, in_elem, load_bytes, &pl, true))
-        {
-            int device = 0;
-            int major = 0;
-            bool const sm80 = cudaGetDevice(&device) == cudaSuccess
-                && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess
-                && major >= 8;
-            (void) cudaGetLastError();
-            if (sm80)
-            {
-                pl.out_chunk = rows_out_chunk(4 * out_elem, out_elem, s.Wo, y);
-                pl.mma_wide = pl.out_chunk == rows_wide_chunk(4 * out_elem) && s.Wo % 4 == 0 ? 1 : 0;
-                return dispatch_ks_stride(s, [&](auto ks, auto st) {
-                    if constexpr (rows_mma_wanted(in_elem, decltype(ks)::value))
-                    {
-                        *status = launch_rows_ks<decltype(ks)::value, decltype(st)::value, TIn, TB, Store, true>(
-                            x, w, b, store, s, pl, stream);
-                    }
-                });
-            }
-        }
-    }
-    if (!plan_rows(s, in_elem, load_bytes, &pl))
+    if (load_bytes == 0 || !plan_rows(s, in_elem, load_bytes, &pl))
     {
         return false;
     }
     pl.out_chunk = rows_out_chunk(rows_v(in_elem, s.kH) * out_elem, out_elem, s.Wo, y);
     return dispatch_ks_stride(s, [&](auto ks, auto st) {
-        *status = launch_rows_ks<decltype(ks)::value, decltype(st)::value, TIn, TB, Store, false>(
-            x, w, b, store, s, pl, stream);
+        *status = launch_rows_ks<decltype(ks)::value, decltype(st)::value>(x, w, b, store, s, pl, stream);
     });
 }
 
