@@ -314,27 +314,29 @@ def calibrate(
             f"no data to judge the default method (auto) on: using {registry.DATA_FREE_METHOD}, "
             "the most robust method that needs no data on the real-model corpus"
         )
-    graph = model if isinstance(model, Graph) else open_graph(model)
-    mode = tensors or default_tensors_mode(fmt)
-    calibration_tensors(graph, mode)  # a bad --tensors fails here
-    targets = _output_targets(graph, method_list, output, fmt)
-    if save_stats is not None:
-        check_output_path(save_stats)
-    stats_file, stats_path, from_cache = obtain_stats(
-        graph,
-        data,
-        tensors=mode,
-        stats=stats,
-        merge=merge,
-        batch_size=batch_size,
-        max_samples=max_samples,
-        preset=preset,
-        provider=provider,
-        use_cache=use_cache,
-        show_progress=show_progress,
-        executor=executor,
-        before_inference=checks.wait,
-    )
+    # the model's check runs beside the pass's session start (collect_stats)
+    graph = model if isinstance(model, Graph) else open_graph(model, defer_check=True)
+    with graph.checked():
+        mode = tensors or default_tensors_mode(fmt)
+        calibration_tensors(graph, mode)  # a bad --tensors fails here
+        targets = _output_targets(graph, method_list, output, fmt)
+        if save_stats is not None:
+            check_output_path(save_stats)
+        stats_file, stats_path, from_cache = obtain_stats(
+            graph,
+            data,
+            tensors=mode,
+            stats=stats,
+            merge=merge,
+            batch_size=batch_size,
+            max_samples=max_samples,
+            preset=preset,
+            provider=provider,
+            use_cache=use_cache,
+            show_progress=show_progress,
+            executor=executor,
+            before_inference=checks.wait,
+        )
     checks.wait()  # statistics from a file or the cache: no inference ran, the check still holds
     if save_stats is not None:
         stats_path = stats_file.save(save_stats)

@@ -85,39 +85,31 @@ def collect_stats(
     """
     input_names = {s.name for s in graph.inputs}
     plan = derivation_plan(graph, tensors)
-    if wants_device_stats(provider):  # CUDA: activations stay on the GPU (devicecollect)
+    measured = [t for t in tensors if t not in plan]
+    from_feed = [t for t in measured if t in input_names]
+    from_outputs = [t for t in measured if t not in input_names]
+    starting = _session_start(graph, from_outputs, provider, threads)
+    # beside the session's start (onnxruntime lets go of the GIL): the model's deferred check
+    # and, for CUDA, CuPy's import and CUDA's start
+    device = _beside(starting, lambda: (graph.finish_check(), wants_device_stats(provider))[1])
+    if device:  # CUDA: activations stay on the GPU (devicecollect)
         stats, num_samples, fingerprint = collect_on_device(
             graph,
             source,
             tensors,
             plan,
-            provider=provider,
             show_progress=show_progress,
             before_inference=before_inference,
+            runner=starting.result() if starting else None,
         )
         return _stats_file(graph, source, stats, num_samples, fingerprint)
-    measured = [t for t in tensors if t not in plan]
-    from_feed = [t for t in measured if t in input_names]
-    from_outputs = [t for t in measured if t not in input_names]
     stats = {name: TensorStats(name) for name in tensors}
     binner = _Binner(stats, relus_by_source(plan))
     fingerprint = None if source.fingerprinted else StreamFingerprint()
     num_samples = 0
     with _stats_workers(binning_threads) as pool:
         warm = pool.submit(binning.warm_up)  # the compiled kernels load while onnxruntime starts
-        runner = OnnxRuntimeRunner(
-            expose_for_session(
-                graph.model,
-                from_outputs,
-                graph.elem_types,
-                source=graph.take_source(),
-                types_of_model=True,
-            ),
-            provider,
-            threads,
-            spin=False,
-            generated_from=graph.model,
-        )
+        runner = starting.result() if starting else None
         if before_inference is not None:
             before_inference()
         with (
@@ -129,7 +121,7 @@ def collect_stats(
                 if fingerprint is not None:
                     fingerprint.update(feed)
                 for part in _parts(feed, graph.inputs, lambda: per_sample[0]):
-                    outputs = runner.infer(part, from_outputs) if from_outputs else {}
+                    outputs = runner.infer(part, from_outputs) if runner else {}
                     n = feed_num_samples(part, graph.inputs)
                     if not per_sample[0]:
                         per_sample[0] = max(1, -(-sum(a.nbytes for a in outputs.values()) // n))
@@ -140,6 +132,34 @@ def collect_stats(
                     advance(n)
             bin_part(binner, None)
     return _stats_file(graph, source, with_copies(stats, plan), num_samples, fingerprint)
+
+
+_SESSION_START = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-session")
+
+
+def _session_start(
+    graph: Graph, exposed: list[str], provider: str | None, threads: int | None
+) -> Future[OnnxRuntimeRunner] | None:
+    """The pass's session, started on a thread (None when no tensor needs exposing)."""
+    if not exposed:
+        return None
+    model = expose_for_session(
+        graph.model, exposed, graph.elem_types, source=graph.take_source(), types_of_model=True
+    )
+    return _SESSION_START.submit(
+        OnnxRuntimeRunner, model, provider, threads, spin=False, generated_from=graph.model
+    )
+
+
+def _beside(starting: Future[OnnxRuntimeRunner] | None, work: Callable[[], bool]) -> bool:
+    """``work()`` while the session starts. Should it fail, the start is waited for first
+    (and its own failure dropped: ``work``'s, an invalid model say, is the one to report)."""
+    try:
+        return work()
+    except BaseException:
+        if starting is not None:
+            starting.exception()  # waits, raises nothing
+        raise
 
 
 def _stats_file(

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from quantbench.backends.onnxruntime import expose_for_session, resolve_provider
+from quantbench.backends.onnxruntime import OnnxRuntimeRunner, resolve_provider
 from quantbench.backends.ortdevice import CUDA_PROVIDER, DeviceOutputRunner
 from quantbench.data import (
     DataSource,
@@ -76,13 +76,15 @@ def collect_on_device(
     tensors: list[str],
     plan: dict[str, tuple[str, str]],
     *,
-    provider: str | None = "cuda",
     show_progress: bool = True,
     before_inference: Callable[[], None] | None = None,
+    runner: OnnxRuntimeRunner | None = None,
 ) -> tuple[dict[str, TensorStats], int, StreamFingerprint | None]:
     """:func:`quantbench.collect.collect_stats`'s pass with inference and binning on the GPU:
     the statistics of ``tensors``, the samples seen, and the stream's fingerprint where the
-    source has none up front.
+    source has none up front. ``runner``: the CUDA session over the model with the tensors to
+    read exposed, started by :func:`quantbench.collect.collect_stats` beside other work (None
+    when every tensor is an input).
 
     ``plan`` is ``derivation.derivation_plan(graph, tensors)``: ``same`` tensors are renamed copies
     of their root, ``relu`` tensors are binned from their source's values in its pass.
@@ -97,16 +99,7 @@ def collect_on_device(
     measured = [t for t in tensors if t not in plan]
     from_feed = [t for t in measured if t in input_names]
     from_outputs = [t for t in measured if t not in input_names]
-    runner = None
-    if from_outputs:
-        exposed = expose_for_session(
-            graph.model,
-            from_outputs,
-            graph.elem_types,
-            source=graph.take_source(),
-            types_of_model=True,
-        )
-        runner = DeviceOutputRunner(exposed, cp, provider, generated_from=graph.model)
+    device_runner = None if runner is None else DeviceOutputRunner(runner, cp)
     binner = _DeviceBinner(cp, tensors, plan)
     if before_inference is not None:
         before_inference()
@@ -123,7 +116,9 @@ def collect_on_device(
                 fingerprint.update(feed)
             for part in _parts(feed, graph.inputs, lambda: per_sample[0]):
                 inputs = _on_device(cp, stream, part, from_feed)
-                outputs = runner.infer({**part, **inputs}, from_outputs) if runner else {}
+                outputs = (
+                    device_runner.infer({**part, **inputs}, from_outputs) if device_runner else {}
+                )
                 n = feed_num_samples(part, graph.inputs)
                 if not per_sample[0]:
                     per_sample[0] = max(1, -(-sum(a.nbytes for a in outputs.values()) // n))

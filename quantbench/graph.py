@@ -8,9 +8,11 @@ calibrate, and the residual inputs of ``Add`` nodes that follow a weighted op.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,6 +88,28 @@ class Graph:
     #: bytes that parse to exactly ``model`` (the file's, when quantbench changed nothing), or
     #: None; whoever rewrites ``model`` in place must clear it
     source: bytes | None = field(default=None, repr=False)
+    #: ``onnx.checker`` not yet run (``open_graph(..., defer_check=True)``): :meth:`finish_check`
+    pending_check: Callable[[], None] | None = field(default=None, repr=False)
+
+    @contextmanager
+    def checked(self) -> Iterator[None]:
+        """A block that reads the model before its deferred check ran: the check runs at its
+        end, and first should anything in it fail (an invalid model is reported as such,
+        not by what failed on it)."""
+        try:
+            yield
+        except BaseException:
+            self.finish_check()
+            raise
+        self.finish_check()
+
+    def finish_check(self) -> None:
+        """Run the deferred model check, once: raises the one-line error of an invalid model.
+        Whoever deferred it runs it before anything can fail on the model, or, where
+        something did, before reporting that (the check's error names the real fault)."""
+        check, self.pending_check = self.pending_check, None
+        if check is not None:
+            check()
 
     def take_source(self) -> bytes | None:
         """:attr:`source`, handed over once: its use is the statistics pass's session, and
@@ -165,6 +189,8 @@ class LoadedModel:
     model: onnx.ModelProto
     source: bytes | None
     hash: str
+    #: the model's check, when the caller deferred it (:func:`read_model`)
+    check: Callable[[], None] | None = None
 
 
 def load_model(path: str | Path) -> onnx.ModelProto:
@@ -172,10 +198,12 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     return read_model(path).model
 
 
-def read_model(path: str | Path) -> LoadedModel:
+def read_model(path: str | Path, defer_check: bool = False) -> LoadedModel:
     """:func:`load_model` reading the file once: parsed, checked (``onnx.checker`` on the bytes,
     not the path, which would read and parse the file again) and hashed (on a thread, as hashlib
-    lets go of the GIL) from the same bytes."""
+    lets go of the GIL) from the same bytes. ``defer_check``: the check is returned undone,
+    as :attr:`LoadedModel.check`, for a caller that runs it beside work that lets go of the GIL
+    (the checker holds it)."""
     p = Path(path)
     if not p.is_file():
         raise QuantbenchError(f"{p}: model file not found")
@@ -195,11 +223,17 @@ def read_model(path: str | Path) -> LoadedModel:
         checked = checkable(model)
         if checked is model:  # with external data, the path: it says where the data is
             checked = source or (str(p) if external and fmt == "protobuf" else model)
-        try:
-            onnx.checker.check_model(checked)
-        except Exception as exc:  # noqa: BLE001
-            raise QuantbenchError(f"{p}: invalid ONNX model: {first_line(exc)}") from None
-        return LoadedModel(model, source, digest.result())
+        check = functools.partial(_check, checked, p)
+        if not defer_check:
+            check()
+        return LoadedModel(model, source, digest.result(), check if defer_check else None)
+
+
+def _check(checked: onnx.ModelProto | bytes | str, p: Path) -> None:
+    try:
+        onnx.checker.check_model(checked)
+    except Exception as exc:  # noqa: BLE001
+        raise QuantbenchError(f"{p}: invalid ONNX model: {first_line(exc)}") from None
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:
@@ -245,21 +279,40 @@ def _check_input_ranks(model: onnx.ModelProto, p: Path | None) -> None:
             )
 
 
-def open_graph(path: str | Path | onnx.ModelProto, require_fixed_rank: bool = True) -> Graph:
-    """Load a model and derive types and constants once."""
+def open_graph(
+    path: str | Path | onnx.ModelProto, require_fixed_rank: bool = True, defer_check: bool = False
+) -> Graph:
+    """Load a model and derive types and constants once. ``defer_check``: the model's check is
+    left to :meth:`Graph.finish_check` (a file's; a proto is not checked here)."""
     source: bytes | None = None
+    check = None
     if isinstance(path, onnx.ModelProto):
         model, p, digest = path, None, hashlib.sha256(path.SerializeToString()).hexdigest()
     else:
         p = Path(path)
-        loaded = read_model(p)
-        model, source, digest = loaded.model, loaded.source, loaded.hash
-    model, rewritten = _dynamic_dims(model, copy=not isinstance(path, (str, Path)))
+        loaded = read_model(p, defer_check)
+        model, source, digest, check = loaded.model, loaded.source, loaded.hash, loaded.check
+    try:
+        g = _derived_graph(model, p, digest, source, not isinstance(path, (str, Path)))
+        if require_fixed_rank:
+            _check_input_ranks(g.model, p)
+        g.inputs = _graph_inputs(g.model, p)
+    except Exception:
+        if check is not None:
+            check()  # an invalid model is reported as such, not by what failed on it
+        raise
+    g.pending_check = check
+    return g
+
+
+def _derived_graph(
+    model: onnx.ModelProto, p: Path | None, digest: str, source: bytes | None, copy: bool
+) -> Graph:
+    """The graph of ``model`` with its types, outputs and constants (``copy``: a caller's
+    proto is left untouched by the dynamic-dim rewrite)."""
+    model, rewritten = _dynamic_dims(model, copy=copy)
     g = Graph(model=model, path=p, hash=digest, source=None if rewritten else source)
     g.elem_types = _elem_types(model)
-    if require_fixed_rank:
-        _check_input_ranks(model, p)
-    g.inputs = _graph_inputs(model, p)
     g.outputs = [_spec(v) for v in model.graph.output]
     g.constants = constant_tensors(model)
     return g

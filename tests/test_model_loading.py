@@ -133,3 +133,38 @@ def test_the_statistics_pass_takes_the_bytes_it_hands_to_onnxruntime(cnn_path, c
         show_progress=False,
     )  # fmt: skip
     assert stats.num_samples == 40 and g.source is None
+
+
+def _invalid_for_the_checker(cnn_path):
+    """The CNN with a node of an op no ONNX opset has, feeding nothing: it parses and its graph
+    derives, but onnx.checker (and onnxruntime) refuse it."""
+    model = onnx.load(str(cnn_path))
+    first = model.graph.node[0].output[0]
+    model.graph.node.append(onnx.helper.make_node("NoSuchOp", [first], ["dangling"]))
+    onnx.save(model, str(cnn_path))
+    return cnn_path
+
+
+def test_a_deferred_check_still_reports_an_invalid_model_first(cnn_path):
+    """``open_graph(defer_check=True)`` leaves the check to ``Graph.checked()``, which runs it
+    at the block's end, or first when anything in the block fails on the model."""
+    path = _invalid_for_the_checker(cnn_path)
+    with pytest.raises(QuantbenchError, match=r"cnn\.onnx: invalid ONNX model"):
+        open_graph(path)
+    g = open_graph(path, defer_check=True)  # not checked yet
+    with pytest.raises(QuantbenchError, match=r"cnn\.onnx: invalid ONNX model"), g.checked():
+        raise RuntimeError("something that failed on the invalid model")
+    g = open_graph(path, defer_check=True)
+    with pytest.raises(QuantbenchError, match=r"cnn\.onnx: invalid ONNX model"), g.checked():
+        pass  # nothing failed: the check still runs at the end
+
+
+def test_calibrate_names_an_invalid_model_not_what_failed_on_it(cnn_path, cnn_data, run_cli):
+    """The check runs beside the session's start; onnxruntime refuses the model too, but the
+    user is told the model is invalid (one line, exit 2), and no table is written."""
+    path = _invalid_for_the_checker(cnn_path)
+    out = path.parent / "t.cache"
+    code, _, err = run_cli("calibrate", path, "--data", cnn_data, "-m", "minmax", "-o", out)
+    assert code == 2
+    assert "invalid ONNX model" in err and "NoSuchOp" in err
+    assert "cannot load" not in err and not out.exists()  # not onnxruntime's refusal

@@ -41,15 +41,21 @@ class DeviceOutputRunner:
 
     def __init__(
         self,
-        model: onnx.ModelProto | bytes,
+        model: onnx.ModelProto | bytes | OnnxRuntimeRunner,
         cupy: ModuleType,
         provider: str | None = "cuda",
         generated_from: onnx.ModelProto | None = None,
         threads: int | None = None,
         optimization: str = "all",
     ):
-        self.runner = OnnxRuntimeRunner(
-            model, provider, threads, optimization, spin=False, generated_from=generated_from
+        """``model``: a model, or a session already started over it (elsewhere, e.g. on a
+        thread beside other start-up work); the other options are for a model."""
+        self.runner = (
+            model
+            if isinstance(model, OnnxRuntimeRunner)
+            else OnnxRuntimeRunner(
+                model, provider, threads, optimization, spin=False, generated_from=generated_from
+            )
         )
         if self.runner.provider != CUDA_PROVIDER:
             raise QuantbenchError(
