@@ -89,9 +89,14 @@ def collect_stats(
     from_feed = [t for t in measured if t in input_names]
     from_outputs = [t for t in measured if t not in input_names]
     starting = _session_start(graph, from_outputs, provider, threads)
+
+    def checked_and_device() -> bool:
+        graph.finish_check()
+        return wants_device_stats(provider)
+
     # beside the session's start (onnxruntime lets go of the GIL): the model's deferred check
     # and, for CUDA, CuPy's import and CUDA's start
-    device = _beside(starting, lambda: (graph.finish_check(), wants_device_stats(provider))[1])
+    device = _beside(starting, checked_and_device)
     if device:  # CUDA: activations stay on the GPU (devicecollect)
         stats, num_samples, fingerprint = collect_on_device(
             graph,
