@@ -15,10 +15,9 @@ from quantbench.metrics import (
     AgreementAccumulator,
     OutputLayout,
     agreement_kind,
-    channels_first_outputs,
-    class_axis_doubts,
     declared_output_kinds,
 )
+from quantbench.outputaxes import channels_first_outputs, class_axis_doubts
 
 
 def _conv_model(channels: int, tail: list[str], out_shape: list) -> onnx.ModelProto:

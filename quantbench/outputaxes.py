@@ -1,0 +1,334 @@
+"""What an ONNX graph says about the axes of its outputs, which argmax agreement reads.
+
+- :func:`channels_first_outputs`: outputs a convolution made (NCHW: classes on axis 1).
+- :func:`class_axis_evidence`: outputs whose last axis the graph gives no reason to read as
+  classes, and why (a walk back along that axis through the ops that made it).
+- :func:`samples_second_outputs`: outputs declared with the samples on axis 1 (time-major).
+
+Pure graph analysis: no data, no metrics (:mod:`quantbench.metrics` uses these).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import onnx
+
+from quantbench.graph import constant_tensors
+
+
+def channels_first_outputs(model: Any) -> frozenset[str]:
+    """Outputs of an ONNX model whose values come from a convolution-family op through
+    value-wise ops only (activations, arithmetic with constants, casts), so their layout is
+    NCHW: the class axis of a rank-4 one is 1."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    constants = constant_tensors(model)
+    found = set()
+    for value in model.graph.output:
+        tensor = value.name
+        for _ in range(64):  # a chain of value-wise ops, not a walk of the whole graph
+            node = producer.get(tensor)
+            if node is None or node.op_type not in _VALUEWISE:
+                break
+            if node.op_type == "Softmax" and _softmax_axis(node) not in (1, -3):
+                break
+            data = [i for i in node.input if i and i not in constants]
+            if len(data) != 1:
+                break
+            tensor = data[0]
+        node = producer.get(tensor)
+        if node is not None and node.op_type in _NCHW_OPS:
+            found.add(value.name)
+    return frozenset(found)
+
+
+def class_axis_doubts(model: Any) -> dict[str, str]:
+    """Outputs whose last axis the graph gives no reason to read as classes, and why: argmax
+    agreement per position is only claimed for a last axis that a MatMul/Gemm produced (its
+    output features), that a softmax ran over, or that is a convolution's channel axis moved
+    last by a Transpose. A detector's ``[N, 4 + classes, anchors]`` head (YOLOv8: a Concat of
+    boxes and class scores, anchors last) or a hidden state ``[N, T, D]`` is none of these, and
+    an argmax over it would report a meaningless "agreement" (on nudenet's YOLOv8: 0.42 where
+    the output's SQNR is 27.7 dB)."""
+    return class_axis_evidence(model)[0]
+
+
+def class_axis_evidence(model: Any) -> tuple[dict[str, str], dict[str, int]]:
+    """:func:`class_axis_doubts`, and the outputs whose doubt does not hold where their last
+    axis has a given size (a CRNN's ``Reshape(Linear [T*N, C], [T, N, -1])``: only the run
+    shows that the -1 is C)."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    walk = _LastAxisWalk(model, producer, constant_tensors(model))
+    doubts, unless = {}, {}
+    for value in model.graph.output:
+        t = value.type.tensor_type
+        rank = len(t.shape.dim) if t.HasField("shape") else None
+        if why := walk.doubt(value.name, -1, rank):
+            doubts[value.name] = f"its last axis may not hold class scores: {why}"
+            if (value.name, -1) in walk.unless:
+                unless[value.name] = walk.unless[(value.name, -1)]
+    return doubts, unless
+
+
+def samples_second_outputs(model: Any) -> frozenset[str]:
+    """Outputs whose declared axis 1, not 0, is the first input's symbolic batch axis: a
+    time-major ``[T, N, C]`` recognizer (PyTorch's CRNN/CTC exports)."""
+    inits = {i.name for i in model.graph.initializer}
+    feeds = [v for v in model.graph.input if v.name not in inits]
+    dims = feeds[0].type.tensor_type.shape.dim if feeds else []
+    batch = dims[0].dim_param if dims and dims[0].HasField("dim_param") else ""
+    found = set()
+    for value in model.graph.output if batch else ():
+        out = value.type.tensor_type.shape.dim
+        if len(out) >= 3 and out[1].dim_param == batch and out[0].dim_param != batch:
+            found.add(value.name)
+    return frozenset(found)
+
+
+@dataclass
+class _LastAxisWalk:
+    """Follows one axis of a tensor back through the ops that made it (each (tensor, axis)
+    once: a residual graph reaches the same tensors by many paths)."""
+
+    model: Any
+    producer: Mapping[str, Any]
+    constants: Collection[str]
+    seen: dict[tuple[str, int], str] = field(default_factory=dict)
+    #: (tensor, axis) whose doubt does not hold where the axis has this size at run time
+    unless: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    @cached_property
+    def shapes(self) -> dict[str, tuple[int | None, ...]]:
+        """Tensor -> its dims (None where not static), where shape inference knows its rank
+        (run only when a reshape or reduction is met: most heads end in a MatMul first)."""
+        return _static_shapes(self.model)
+
+    def doubt(self, tensor: str, axis: int, rank: int | None, depth: int = 64) -> str:
+        """'' when ``axis`` (negative, from the end) of ``tensor`` is a class axis by how it
+        was made, else what made it instead (the ops walked through, nearest first)."""
+        key = (tensor, axis)
+        if key not in self.seen:
+            self.seen[key] = self._doubt(tensor, axis, rank, depth)
+        return self.seen[key]
+
+    def _doubt(self, tensor: str, axis: int, rank: int | None, depth: int) -> str:
+        node = self.producer.get(tensor)
+        if node is None:
+            return "it comes from a graph input"
+        if depth <= 0:
+            return "its producers are too deep to follow"
+        op = node.op_type
+        if op in _FEATURES_LAST:
+            return "" if axis == -1 else f"it comes from {op}, whose features are its last axis"
+        if op in _NCHW_OPS:
+            if rank is not None and rank + axis == 1:
+                return ""
+            return f"it comes from {op}, whose classes would be on axis 1"
+        if op in ("Softmax", "LogSoftmax", "Hardmax") and _same_axis(
+            _softmax_axis(node), axis, rank
+        ):
+            return ""
+        if op == "Transpose":
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            if not perm or not -len(perm) <= axis < 0:
+                return "it comes from a Transpose this check cannot follow"
+            inner = perm[len(perm) + axis] - len(perm)
+            return self._via(op, (tensor, axis), node.input[0], inner, len(perm), depth)
+        if op in _GLOBAL_POOLS:  # [N, C, H, W] -> [N, C, 1, 1]: the channels go through
+            if rank is not None and rank + axis == 1:
+                return _through(op, self.doubt(node.input[0], axis, rank, depth - 1))
+            return f"it comes from {op}, whose channels are on axis 1"
+        data = [i for i in node.input if i and i not in self.constants]
+        if op in _RESHAPES and axis == -1 and data:
+            # [T*N, C] -> [T, N, C] (a CRNN's head after its Linear), [N, C, 1, 1] -> [N, C] (a
+            # convolutional head): the axis goes through when shape inference shows its size
+            # is the source's last axis that is not 1
+            inner = self._reshaped_from(tensor, data[0])
+            if inner is None:
+                return self._reshape_doubt(op, tensor, data[0], depth)
+            return _through(op, self.doubt(data[0], inner, self._rank(data[0]), depth - 1))
+        if op in _REDUCTIONS and data:
+            inner = self._reduced_from(node, tensor, axis, rank)
+            if inner is None:
+                return f"it comes from {op}, which may reduce it"
+            return _through(op, self.doubt(data[0], inner, self._rank(data[0]), depth - 1))
+        if op == "Concat":
+            cat = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if _same_axis(cat, axis, rank):
+                return "it is a Concat along it (several heads side by side)"
+        elif op not in _VALUEWISE or not data:
+            return f"it comes from {op}"
+        if op in _BROADCASTING:
+            # logits - max, exp / sum (a softmax written out), logits + bias: the scores make
+            # the axis, whatever is broadcast against them
+            reasons = [self.doubt(source, axis, rank, depth - 1) for source in data]
+            if "" in reasons:
+                return ""
+        for source in data:
+            if why := self._via(op, (tensor, axis), source, axis, rank, depth):
+                return why
+        return ""
+
+    def _via(self, op: str, key: tuple[str, int], source: str, axis: int, rank: int | None,
+             depth: int) -> str:  # fmt: skip
+        """The doubt of ``axis`` of ``source`` seen through ``op`` (which keeps the axis's
+        size), and its size condition carried up to ``key``."""
+        why = self.doubt(source, axis, rank, depth - 1)
+        if why and (source, axis) in self.unless:
+            self.unless[key] = self.unless[(source, axis)]
+        return _through(op, why)
+
+    def _reshape_doubt(self, op: str, tensor: str, source: str, depth: int) -> str:
+        """Why a reshape may not keep the last axis; where the target size is only known at
+        run time (``[T, N, -1]`` from Shape ops) and the source's last axis holds classes,
+        the doubt holds only if the output's last axis turns out of another size."""
+        out, src = self.shapes.get(tensor), self.shapes.get(source)
+        size = src[-1] if src else self._features(source)
+        unknown = not out or out[-1] is None
+        rank = len(src) if src else None
+        if unknown and size and size > 1 and not self.doubt(source, -1, rank, depth - 1):
+            self.unless[(tensor, -1)] = size
+            return f"it comes from {op}, which keeps it only if its size is {size}, as before it"
+        return f"it comes from {op}, which may not keep it"
+
+    def _rank(self, tensor: str) -> int | None:
+        shape = self.shapes.get(tensor)
+        return None if shape is None else len(shape)
+
+    def _reshaped_from(self, tensor: str, source: str) -> int | None:
+        """The axis of ``source`` (negative) that ``tensor``'s last axis is, or None: its last
+        axis of the same size, or, where the reshape drops axes (``[N, C, 1, 1] -> [N, C]``),
+        its last axis that is not of size 1."""
+        out, src = self.shapes.get(tensor), self.shapes.get(source)
+        if not out or not src or out[-1] is None:
+            return None
+        kept = len(src)
+        while len(out) < len(src) and kept > 1 and src[kept - 1] == 1:
+            kept -= 1
+        return kept - 1 - len(src) if src[kept - 1] == out[-1] else None
+
+    def _features(self, tensor: str) -> int | None:
+        """The output features of the Gemm/MatMul making ``tensor``, read from its weight
+        (where shape inference lost the activations' shapes, e.g. after an LSTM)."""
+        node = self.producer.get(tensor)
+        if node is None or node.op_type not in ("Gemm", "MatMul") or len(node.input) < 2:
+            return None
+        weight = self.shapes.get(node.input[1])
+        if not weight or len(weight) != 2 or node.input[1] not in self.constants:
+            return None
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return weight[0] if node.op_type == "Gemm" and trans_b else weight[1]
+
+    def _reduced_from(self, node: Any, tensor: str, axis: int, rank: int | None) -> int | None:
+        """The axis of a reduction's input (negative) that ``axis`` of its output is, or None
+        (the axis reduced, or the reduced axes unknown)."""
+        source_shape = self.shapes.get(node.input[0])
+        reduced = _reduction_axes(node, self.model)
+        if source_shape is None or reduced is None:
+            return None
+        source_rank = len(source_shape)
+        reduced = {a % source_rank for a in reduced} if reduced else set(range(source_rank))
+        keepdims = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
+        kept = (
+            list(range(source_rank))
+            if keepdims
+            else [a for a in range(source_rank) if a not in reduced]
+        )
+        if not -len(kept) <= axis < 0 or kept[axis] in reduced:
+            return None
+        return kept[axis] - source_rank
+
+
+def _static_shapes(model: Any) -> dict[str, tuple[int | None, ...]]:
+    """Tensor -> its dims (None where not a static size), from the graph and ONNX shape
+    inference (only the graph's own where inference fails, e.g. a model over 2 GiB)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+    except Exception:  # noqa: BLE001 - best effort: without shapes, reshapes stay in doubt
+        inferred = model.graph
+    shapes: dict[str, tuple[int | None, ...]] = {}
+    for value in [*inferred.value_info, *inferred.input, *inferred.output]:
+        if value.type.tensor_type.HasField("shape"):
+            shapes[value.name] = tuple(
+                int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else None
+                for d in value.type.tensor_type.shape.dim
+            )
+    for init in model.graph.initializer:
+        shapes[init.name] = tuple(int(d) for d in init.dims)
+    return shapes
+
+
+def _reduction_axes(node: Any, model: Any) -> list[int] | None:
+    """A reduction's axes (attribute, or constant second input from opset 18); [] for every
+    axis; None when they are only known at run time."""
+    attr = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
+    if attr is not None:
+        return attr
+    if len(node.input) < 2 or not node.input[1]:
+        noop = next((a.i for a in node.attribute if a.name == "noop_with_empty_axes"), 0)
+        return None if noop else []
+    for init in model.graph.initializer:
+        if init.name == node.input[1]:
+            return [int(a) for a in onnx.numpy_helper.to_array(init).reshape(-1)]
+    return None
+
+
+#: ops that only reshape: the last axis goes through them when its size stays the same
+_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+#: [N, C, H, W] -> [N, C, 1, 1]
+_GLOBAL_POOLS = frozenset({"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})
+#: reductions: an axis they keep goes through them
+_REDUCTIONS = frozenset(
+    {
+        *("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd", "ReduceL1"),
+        *("ReduceL2", "ReduceLogSumExp", "ReduceSumSquare", "ReduceLogSum"),
+    }
+)
+#: value-wise ops of several data inputs, broadcast against each other
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "PRelu"})
+
+
+def _through(op: str, why: str) -> str:
+    """``why`` as seen from the op above it: ``it comes from Reshape (through Concat, Mul)``."""
+    if not why:
+        return ""
+    head, _, path = why.partition(" (through ")
+    return f"{head} (through {op}{', ' + path[:-1] if path else ''})"
+
+
+def _same_axis(attr: int, axis: int, rank: int | None) -> bool:
+    """Whether an op's axis attribute names ``axis`` (negative) of a tensor of ``rank``."""
+    if attr < 0:
+        return attr == axis
+    return rank is not None and attr == rank + axis
+
+
+#: ops whose last output axis is their output features
+_FEATURES_LAST = frozenset(
+    {"MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "FusedMatMul", "MatMulNBits"}
+)
+
+
+def _softmax_axis(node: Any) -> int:
+    return next((a.i for a in node.attribute if a.name == "axis"), -1)
+
+
+#: ops whose outputs are NCHW whatever their inputs' layout said
+_NCHW_OPS = frozenset(
+    {
+        *("Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "BatchNormalization"),
+        *("InstanceNormalization", "MaxPool", "AveragePool", "LpPool", "Resize", "Upsample"),
+        *("DepthToSpace", "SpaceToDepth"),
+    }
+)
+#: ops that keep the layout of their (one non-constant) input
+_VALUEWISE = frozenset(
+    {
+        *("Sigmoid", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Tanh", "HardSigmoid"),
+        *("HardSwish", "Clip", "Softplus", "Exp", "Log", "Neg", "Abs", "Sqrt", "Identity"),
+        *("Cast", "Mul", "Add", "Sub", "Div", "Pow", "Softmax", "Dropout"),
+    }
+)
