@@ -131,38 +131,53 @@ def clip_flags(
     instead of computed again). Each tensor's |x| CDF and bin centres, read for every
     threshold, are built once (:func:`~quantbench.stats.settled`; once for all calls when the
     caller's scope is settled too)."""
-    flags = []
     names = tensors if tensors is not None else list(table)
     with settled():
+        clipped = []
         for name in names:
             if name not in table or name not in stats.tensors:
                 continue
             t, entry = stats[name], table.entries[name]
             fraction = clip_fraction(t, entry.amax)
-            if fraction <= limit:
+            if fraction > limit:
+                clipped.append((t, entry.method or table.method, entry.amax, fraction))
+        others = _suggested_amaxes([(t, method) for t, method, _, _ in clipped], known or {})
+        return [
+            _flag(t, method, amax, fraction, others[t.name])
+            for t, method, amax, fraction in clipped
+        ]
+
+
+def _suggested_amaxes(
+    tensors: list[tuple[TensorStats, str]], known: dict[str, CalibrationTable]
+) -> dict[str, dict[str, float]]:
+    """Per tensor, the amax of each of :data:`SUGGESTED_METHODS` but its own method: from a
+    table already built where there is one, else computed for all the tensors that need it at
+    once (one matrix product for mse; one device batch inside ``calibrators.tables_on``)."""
+    out: dict[str, dict[str, float]] = {t.name: {} for t, _ in tensors}
+    for m in SUGGESTED_METHODS:
+        built = known.get(registry.canonical(m))
+        todo = []
+        for t, method in tensors:
+            if registry.canonical(m) == method:
                 continue
-            method = entry.method or table.method
-            flags.append(_flag(t, method, entry.amax, fraction, known or {}))
-    return flags
+            if built is not None and t.name in built.entries:
+                out[t.name][m] = built.entries[t.name].amax
+            else:
+                todo.append(t)
+        for t, amax in zip(todo, registry.compute_amaxes(m, todo), strict=True):
+            out[t.name][m] = amax
+    return out
 
 
 def _flag(
-    t: TensorStats,
-    method: str,
-    amax: float,
-    fraction: float,
-    known: dict[str, CalibrationTable],
+    t: TensorStats, method: str, amax: float, fraction: float, others: dict[str, float]
 ) -> ClipFlag:
+    """``t``'s flag, with the suggested method (of ``others``, amax by method) that clips less
+    and has the lowest expected error below the current one, if any."""
     current = expected_mse(t, amax)
     best: tuple[float, str, float, float] | None = None
-    for m in SUGGESTED_METHODS:
-        if registry.canonical(m) == method:
-            continue
-        built = known.get(registry.canonical(m))
-        if built is not None and t.name in built.entries:
-            other = built.entries[t.name].amax
-        else:
-            other = registry.compute_amax(m, t)
+    for m, other in others.items():
         other_fraction = clip_fraction(t, other)
         error = expected_mse(t, other)
         if other_fraction < fraction and error < current and (best is None or error < best[0]):
