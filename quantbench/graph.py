@@ -94,13 +94,9 @@ class Graph:
     @contextmanager
     def checked(self) -> Iterator[None]:
         """A block that reads the model before its deferred check ran: the check runs at its
-        end, and first should anything in it fail (an invalid model is reported as such,
-        not by what failed on it)."""
-        try:
+        end, and first should anything in it fail (:func:`_invalid_first`)."""
+        with _invalid_first(self.finish_check):
             yield
-        except BaseException:
-            self.finish_check()
-            raise
         self.finish_check()
 
     def finish_check(self) -> None:
@@ -229,6 +225,18 @@ def read_model(path: str | Path, defer_check: bool = False) -> LoadedModel:
         return LoadedModel(model, source, digest.result(), check if defer_check else None)
 
 
+@contextmanager
+def _invalid_first(check: Callable[[], None] | None) -> Iterator[None]:
+    """Should the block fail, ``check`` (a model's deferred check) runs first: an invalid
+    model is reported as such, not by what failed on it."""
+    try:
+        yield
+    except BaseException:
+        if check is not None:
+            check()
+        raise
+
+
 def _check(checked: onnx.ModelProto | bytes | str, p: Path) -> None:
     try:
         onnx.checker.check_model(checked)
@@ -292,15 +300,11 @@ def open_graph(
         p = Path(path)
         loaded = read_model(p, defer_check)
         model, source, digest, check = loaded.model, loaded.source, loaded.hash, loaded.check
-    try:
+    with _invalid_first(check):
         g = _derived_graph(model, p, digest, source, not isinstance(path, (str, Path)))
         if require_fixed_rank:
             _check_input_ranks(g.model, p)
         g.inputs = _graph_inputs(g.model, p)
-    except Exception:
-        if check is not None:
-            check()  # an invalid model is reported as such, not by what failed on it
-        raise
     g.pending_check = check
     return g
 
