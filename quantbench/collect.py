@@ -32,7 +32,7 @@ from quantbench.data import (
     nonempty,
     prefetched,
 )
-from quantbench.derivation import derivation_plan, relus_by_source, with_copies
+from quantbench.derivation import derivation_plan, read_by_pass, relus_by_source, with_copies
 from quantbench.devicecollect import collect_on_device, wants_device_stats
 from quantbench.graph import Graph, TensorSpec
 from quantbench.machine import usable_cores
@@ -83,11 +83,8 @@ def collect_stats(
     binning is exact and order-independent, so the statistics do not depend on the thread
     count.
     """
-    input_names = {s.name for s in graph.inputs}
     plan = derivation_plan(graph, tensors)
-    measured = [t for t in tensors if t not in plan]
-    from_feed = [t for t in measured if t in input_names]
-    from_outputs = [t for t in measured if t not in input_names]
+    from_feed, from_outputs = read_by_pass(graph, tensors, plan)
     starting = _session_start(graph, from_outputs, provider, threads)
 
     def checked_and_device() -> bool:

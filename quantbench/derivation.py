@@ -33,6 +33,16 @@ def derivation_plan(graph: Graph, tensors: list[str]) -> dict[str, tuple[str, st
     return plan
 
 
+def read_by_pass(
+    graph: Graph, tensors: list[str], plan: dict[str, tuple[str, str]]
+) -> tuple[list[str], list[str]]:
+    """The tensors a pass must read (those the plan does not derive): the graph inputs among
+    them, taken from the feed, and the rest, exposed as session outputs."""
+    inputs = {s.name for s in graph.inputs}
+    measured = [t for t in tensors if t not in plan]
+    return [t for t in measured if t in inputs], [t for t in measured if t not in inputs]
+
+
 def relus_by_source(plan: dict[str, tuple[str, str]]) -> dict[str, list[str]]:
     """The plan's ``relu`` tensors, by the tensor whose bins they are binned from."""
     relus_of: dict[str, list[str]] = {}

@@ -26,7 +26,7 @@ from quantbench.data import (
     nonempty,
     prefetched,
 )
-from quantbench.derivation import relus_by_source, with_copies
+from quantbench.derivation import read_by_pass, relus_by_source, with_copies
 from quantbench.devicestats import StatsBank, device_binning_wanted, import_cupy
 from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph, TensorSpec
@@ -95,10 +95,7 @@ def collect_on_device(
     part's outputs go back to the arena once its counting is done (two parts at most alive).
     """
     cp = import_cupy()
-    input_names = {s.name for s in graph.inputs}
-    measured = [t for t in tensors if t not in plan]
-    from_feed = [t for t in measured if t in input_names]
-    from_outputs = [t for t in measured if t not in input_names]
+    from_feed, from_outputs = read_by_pass(graph, tensors, plan)
     device_runner = None if runner is None else DeviceOutputRunner(runner, cp)
     binner = _DeviceBinner(cp, tensors, plan)
     if before_inference is not None:
