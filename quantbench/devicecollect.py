@@ -47,9 +47,7 @@ def wants_device_stats(provider: str | None) -> bool:
     An unavailable provider fails here, in one line naming what is missing; a missing CuPy
     only costs speed (the host pass runs, with a warning).
     """
-    if not device_binning_wanted() or not provider:
-        return False
-    if resolve_provider(provider) != CUDA_PROVIDER:
+    if not _cuda_pass(provider):
         return False
     try:
         import_cupy()
@@ -62,12 +60,17 @@ def wants_device_stats(provider: str | None) -> bool:
 def table_device(provider: str | None) -> ModuleType | None:
     """CuPy where the pass runs on the GPU (:func:`wants_device_stats`, without its warning):
     the tables' heavy array work goes there too (:func:`quantbench.calibrators.tables_on`)."""
-    if not device_binning_wanted() or not provider:
-        return None
     try:
-        return import_cupy() if resolve_provider(provider) == CUDA_PROVIDER else None
+        return import_cupy() if _cuda_pass(provider) else None
     except QuantbenchError:
         return None
+
+
+def _cuda_pass(provider: str | None) -> bool:
+    """A CUDA provider, and no opt-out of device binning; an unavailable provider raises."""
+    if not provider or not device_binning_wanted():
+        return False
+    return resolve_provider(provider) == CUDA_PROVIDER
 
 
 def collect_on_device(
