@@ -15,24 +15,14 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic  # noqa: E402
+from cupy_probe import cupy_or_reason  # noqa: E402  (sibling helper module)
 from test_devicedrift import _batches, _check, _reference  # noqa: E402
 
 from quantbench.metrics import ClipCounter, DriftAccumulator  # noqa: E402
 
-
-def _cupy_or_reason():
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return None, "no CUDA device"
-        return cupy, None
-    except Exception as exc:  # noqa: BLE001
-        return None, f"CuPy unusable: {type(exc).__name__}: {exc}"
-
-
-cp, REASON = _cupy_or_reason()
+cp, REASON = cupy_or_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cp is None, reason=REASON or "")]
 
 

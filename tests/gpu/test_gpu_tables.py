@@ -12,26 +12,20 @@ device machine: ``python3 -m pytest -q -m gpu tests/gpu --noconftest``.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cupy_probe import cupy_or_reason  # noqa: E402  (sibling helper module)
 
 from quantbench import calibrators
 from quantbench.calibrators import entropy as entropy_module
 from quantbench.stats import TensorStats
 
-
-def _cupy_or_reason():
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return None, "no CUDA device"
-        return cupy, None
-    except Exception as exc:  # noqa: BLE001 - any failure means: no usable CuPy here
-        return None, f"CuPy unusable: {type(exc).__name__}: {exc}"
-
-
-cp, REASON = _cupy_or_reason()
+cp, REASON = cupy_or_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cp is None, reason=REASON or "")]
 
 
