@@ -75,16 +75,10 @@ def test_convolutional_classifier_head_stays_a_classifier():
 
 
 def test_compare_does_not_report_agreement_for_a_probability_map(run_cli, tmp_path):
-    model = tmp_path / "det.onnx"
-    onnx.save(_conv_model(1, ["Sigmoid"], ["N", 1, 8, 8]), model)
-    data = tmp_path / "d.npz"
-    np.savez(data, x=np.random.default_rng(1).random((12, 3, 8, 8)).astype(np.float32))
-    out = tmp_path / "c.json"
-    args = ["--model", model, "--data", data, "--calib-data", data, "-m", "minmax"]
-    code, _, err = run_cli("compare", "fp32", "int8", *args, "--no-latency", "--json", out)
-    assert code == 0, err
-    row = json.loads(out.read_text())["outputs"][0]
+    x = np.random.default_rng(1).random((12, 3, 8, 8)).astype(np.float32)
+    row = _compare_row(run_cli, tmp_path, _conv_model(1, ["Sigmoid"], ["N", 1, 8, 8]), x)
     assert row["agreement"] is None and "one channel" in row["agreement_note"]
+    model, data = tmp_path / "m.onnx", tmp_path / "d.npz"
     code, _, err = run_cli(
         "recover", model, "--data", data, "--calib-data", data, "-m", "minmax",
         "--target", "top1_agreement=0.99", "-o", tmp_path / "rec",
@@ -92,21 +86,41 @@ def test_compare_does_not_report_agreement_for_a_probability_map(run_cli, tmp_pa
     assert code == 2 and "top1_agreement" in err and "one channel" in err
 
 
-def _head_model(nodes: list, out_shape: list, inits: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """x[N,T,8] -> ``nodes`` -> y, with float32 initializers ``inits``."""
+def _graph_of(nodes: list, x_shape: list, y_shape: list, inits: dict) -> onnx.ModelProto:
+    """x -> ``nodes`` (op, inputs, output[, attributes]) -> y; ``inits``: float32 arrays, or
+    int64 ones for shapes and axes."""
+    made = [
+        helper.make_node(op, ins, [out], **(extra[0] if extra else {}))
+        for op, ins, out, *extra in nodes
+    ]
     graph = helper.make_graph(
-        nodes,
+        made,
         "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
-        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
 
 
-W = {"w": np.ones((8, 5)), "v": np.ones((8, 3))}
+def _compare_row(run_cli, tmp_path, model: onnx.ModelProto, x: np.ndarray) -> dict:
+    """``compare fp32 int8`` (minmax) of ``model`` on ``x`` (also its calibration data): the
+    JSON row of its first output. The files stay as ``m.onnx`` and ``d.npz`` in ``tmp_path``."""
+    path, data, out = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "c.json"
+    onnx.save(model, path)
+    np.savez(data, x=x)
+    args = ["--model", path, "--data", data, "--calib-data", data, "-m", "minmax"]
+    code, _, err = run_cli("compare", "fp32", "int8", *args, "--no-latency", "--json", out)
+    assert code == 0, err
+    return json.loads(out.read_text())["outputs"][0]
+
+
+SEQ, IMAGE = ["N", 6, 8], ["N", 3, 8, 8]
+
+
+W = {"w": np.ones((8, 5), np.float32), "v": np.ones((8, 3), np.float32)}
 
 
 @pytest.mark.parametrize(
@@ -142,16 +156,14 @@ W = {"w": np.ones((8, 5)), "v": np.ones((8, 3))}
     ],
 )  # fmt: skip
 def test_the_last_axis_holds_classes_only_by_how_it_was_made(nodes, shape, doubt):
-    made = [
-        helper.make_node(op, ins, [out], **(extra[0] if extra else {}))
-        for op, ins, out, *extra in nodes
-    ]
-    inits = {**W, "b": np.zeros(5), "g": np.ones(8), "w10": np.ones((8, 10))}
+    floats = {"b": np.zeros(5), "g": np.ones(8), "w10": np.ones((8, 10))}
     shapes = {"flat": [-1, 8], "seq": [-1, 6, 5], "split": [-1, 6, 2, 5]}
-    model = _head_model(made, ["N", *shape[1:]], inits)
-    model.graph.initializer.extend(
-        numpy_helper.from_array(np.array(v, dtype=np.int64), k) for k, v in shapes.items()
-    )
+    inits = {
+        **W,
+        **{k: v.astype(np.float32) for k, v in floats.items()},
+        **{k: np.array(v, dtype=np.int64) for k, v in shapes.items()},
+    }
+    model = _graph_of(nodes, SEQ, ["N", *shape[1:]], inits)
     doubts = class_axis_doubts(model)
     if doubt:
         assert doubt in doubts["y"] and doubts["y"].startswith("its last axis may not hold")
@@ -191,15 +203,7 @@ def test_a_detector_head_has_no_agreement_in_compare(run_cli, tmp_path):
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    path = tmp_path / "det.onnx"
-    onnx.save(model, path)
-    data = tmp_path / "d.npz"
-    np.savez(data, x=rng.random((12, 3, 8, 8)).astype(np.float32))
-    out = tmp_path / "c.json"
-    args = ["--model", path, "--data", data, "--calib-data", data, "-m", "minmax"]
-    code, _, err = run_cli("compare", "fp32", "int8", *args, "--no-latency", "--json", out)
-    assert code == 0, err
-    row = json.loads(out.read_text())["outputs"][0]
+    row = _compare_row(run_cli, tmp_path, model, rng.random((12, 3, 8, 8)).astype(np.float32))
     assert row["agreement"] is None and row["sequence_agreement"] is None
     assert "may not hold class scores" in row["agreement_note"]
     assert row["sqnr_db"] is not None
@@ -207,33 +211,14 @@ def test_a_detector_head_has_no_agreement_in_compare(run_cli, tmp_path):
 
 def test_the_walk_visits_each_tensor_once_in_a_residual_graph():
     """40 residual Adds over one MatMul: 2^40 paths, one tensor each level (finishes at once)."""
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["t0"])]
-    nodes += [helper.make_node("Add", [f"t{i}", f"t{i}"], [f"t{i + 1}"]) for i in range(40)]
-    nodes.append(helper.make_node("Identity", ["t40"], ["y"]))
-    model = _head_model(nodes, ["N", 6, 5], {"w": np.ones((8, 5))})
+    nodes = [("MatMul", ["x", "w"], "t0")]
+    nodes += [("Add", [f"t{i}", f"t{i}"], f"t{i + 1}") for i in range(40)]
+    nodes.append(("Identity", ["t40"], "y"))
+    model = _graph_of(nodes, SEQ, ["N", 6, 5], W)
     assert class_axis_doubts(model) == {}
-    nodes[0] = helper.make_node("Reshape", ["x", "s"], ["t0"])
-    model = _head_model(nodes, ["N", 6, 5], {"w": np.ones((8, 5)), "s": np.array([0, 6, 5])})
+    nodes[0] = ("Reshape", ["x", "s"], "t0")
+    model = _graph_of(nodes, SEQ, ["N", 6, 5], {**W, "s": np.array([0, 6, 5], np.int64)})
     assert "Reshape, which may not keep it (through Identity, Add" in class_axis_doubts(model)["y"]
-
-
-def _graph_of(nodes: list, x_shape: list, y_shape: list, inits: dict) -> onnx.ModelProto:
-    """x -> ``nodes`` (op, inputs, output[, attributes]) -> y; ``inits``: float32 arrays, or
-    int64 ones for shapes and axes."""
-    made = [
-        helper.make_node(op, ins, [out], **(extra[0] if extra else {}))
-        for op, ins, out, *extra in nodes
-    ]
-    graph = helper.make_graph(
-        made,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
 
 
 RANK2_INITS = {
@@ -245,7 +230,6 @@ RANK2_INITS = {
     "flat": np.array([0, -1], np.int64),
     "last": np.array([-1], np.int64),
 }
-SEQ, IMAGE = ["N", 6, 8], ["N", 3, 8, 8]
 CONV = ("Conv", ["x", "cw"], "c", {"pads": [1, 1, 1, 1]})
 
 
@@ -309,15 +293,8 @@ def test_compare_reports_no_agreement_for_a_pooled_embedding(run_cli, tmp_path):
     ]
     rng = np.random.default_rng(1)
     inits = {"w8": rng.standard_normal((8, 8)).astype(np.float32), "g": np.ones(8, np.float32)}
-    path = tmp_path / "embed.onnx"
-    onnx.save(_graph_of(nodes, SEQ, ["N", 8], inits), path)
-    data = tmp_path / "d.npz"
-    np.savez(data, x=rng.standard_normal((12, 6, 8)).astype(np.float32))
-    out = tmp_path / "c.json"
-    args = ["--model", path, "--data", data, "--calib-data", data, "-m", "minmax"]
-    code, _, err = run_cli("compare", "fp32", "int8", *args, "--no-latency", "--json", out)
-    assert code == 0, err
-    row = json.loads(out.read_text())["outputs"][0]
+    model = _graph_of(nodes, SEQ, ["N", 8], inits)
+    row = _compare_row(run_cli, tmp_path, model, rng.standard_normal((12, 6, 8)).astype(np.float32))
     assert row["agreement"] is None and row["top5_agreement"] is None
     assert "comes from LayerNormalization (through ReduceMean)" in row["agreement_note"]
     assert row["cosine"] is not None and row["sqnr_db"] is not None
