@@ -350,7 +350,7 @@ def slide_amaxes(stats: list[TensorStats], without_zero_spike: bool) -> list[flo
     """:func:`trt_amax` (``without_zero_spike``) or :func:`slides_amax` of every tensor, the
     candidates' KL of all of them at once on :func:`table_arrays`' device when there is one."""
     edges = floor_group_edges(HIST_BINS, QUANT_LEVELS, START_BIN)
-    histograms = [stats_bins(t, without_zero_spike) for t in stats]
+    histograms = [_slide_bins(t, without_zero_spike) for t in stats]
     searched = [i for i, bins in enumerate(histograms) if bins.any()]
     kls = candidate_kls(kl_divergences_floor_groups, [histograms[i] for i in searched], edges)
     amax = [t.max_abs for t in stats]  # an all-zero histogram keeps the whole range
@@ -360,7 +360,7 @@ def slide_amaxes(stats: list[TensorStats], without_zero_spike: bool) -> list[flo
     return amax
 
 
-def stats_bins(stats: TensorStats, without_zero_spike: bool) -> np.ndarray:
+def _slide_bins(stats: TensorStats, without_zero_spike: bool) -> np.ndarray:
     """The 2048-bin |x| histogram the slide search reads, its zero spike taken out or not."""
     bins = stats.abs_histogram(HIST_BINS)  # a fresh array: changing bin 0 harms no caller
     if without_zero_spike:
