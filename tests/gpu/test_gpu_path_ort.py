@@ -170,6 +170,50 @@ def test_cuda_calibration_against_cpu_calibration(workdir):
     assert table_diff["minmax"]["max_rel_diff"] < 1e-4
 
 
+def test_cuda_sessions_compute_in_fp32_not_tf32():
+    """onnxruntime's CUDA provider rounds MatMul and Conv inputs to TF32 (10-bit mantissa) by
+    default; quantbench's sessions must not. 1 + 2^-11 is exact in FP32 (23-bit mantissa) and
+    becomes 1 in TF32, and every partial sum j * (1 + 2^-11) is exact in FP32 whatever the
+    order: 256 products sum to exactly 256.125 in FP32, to 256 in TF32 (hand-derived)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from quantbench.backends.onnxruntime import OnnxRuntimeRunner
+
+    k = 256
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "ones_kn"], ["mm"]),
+            helper.make_node("Conv", ["img", "ones_conv"], ["conv"]),
+        ],
+        "tf32_probe",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, k]),
+            helper.make_tensor_value_info("img", TensorProto.FLOAT, [8, k, 16, 16]),
+        ],
+        [
+            helper.make_tensor_value_info("mm", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("conv", TensorProto.FLOAT, None),
+        ],
+        [
+            numpy_helper.from_array(np.ones((k, 64), np.float32), "ones_kn"),
+            numpy_helper.from_array(np.ones((64, k, 1, 1), np.float32), "ones_conv"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    runner = OnnxRuntimeRunner(model, "cuda")
+    assert runner.session.get_provider_options()["CUDAExecutionProvider"]["use_tf32"] == "0"
+    out = runner.infer(
+        {
+            "x": np.full((64, k), 1 + 2.0**-11, np.float32),
+            "img": np.full((8, k, 16, 16), 1 + 2.0**-11, np.float32),
+        }
+    )
+    for name, value in out.items():
+        _report(f"tf32_probe_{name}", float(np.abs(value - 256.125).max()))
+        np.testing.assert_array_equal(value, np.float32(256.125), err_msg=name)
+
+
 def test_gpu_memory_does_not_grow_with_samples(workdir, monkeypatch):
     import cupy as cp
 
