@@ -14,6 +14,7 @@ from pathlib import Path
 
 from quantbench import calibrators as registry
 from quantbench.autocalib import AUTO, AutoTable, choose_auto
+from quantbench.backends.onnxruntime import start_provider
 from quantbench.clipguard import (
     DEFAULT_CLIP_WARN,
     ClipFlag,
@@ -314,6 +315,8 @@ def calibrate(
             f"no data to judge the default method (auto) on: using {registry.DATA_FREE_METHOD}, "
             "the most robust method that needs no data on the real-model corpus"
         )
+    if data is not None and stats is None and not merge:
+        start_provider(provider)  # CUDA starts while the model loads
     # the model's check runs beside the pass's session start (collect_stats)
     graph = model if isinstance(model, Graph) else open_graph(model, defer_check=True)
     with graph.checked():

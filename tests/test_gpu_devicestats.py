@@ -267,3 +267,20 @@ def test_missing_cupy_falls_back_to_host_binning_with_a_warning(monkeypatch, cap
     assert not wants_device_stats("cuda")
     err = capsys.readouterr().err
     assert "need CuPy" in err and "binning on the host instead" in err
+
+
+
+def test_provider_start_is_for_cuda_only_and_leaves_failures_to_the_session(capsys):
+    """``start_provider`` pays CUDA's first-session costs on a thread; elsewhere it does
+    nothing, and where CUDA cannot start it fails silently (the real session says why:
+    ``test_cuda_without_onnxruntime_gpu_fails_in_one_line`` goes through it). stdout, which
+    the preload redirects while it runs, is ours again afterwards."""
+    from quantbench.backends.onnxruntime import start_provider
+
+    assert start_provider(None) is None
+    assert start_provider("cpu") is None
+    started = start_provider("cuda")
+    assert started is not None and started.result(timeout=60) is None
+    assert start_provider("CUDA") is not None
+    print("still here")
+    assert "still here" in capsys.readouterr().out
