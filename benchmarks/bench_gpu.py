@@ -11,8 +11,10 @@ process column includes them):
 
 Jobs: ours = ``quantbench calibrate MODEL --data D --method all --no-cache --provider cuda
 --batch-size B`` through the Python API (statistics on the GPU; the tables of all seven methods
-are computed on the host afterwards), and the same with ``--method entropy`` alone; floor =
-plain onnxruntime-gpu FP32 inference (CUDAExecutionProvider) over the same samples and batch;
+are computed on the GPU afterwards), and the same with ``--method entropy`` alone; floor =
+plain onnxruntime-gpu FP32 inference (CUDAExecutionProvider, its default options) over the
+same samples and batch; floor_fp32 = the same with TF32 off, the numerics quantbench's CUDA
+sessions use (onnxruntime's default rounds convolution inputs to TF32);
 peer = onnxruntime ``quantize_static`` with CalibrationMethod.Entropy and
 ``calibration_providers=[CUDA]``. The peer keeps every calibrated activation of every sample in
 host memory, so it runs on 32 and 64 samples and its full-count time is the straight line
@@ -73,20 +75,24 @@ RESNET50_STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))
 # ============================================================================ the jobs (child side)
 
 
-def _cuda_session(model: str) -> Any:
+def _cuda_session(model: str, tf32: bool = True) -> Any:
     import onnxruntime as ort
 
     ort.preload_dlls()  # CUDA and cuDNN from the nvidia-* wheels, as quantbench does
-    session = ort.InferenceSession(model, providers=[CUDA])
+    options = {} if tf32 else {"use_tf32": "0"}
+    session = ort.InferenceSession(model, providers=[(CUDA, options)])
     if CUDA not in session.get_providers():
         raise SystemExit(f"{CUDA} did not start: {session.get_providers()}")
     return session
 
 
 @job("gpu-ort-fp32", imports=("onnxruntime",))
-def gpu_ort_fp32(model: str, data: str, batch: int, max_samples: int | None = None) -> dict:
-    """The floor: plain FP32 inference on the GPU over the same samples and batch."""
-    session = _cuda_session(model)
+def gpu_ort_fp32(
+    model: str, data: str, batch: int, max_samples: int | None = None, tf32: bool = True
+) -> dict:
+    """The floor: plain FP32 inference on the GPU over the same samples and batch (onnxruntime's
+    defaults, TF32 included; ``tf32=False``: exact FP32, as quantbench's sessions run)."""
+    session = _cuda_session(model, tf32)
     feeds = load_feeds(data, [i.name for i in session.get_inputs()], max_samples)
     for feed in _jobs.ArrayReader(feeds, batch=batch):
         session.run(None, feed)
@@ -367,6 +373,7 @@ def measure(
     common = {"model": str(model), "data": str(data), "batch": batch, "max_samples": samples}
     jobs = {
         "floor": ("gpu-ort-fp32", common),
+        "floor_fp32": ("gpu-ort-fp32", {**common, "tf32": False}),
         "ours": ("gpu-qb-calibrate", {**common, "methods": ["all"]}),
         "ours_entropy": ("gpu-qb-calibrate", {**common, "methods": [ONE_METHOD]}),
     }
@@ -429,6 +436,7 @@ def render(console: Any, key: str, samples: int, batch: int, results: dict) -> d
     floor = results["floor"]
     rows = {
         "floor: onnxruntime-gpu FP32 inference": floor,
+        "floor_fp32: the same, TF32 off (quantbench's numerics)": results["floor_fp32"],
         "ours: quantbench calibrate -m all --provider cuda": results["ours"],
         f"ours_entropy: quantbench calibrate -m {ONE_METHOD} --provider cuda": results[
             "ours_entropy"
