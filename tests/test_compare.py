@@ -230,6 +230,30 @@ def test_no_shared_tensor_names_compares_outputs_only(cnn_path, eval_data, tmp_p
     assert doc["outputs"][0]["agreement"] == 1.0
 
 
+def test_a_candidate_of_another_model_is_a_user_error(run_cli, cnn_path, eval_data, tmp_path):
+    """A quantized candidate made from another network (other input names) used to crash
+    building its isolated twins in the reference (exit 3); it is the user's mix-up (exit 2)."""
+    data, _ = eval_data
+    m = synthetic.small_cnn()
+    for n in m.graph.node:
+        n.input[:] = ["pixels" if i == "input" else i for i in n.input]
+    m.graph.input[0].name = "pixels"
+    other = synthetic.save(m, tmp_path / "other.onnx")
+    np.savez(tmp_path / "pixels.npz", pixels=synthetic.images(16))
+    code, out, err = run_cli(
+        "quantize", other, "--data", tmp_path / "pixels.npz", "-o", tmp_path / "other.int8.onnx"
+    )
+    assert code == 0, err
+    code, out, err = run_cli(
+        "compare", "fp32", tmp_path / "other.int8.onnx", "--model", cnn_path, "--data", data
+    )
+    assert code == 2, err
+    assert err.strip().splitlines()[-1] == (
+        "error: other.int8.onnx: its inputs (pixels) are not those of cnn.onnx (input): "
+        "compare a candidate made from the --model it is given with"
+    )
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -145,6 +145,7 @@ def prepare_sides(
             )
         if c.is_reference:
             continue
+        _check_same_inputs(c, graph)
         side.tensors = _layer_tensors(graph, c.model)
         if not set(side.tensors) - {o.name for o in graph.model.graph.output}:
             warn(f"{c.label}: shares no tensor names with the FP32 model; comparing outputs only")
@@ -194,6 +195,20 @@ def prepare_sides(
         side.isolated_acc = {t: DriftAccumulator() for t in side.isolated}
         side.clip_acc = {t: ClipCounter(amax) for t, (_, amax) in side.clip.items()}
     return ref_runner, ref_fetch, sides
+
+
+def _check_same_inputs(candidate: Candidate, graph: Graph) -> None:
+    """A candidate fed other inputs than ``--model``'s was made from another model: it cannot
+    be compared (and its ops cannot be isolated in the reference)."""
+    weights = {i.name for i in candidate.model.graph.initializer}
+    theirs = sorted(i.name for i in candidate.model.graph.input if i.name not in weights)
+    ours = sorted(s.name for s in graph.inputs)
+    if theirs != ours:
+        raise QuantbenchError(
+            f"{candidate.label}: its inputs ({', '.join(theirs) or 'none'}) are not those of "
+            f"{graph.path.name if graph.path else 'the model'} ({', '.join(ours)}): compare a "
+            "candidate made from the --model it is given with"
+        )
 
 
 def _rename_twins(model: onnx.ModelProto, twins: dict[str, str], key: str) -> None:
