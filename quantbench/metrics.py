@@ -237,6 +237,8 @@ class AgreementAccumulator:
     positions: int = 0
     top1: int = 0
     top5: int = 0
+    #: scores per sample or position: top-5 agreement says nothing with 5 or fewer
+    classes: int = 0
     sequences: int = 0
     nonfinite_a: bool = False
     nonfinite_b: bool = False
@@ -271,6 +273,7 @@ class AgreementAccumulator:
         a2, b2 = (a.reshape(n, -1), b.reshape(n, -1)) if self.kind == CLASS else _rows(a, b)
         top_a, top_b = a2.argmax(axis=1), b2.argmax(axis=1)
         same = top_a == top_b
+        self.classes = b2.shape[1]
         k = min(5, b2.shape[1])
         top5_b = np.argpartition(-b2, k - 1, axis=1)[:, :k]
         self.samples += n
@@ -289,13 +292,14 @@ class AgreementAccumulator:
         return self.kind in (CLASS, POSITION)
 
     def metrics(self) -> dict[str, float | None]:
-        """``agreement`` (per sample or per position), ``top5_agreement`` and, per position,
+        """``agreement`` (per sample or per position), ``top5_agreement`` (with more than 5
+        classes: with fewer it is 1 whatever the model does) and, per position,
         ``sequence_agreement``; ``None`` where not applicable or undefined (NaN/Inf)."""
         if not self.applies or not self.samples or self.nonfinite_a or self.nonfinite_b:
             return {"agreement": None, "top5_agreement": None, "sequence_agreement": None}
         return {
             "agreement": self.top1 / self.positions,
-            "top5_agreement": self.top5 / self.positions,
+            "top5_agreement": self.top5 / self.positions if self.classes > 5 else None,
             "sequence_agreement": self.sequences / self.samples if self.kind == POSITION else None,
         }
 

@@ -106,9 +106,8 @@ def test_output_metrics_match_numpy_on_the_two_models(run_cli, cnn_path, cnn_dat
         batch_size=7, latency=False, show_progress=False,
     )  # fmt: skip
     (row,) = doc["outputs"]
-    top5 = np.argsort(-b, axis=1)[:, :4]  # 4 classes: top-5 is all of them
     assert row["agreement"] == pytest.approx(float((a.argmax(1) == b.argmax(1)).mean()))
-    assert row["top5_agreement"] == float((top5 == a.argmax(1)[:, None]).any(1).mean()) == 1.0
+    assert row["top5_agreement"] is None  # 4 classes: the top 5 hold them all, 1 whatever B is
     d = a - b
     assert row["sqnr_db"] == pytest.approx(10 * np.log10((a * a).sum() / (d * d).sum()), rel=1e-4)
     cosine = (a * b).sum() / np.sqrt((a * a).sum() * (b * b).sum())

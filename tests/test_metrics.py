@@ -89,6 +89,12 @@ def test_class_agreement_by_hand():
     assert acc.metrics() == {"agreement": 0.5, "top5_agreement": 0.75, "sequence_agreement": None}
     # labels [1, 0, 0, 4]: A right on samples 0, 1 (2/4); B right on 1, 3 (2/4)
     assert acc.accuracy() == {"A": 0.5, "B": 0.5, "delta": 0.0}
+    # the same scores on their first 5 classes: B's top 5 is every class, so top-5 agreement
+    # would be 1 whatever B is; it is not defined
+    five = AgreementAccumulator()
+    five.update(a[:, :5], b[:, :5])
+    assert five.metrics()["top5_agreement"] is None
+    assert five.metrics()["agreement"] == 0.5
 
 
 def test_position_agreement_by_hand():

@@ -300,9 +300,10 @@ class Agree:
 """
 
 
-def score_model(tmp_path: Path, class_dim: int | str) -> Path:
-    """Gemm -> one score per sample ([N, 1]); ``class_dim`` is how the output declares it."""
-    w = np.random.default_rng(0).standard_normal((1, 8)).astype(np.float32)
+def score_model(tmp_path: Path, class_dim: int | str, classes: int = 1) -> Path:
+    """Gemm -> ``classes`` scores per sample ([N, classes]); ``class_dim`` is how the output
+    declares it."""
+    w = np.random.default_rng(0).standard_normal((classes, 8)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("Gemm", ["x", "w"], ["score"], name="fc", transB=1)],
         "score",
@@ -334,6 +335,20 @@ def test_undefined_target_fails_before_calibrating(tmp_path, monkeypatch, run_cl
         "--target", "top1_agreement=0.99",
     )  # fmt: skip
     assert code == 2 and len(err.strip().splitlines()) == 1 and "not defined" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_top5_target_on_five_or_fewer_classes_says_why(tmp_path, run_cli):
+    """With 4 classes the top 5 hold every class: top-5 agreement is 1 for any model, so it
+    is no target (it used to say 'undefined on this data: no value')."""
+    path = score_model(tmp_path, 4, classes=4)
+    data = tmp_path / "data.npz"
+    code, _, err = run_cli(
+        "recover", path, "--data", data, "--calib-data", data, "-o", tmp_path / "out",
+        "--target", "top5_agreement=0.99",
+    )  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "needs outputs of more than 5 classes" in err and "use top1_agreement" in err
     assert not (tmp_path / "out").exists()
 
 

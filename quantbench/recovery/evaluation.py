@@ -195,7 +195,14 @@ class Evaluator:
             where = self.script.where if self.script else "no --metric-script"
             reason = f"{where} returned no {metric!r} (it returned {', '.join(returned) or '-'})"
         if not reason:
-            reason = "undefined on this data: " + (self._fp32_nonfinite() or "no value")
+            nonfinite = self._fp32_nonfinite()
+            if not nonfinite and metric == "top5_agreement":
+                reason = (
+                    "needs outputs of more than 5 classes (with 5 or fewer, the top 5 hold every "
+                    "class whatever the model does); use top1_agreement"
+                )
+            else:
+                reason = "undefined on this data: " + (nonfinite or "no value")
         raise QuantbenchError(f"{option} {metric}: {reason}")
 
     def _fp32_nonfinite(self) -> str:
