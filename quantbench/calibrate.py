@@ -367,7 +367,7 @@ def calibrate(
             m: clip_flags(stats_file, t, clip_warn, known=tables) for m, t in tables.items()
         }
     for m, flags in clipping.items():
-        if text := clip_warning(flags, clip_warn, m):
+        if text := clip_warning(flags, clip_warn, m, listed_by="--report PAGE"):
             warn(text)
     # every table is encoded (and so checked) before any file is written: one that cannot be
     # written must not leave the others of --method all behind

@@ -187,9 +187,12 @@ def _flag(
     return ClipFlag(t.name, method, amax, fraction, best[1], best[2], best[3])
 
 
-def clip_warning(flags: list[ClipFlag], limit: float, who: str = "", shown: int = 10) -> str:
+def clip_warning(
+    flags: list[ClipFlag], limit: float, who: str = "", shown: int = 10, *, listed_by: str
+) -> str:
     """One warning: a header naming the limit (and ``who``), then a line per flagged tensor;
-    empty when nothing is flagged."""
+    empty when nothing is flagged. ``listed_by``: the option whose output lists every flag
+    (for the line that says how many were left out)."""
     if not flags:
         return ""
     head = (
@@ -198,7 +201,7 @@ def clip_warning(flags: list[ClipFlag], limit: float, who: str = "", shown: int 
     )
     lines = [head] + [f"  {f.message()}" for f in flags[:shown]]
     if len(flags) > shown:
-        lines.append(f"  ... and {len(flags) - shown} more (see the results JSON)")
+        lines.append(f"  ... and {len(flags) - shown} more ({listed_by} lists them all)")
     return "\n".join(lines)
 
 
@@ -337,9 +340,9 @@ def _same_method(method: str, other: str | None) -> bool:
         return False
 
 
-def sqnr_warning(flags: list[SqnrFlag], who: str = "", shown: int = 10) -> str:
+def sqnr_warning(flags: list[SqnrFlag], who: str = "", shown: int = 10, *, listed_by: str) -> str:
     """One warning: a header naming the floor (and ``who``), then a line per flagged op, worst
-    first; empty when nothing is flagged."""
+    first; empty when nothing is flagged. ``listed_by``: as for :func:`clip_warning`."""
     if not flags:
         return ""
     head = (
@@ -348,5 +351,5 @@ def sqnr_warning(flags: list[SqnrFlag], who: str = "", shown: int = 10) -> str:
     )
     lines = [head] + [f"  {f.message()}" for f in flags[:shown]]
     if len(flags) > shown:
-        lines.append(f"  ... and {len(flags) - shown} more (see the results JSON)")
+        lines.append(f"  ... and {len(flags) - shown} more ({listed_by} lists them all)")
     return "\n".join(lines)

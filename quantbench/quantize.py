@@ -124,7 +124,9 @@ def quantize(
             executor=executor,
         )
         flags = clip_flags(stats, cal_table, clip_warn, calibration_tensors(graph, "quantizable"))
-        if text := clip_warning(flags, clip_warn, str(cal_table.method)):
+        if text := clip_warning(
+            flags, clip_warn, str(cal_table.method), listed_by="calibrate --report PAGE"
+        ):
             warn(text)
         note = registry.method_note(method)
         info(f"calibrated with method {method}{': ' + note if note else ''}")

@@ -77,12 +77,14 @@ def test_op_below_the_floor_is_named_with_the_method_of_lowest_error():
     assert flag.suggestion_fraction == pytest.approx(
         np.mean(np.abs(y) > flag.suggestion_amax), abs=1e-4
     )
-    text = sqnr_warning(flags, "int8:entropy")
+    text = sqnr_warning(flags, "int8:entropy", listed_by="--json FILE")
     assert text.splitlines()[0] == (
         "int8:entropy: 2 quantized op(s) below the isolated SQNR floor of 20 dB (--sqnr-floor):"
     )
     assert "bad (Conv): isolated SQNR -4.9 dB; input conv_in: entropy threshold" in text
     assert "undef (Conv): isolated SQNR undefined" in text
+    shorter = sqnr_warning(flags, "int8:entropy", shown=1, listed_by="--json FILE")
+    assert shorter.splitlines()[-1] == "  ... and 1 more (--json FILE lists them all)"
 
 
 def test_no_better_method_says_the_error_comes_from_elsewhere():

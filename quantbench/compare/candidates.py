@@ -167,7 +167,9 @@ def _int8(graph: Graph, ctx: CalibrationContext, method: str | None) -> Candidat
         flags = clip_flags(
             ctx.stats, table, ctx.clip_warn, calibration_tensors(graph, "quantizable")
         )
-        if text := clip_warning(flags, ctx.clip_warn, f"int8:{label_method}"):
+        if text := clip_warning(
+            flags, ctx.clip_warn, f"int8:{label_method}", listed_by="--json FILE"
+        ):
             warn(text)
     result = quantize_model(graph, table, exclude=ctx.exclude, allow_partial=ctx.allow_partial)
     for w in result.warnings:

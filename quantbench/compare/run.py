@@ -338,7 +338,7 @@ def _floor_flags(
             and (sqnr := from_json_float(r.get("sqnr_db"))) is not None  # null: not measured
         ]
         flags = sqnr_flags(ops, floor, ctx.stats, side.candidate.table)
-        if text := sqnr_warning(flags, side.candidate.spec):
+        if text := sqnr_warning(flags, side.candidate.spec, listed_by="--json FILE"):
             warn(text)
         for f in flags:
             row = {"candidate": side.key, **f.to_dict()}

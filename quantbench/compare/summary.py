@@ -47,7 +47,9 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
     sequences = any(o.get("agreement_kind") == "position" for o in outputs)
     columns = ["side", "output", "agree", "top-5", "sequence", "cosine", "SQNR dB", "NaN/Inf"]
     for col in columns if sequences else [c for c in columns if c != "sequence"]:
-        t.add_column(col)
+        # output names often differ only at their end (StatefulPartitionedCall:0/:1/:2):
+        # folded onto more lines, never cut
+        t.add_column(col, overflow="fold" if col == "output" else "ellipsis")
     notes: dict[str, str] = {}
     for o in outputs:
         cells = [
