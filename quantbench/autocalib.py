@@ -47,7 +47,7 @@ from quantbench.executors import ExecutorSpec, run_tasks, task_threads
 from quantbench.graph import Graph
 from quantbench.isolated import build_isolated, shared_upgrades
 from quantbench.jsonsafe import json_float
-from quantbench.metrics import DriftAccumulator
+from quantbench.metrics import DriftAccumulator, OutputLayout, OutputsAccumulator
 from quantbench.progress import warn
 from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
 from quantbench.stats import StatsFile
@@ -427,9 +427,11 @@ def output_sqnrs(
     reference: list[dict[str, np.ndarray]] | None = None,
 ) -> dict[str, float]:
     """Candidate -> SQNR (dB) of its full Q/DQ model against FP32 over ``held_out``: its worst
-    output's, as :func:`quantbench.metrics.model_metrics` judges a model (``-inf`` when an output
-    is undefined, e.g. holds NaN). One pass: each batch runs FP32 once (or ``reference``: FP32
-    outputs per batch computed before), then every candidate."""
+    output's, or part's for an output joining kinds of values (a detector's boxes and scores,
+    :func:`quantbench.outputaxes.concat_parts`), as :func:`quantbench.metrics.model_metrics`
+    judges a model (``-inf`` when one is undefined, e.g. holds NaN). One pass: each batch runs
+    FP32 once (or ``reference``: FP32 outputs per batch computed before), then every
+    candidate."""
     outputs = [o.name for o in graph.model.graph.output]
     fp32 = None if reference is not None else OnnxRuntimeRunner(graph.model, provider, threads)
     runners = {
@@ -438,18 +440,17 @@ def output_sqnrs(
         )
         for name, table in tables.items()
     }
-    accs = {name: {o: DriftAccumulator() for o in outputs} for name in tables}
+    layout = OutputLayout.of(graph.model)
+    accs = {name: OutputsAccumulator(outputs, False, layout) for name in tables}
     for index, feed in enumerate(held_out.batches()):
         ref = reference[index] if fp32 is None else fp32.infer(feed, outputs)
         for name, runner in runners.items():
-            got = runner.infer(feed, outputs)
-            for o, acc in accs[name].items():
-                acc.update(ref[o], got[o])
+            accs[name].update(ref, runner.infer(feed, outputs))
     for runner in runners.values():
         runner.close()
     if fp32 is not None:
         fp32.close()
-    return {name: min(_sqnr(acc) for acc in per.values()) for name, per in accs.items()}
+    return {name: min(_sqnr(d) for d in acc.drift.values()) for name, acc in accs.items()}
 
 
 def reference_outputs(

@@ -44,8 +44,10 @@ from typing import Any
 import numpy as np
 
 from quantbench.outputaxes import (
+    OutputParts,
     channels_first_outputs,
     class_axis_evidence,
+    concat_parts,
     samples_second_outputs,
 )
 
@@ -356,11 +358,34 @@ class OutputLayout:
     doubt_unless_size: Mapping[str, int] = field(default_factory=dict)
     #: outputs declared with the samples on axis 1 (:func:`samples_second_outputs`)
     samples_second: frozenset[str] = frozenset()
+    #: outputs joining different kinds of values, judged part by part too (:func:`concat_parts`)
+    parts: OutputParts = field(default_factory=dict)
 
     @classmethod
     def of(cls, model: Any) -> OutputLayout:
         doubts, unless = class_axis_evidence(model)
-        return cls(channels_first_outputs(model), doubts, unless, samples_second_outputs(model))
+        return cls(
+            channels_first_outputs(model),
+            doubts,
+            unless,
+            samples_second_outputs(model),
+            concat_parts(model),
+        )
+
+    def pieces(self, name: str, shape: Sequence[int]) -> list[tuple[str, tuple[slice, ...]]]:
+        """Output ``name``'s parts (:attr:`parts`) in an array of ``shape``: (row name, index);
+        none when the run's shape does not hold the parts the graph declared."""
+        if name not in self.parts:
+            return []
+        axis, bounds = self.parts[name]
+        if len(shape) <= axis or shape[axis] != bounds[-1][1]:
+            return []
+        found = []
+        for start, stop, _ in bounds:
+            index = [slice(None)] * len(shape)
+            index[axis] = slice(start, stop)
+            found.append((part_name(name, start, stop, axis), tuple(index)))
+        return found
 
     def kind(self, shape: Sequence[int | str | None], name: str) -> tuple[str | None, str]:
         """:func:`agreement_kind` of output ``name`` with this layout."""
@@ -380,6 +405,11 @@ class OutputLayout:
             doubt_unless_size=self.doubt_unless_size.get(name),
             samples_second=name in self.samples_second,
         )
+
+
+def part_name(output: str, start: int, stop: int, axis: int) -> str:
+    """How a part of an output is named in results: ``output0[4:22 on axis 1]``."""
+    return f"{output}[{start}:{stop} on axis {axis}]"
 
 
 def _rows(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -475,6 +505,11 @@ class OutputsAccumulator:
     drift: dict[str, DriftAccumulator] = field(default_factory=dict)
     agreement: dict[str, AgreementAccumulator] = field(default_factory=dict)
 
+    #: part row -> the output it is a part of (:meth:`OutputLayout.pieces`)
+    part_of: dict[str, str] = field(default_factory=dict)
+    #: outputs with parts in the graph that a batch did not hold: judged whole only
+    unsplit: set[str] = field(default_factory=set)
+
     def __post_init__(self) -> None:
         self.drift = {n: DriftAccumulator() for n in self.names}
         self.agreement = {n: self.layout.accumulator(n) for n in self.names}
@@ -487,13 +522,30 @@ class OutputsAccumulator:
         batch: int | None = None,
     ) -> None:
         """One batch of ``batch`` samples; ``candidate`` keyed by the reference's output
-        names."""
+        names. An output joining kinds of values also updates a drift row per part."""
         label_output = self.label_output(reference)
         for name in self.names:
             a, b = reference[name], candidate[name]
             self.drift[name].update(a, b)
             lab = labels if name == label_output and self.labels_usable else None
             self.agreement[name].update(a, b, lab, batch)
+            self._update_parts(name, np.asarray(a), np.asarray(b))
+
+    def _update_parts(self, name: str, a: np.ndarray, b: np.ndarray) -> None:
+        if name not in self.layout.parts or name in self.unsplit:
+            return
+        pieces = self.layout.pieces(name, a.shape) if a.shape == b.shape else []
+        known = [row for row, output in self.part_of.items() if output == name]
+        if not pieces or (known and [row for row, _ in pieces] != known):
+            # a batch that does not hold the parts: they are not judged at all rather than on
+            # some batches only (the whole output still is)
+            for row in known:
+                del self.drift[row], self.part_of[row]
+            self.unsplit.add(name)
+            return
+        for row, index in pieces:
+            self.part_of[row] = name
+            self.drift.setdefault(row, DriftAccumulator()).update(a[index], b[index])
 
     def label_output(self, reference: Mapping[str, np.ndarray]) -> str | None:
         kinds = {n: self.layout.kind(np.shape(reference[n]), n)[0] for n in self.names}
@@ -511,7 +563,21 @@ class OutputsAccumulator:
             row["agreement_note"] = agree.note() or None
             row["nonfinite"] = drift.nonfinite()
             out[name] = row
+            for part, output in self.part_of.items():
+                if output == name:
+                    out[part] = self._part_row(part, output)
         return out
+
+    def _part_row(self, part: str, output: str) -> dict[str, Any]:
+        drift = self.drift[part]
+        row: dict[str, Any] = {"agreement": None, "top5_agreement": None}
+        row["sequence_agreement"] = None
+        row.update({k: v for k, v in drift.metrics().items() if k != "clip_fraction"})
+        axis, bounds = self.layout.parts[output]
+        made = {part_name(output, a, b, axis): op for a, b, op in bounds}[part]
+        row.update(agreement_kind=None, agreement_note=None, part_of=output, part_made_by=made)
+        row["nonfinite"] = drift.nonfinite()
+        return row
 
     def accuracy(self) -> dict[str, float | None] | None:
         return next(

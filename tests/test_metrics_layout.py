@@ -14,10 +14,11 @@ from onnx import TensorProto, helper, numpy_helper
 from quantbench.metrics import (
     AgreementAccumulator,
     OutputLayout,
+    OutputsAccumulator,
     agreement_kind,
     declared_output_kinds,
 )
-from quantbench.outputaxes import channels_first_outputs, class_axis_doubts
+from quantbench.outputaxes import channels_first_outputs, class_axis_doubts, concat_parts
 
 
 def _conv_model(channels: int, tail: list[str], out_shape: list) -> onnx.ModelProto:
@@ -376,3 +377,56 @@ def test_a_time_major_output_counts_sequences_per_sample():
     batch_first = AgreementAccumulator(name="y")
     batch_first.update(np.moveaxis(a, 1, 0), np.moveaxis(b, 1, 0), batch=3)
     assert batch_first.metrics()["sequence_agreement"] == pytest.approx(per_sample)
+
+
+def _detector_head(score_op: str = "Sigmoid") -> onnx.ModelProto:
+    """x [N, 6, A] -> y = Concat([x[:, :4] * 100 (boxes, pixels), score_op(x[:, 4:])], axis 1):
+    a YOLOv8-like head, boxes and class scores joined on axis 1."""
+    inits = {
+        "k100": np.array(100.0, np.float32),
+        "s0": np.array([0], np.int64),
+        "s4": np.array([4], np.int64),
+        "s6": np.array([6], np.int64),
+        "ax": np.array([1], np.int64),
+    }
+    nodes = [
+        ("Slice", ["x", "s0", "s4", "ax"], "box_in"),
+        ("Mul", ["box_in", "k100"], "boxes"),
+        ("Slice", ["x", "s4", "s6", "ax"], "cls_in"),
+        (score_op, ["cls_in"], "scores"),
+        ("Concat", ["boxes", "scores"], "y", {"axis": 1}),
+    ]
+    return _graph_of(nodes, ["N", 6, 8], ["N", 6, 8], inits)
+
+
+def test_a_detector_head_is_judged_part_by_part():
+    """Boxes (x100) and scores joined in one output: the whole-output SQNR is the boxes'; the
+    scores get their own row, and the model is judged on the worse part (hand-derived)."""
+    model = _detector_head()
+    assert concat_parts(model) == {"y": (1, ((0, 4, "Mul"), (4, 6, "Sigmoid")))}
+    # reference: boxes all 100, scores all 0.5; candidate: boxes off by 1 (SQNR 40 dB),
+    # scores off by 0.05 (SQNR 20 dB)
+    a = np.concatenate([np.full((2, 4, 8), 100.0), np.full((2, 2, 8), 0.5)], axis=1)
+    b = np.concatenate([np.full((2, 4, 8), 101.0), np.full((2, 2, 8), 0.55)], axis=1)
+    acc = OutputsAccumulator(["y"], layout=OutputLayout.of(model))
+    acc.update({"y": a}, {"y": b})
+    rows = acc.rows()
+    assert list(rows) == ["y", "y[0:4 on axis 1]", "y[4:6 on axis 1]"]
+    assert rows["y[0:4 on axis 1]"]["sqnr_db"] == pytest.approx(40.0)
+    assert rows["y[4:6 on axis 1]"]["sqnr_db"] == pytest.approx(20.0)
+    assert rows["y[4:6 on axis 1]"]["part_made_by"] == "Sigmoid"
+    assert rows["y"]["sqnr_db"] == pytest.approx(40.0, abs=0.01)  # the boxes dominate it
+    assert acc.model_metrics()["sqnr_db"] == pytest.approx(20.0)
+
+
+def test_parts_one_kind_of_op_made_are_not_split_and_odd_batches_unsplit():
+    """A Concat of parts the same op made (scales of a YOLOv5 head) is one kind of value; and
+    a batch whose output does not hold the declared parts leaves the output judged whole."""
+    same = _detector_head(score_op="Sigmoid")
+    same.graph.node[1].op_type = "Sigmoid"  # boxes through Sigmoid too (one input: drop k100)
+    del same.graph.node[1].input[1]
+    assert concat_parts(same) == {}
+    acc = OutputsAccumulator(["y"], layout=OutputLayout.of(_detector_head()))
+    acc.update({"y": np.ones((2, 6, 8))}, {"y": np.ones((2, 6, 8))})
+    acc.update({"y": np.ones((2, 7, 8))}, {"y": np.ones((2, 7, 8))})  # not 4 + 2 rows
+    assert list(acc.rows()) == ["y"]

@@ -22,6 +22,21 @@ def _fmt(v: Any, digits: int = 4) -> str:
     return f"{v:.{digits}g}" if isinstance(v, float) else str(v)
 
 
+def _print_parts(outputs: list[dict]) -> None:
+    """Says why an output has part rows (once per output)."""
+    parts: dict[str, dict[str, str]] = {}
+    for o in outputs:
+        if o.get("part_of"):
+            where = o["name"][len(o["part_of"]) :]
+            parts.setdefault(o["part_of"], {})[where] = f"{o.get('part_made_by')} {where}"
+    for name, made in parts.items():
+        console.print(
+            f"output {escape(name)} joins values that different ops made "
+            f"({escape(', '.join(made.values()))}): each part is judged too, and the model's "
+            "SQNR and cosine are its worst part's"
+        )
+
+
 def _nonfinite_cell(counts: dict[str, int] | None) -> str:
     counts = counts or {}
     bad = counts.get("fp32", 0) + counts.get("candidate", 0)
@@ -68,6 +83,7 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
     console.print(t)
     for name, note in notes.items():
         console.print(f"output {escape(name)}: {escape(note)}; cosine and SQNR stand")
+    _print_parts(outputs)
     _print_nonfinite(doc)
     ranking = doc.get("ranking", [])[:worst]
     if ranking:
