@@ -33,7 +33,7 @@ from quantbench.progress import info, warn
 from quantbench.sharded import collect_sharded
 from quantbench.stats import StatsFile, settled
 from quantbench.table import CalibrationTable
-from quantbench.table.build import build_table, nonfinite_report
+from quantbench.table.build import build_table, no_finite_tensors, nonfinite_report
 from quantbench.table.codecs import FORMAT_SUFFIX, encode_table
 from quantbench.table.trt_cache import DEFAULT_TRT_VERSION, check_cache_target
 
@@ -413,8 +413,10 @@ def summarize(result: CalibrationResult) -> None:
     """A short human summary on stderr (the CLI shows tables with inspect)."""
     s = result.stats
     origin = "cached statistics" if result.from_cache else "one onnxruntime pass"
+    empty = no_finite_tensors(s)
+    left_out = f" ({len(empty)} of them left out: no finite value)" if empty else ""
     info(
-        f"calibrated {len(s)} tensors over {s.num_samples} samples from {origin}; "
+        f"calibrated {len(s)} tensors{left_out} over {s.num_samples} samples from {origin}; "
         f"methods: {', '.join(result.tables)}"
     )
     if result.auto is not None:

@@ -106,6 +106,7 @@ def test_tensor_without_any_finite_value_is_named_and_refused(run_cli, tmp_path)
     )
     assert code == 0, err
     assert "held no finite value" in err and "bad" in err
+    assert "(2 of them left out: no finite value)" in err  # the summary line says it too
     assert "bad" not in read_table(tmp_path / "t.json")
     code, _, err = run_cli(
         "quantize", path, "--table", tmp_path / "t.json", "-o", tmp_path / "q.onnx"
