@@ -18,6 +18,7 @@ NaN/Inf are recorded by index and reported (:class:`NonFiniteSamples`).
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import itertools
 import math
@@ -550,7 +551,7 @@ def _from_readers(
     layout: Layout | None = None
     counts = []
     for where, readers in parts:
-        _check_names(where, set(readers), inputs)
+        _check_names(where, set(readers), inputs, note_unused=True)
         for spec in inputs:
             _check_dtype(f"{where}[{spec.name}]", readers[spec.name].dtype, spec)
         shapes = {s.name: tuple(readers[s.name].shape) for s in inputs}
@@ -625,7 +626,11 @@ def _sample_count(where: str, shapes: Mapping[str, tuple[int, ...]]) -> int:
     return next(iter(counts.values()), 0)
 
 
-def _check_names(origin: Path | str, names: set[str], inputs: list[TensorSpec]) -> None:
+def _check_names(
+    origin: Path | str, names: set[str], inputs: list[TensorSpec], note_unused: bool = False
+) -> None:
+    """Every input has data; ``note_unused``: arrays that feed no input are said once (a
+    ``labels`` array in the data file is read by nothing)."""
     want = {s.name for s in inputs}
     missing, extra = sorted(want - names), sorted(names - want)
     if missing:
@@ -634,6 +639,14 @@ def _check_names(origin: Path | str, names: set[str], inputs: list[TensorSpec]) 
             f"{origin}: no data for model input(s) {', '.join(missing)}{hint}"
             + (f" (unexpected: {', '.join(extra)})" if extra else "")
         )
+    if extra and note_unused:
+        _note_unused(str(origin), tuple(extra))
+
+
+@functools.cache
+def _note_unused(origin: str, arrays: tuple[str, ...]) -> None:
+    """Once per file and process (``auto`` opens its data up to four times)."""
+    warn(f"{origin}: ignoring array(s) {', '.join(arrays)}: they feed no input of the model")
 
 
 def _check_dtype(where: str, dtype: np.dtype, spec: TensorSpec) -> None:

@@ -181,3 +181,15 @@ def test_file_fingerprint_hashes_every_block_in_order(tmp_path, monkeypatch):
     a.write_bytes(body[:1500] + b"\x00" + body[1501:])
     assert data_module._file_digest([a, b], "arrays") != expected.hexdigest()
     assert len(reads) == 3  # the rewritten file is read again, whole
+
+
+def test_arrays_that_feed_no_input_are_said_once(cnn_path, tmp_path, capsys):
+    """A ``labels`` array beside the input in the data file is read by nothing: one warning
+    naming it, however often the data is opened (``auto`` opens it several times)."""
+    path = tmp_path / "with_labels.npz"
+    np.savez(path, input=synthetic.images(4), labels=np.arange(4))
+    inputs = open_graph(cnn_path).inputs
+    for _ in range(3):
+        assert sum(len(next(iter(b.values()))) for b in open_data(path, inputs).batches()) == 4
+    err = capsys.readouterr().err
+    assert err.count("ignoring array(s) labels: they feed no input of the model") == 1, err
