@@ -120,10 +120,44 @@ def concat_parts(model: Any) -> OutputParts:
     for name, (node, perm) in joined.items():
         made = [_made_by(producer, model, t) for t in node.input]
         if len(set(made)) < 2:
-            continue
-        if parts := _part_bounds(node, shapes, made):
+            parts = _scales_of_one_head(node, producer, model, shapes)
+        else:
+            parts = _part_bounds(node, shapes, made)
+        if parts:
             axis, bounds = parts
             found[name] = (perm.index(axis) if perm else axis, bounds)
+    return found
+
+
+def _scales_of_one_head(
+    node: Any, producer: Mapping[str, Any], model: Any, shapes: Mapping[str, tuple[int | None, ...]]
+) -> tuple[int, tuple[tuple[int, int, str], ...]] | None:
+    """A Concat of a detector's scales (YOLOX: each ``Reshape(Concat([boxes, Sigmoid(obj),
+    Sigmoid(cls)], axis=1), [N, C, H*W])``, joined along the anchors): the parts of the scales'
+    own Concat, on the axis every Reshape keeps, when all the scales have the same parts."""
+    found = None
+    for tensor in node.input:
+        reshape = producer.get(tensor)
+        inner = producer.get(reshape.input[0]) if reshape is not None else None
+        if reshape is None or reshape.op_type != "Reshape" or inner is None:
+            return None
+        if inner.op_type != "Concat" or len(inner.input) < 2:
+            return None
+        made = [_made_by(producer, model, t) for t in inner.input]
+        parts = _part_bounds(inner, shapes, made) if len(set(made)) > 1 else None
+        before, after = shapes.get(inner.output[0]), shapes.get(tensor)
+        if parts is None or before is None or after is None:
+            return None
+        axis = parts[0]
+        if len(after) <= axis or before[: axis + 1] != after[: axis + 1] or None in after[1:]:
+            return None  # the Reshape does not keep the parts' axis where it was
+        if found is not None and found != parts:
+            return None
+        found = parts
+    outer = next((a.i for a in node.attribute if a.name == "axis"), None)
+    rank = len(shapes.get(node.output[0], ()))
+    if found is None or outer is None or not rank or outer % rank == found[0]:
+        return None  # scales joined on the parts' own axis: no per-part layout to keep
     return found
 
 

@@ -430,3 +430,39 @@ def test_parts_one_kind_of_op_made_are_not_split_and_odd_batches_unsplit():
     acc.update({"y": np.ones((2, 6, 8))}, {"y": np.ones((2, 6, 8))})
     acc.update({"y": np.ones((2, 7, 8))}, {"y": np.ones((2, 7, 8))})  # not 4 + 2 rows
     assert list(acc.rows()) == ["y"]
+
+
+def test_a_yolox_head_keeps_its_parts_through_the_scales():
+    """YOLOX (dddd-det): per scale Concat([boxes, Sigmoid(scores)], axis 1) -> Reshape
+    [1, 5, H*W]; the scales joined along the anchors (axis 2), then Transpose to [1, A, 5]: the
+    parts are on the output's last axis (dddd-det: [0:4] Conv, [4:5] and [5:6] Sigmoid)."""
+    inits = {
+        "k100": np.array(100.0, np.float32),
+        "s0": np.array([0], np.int64),
+        "s4": np.array([4], np.int64),
+        "s5": np.array([5], np.int64),
+        "ax": np.array([1], np.int64),
+        "flat": np.array([1, 5, -1], np.int64),
+    }
+    nodes = [("MaxPool", ["x"], "x2", {"kernel_shape": [2, 2], "strides": [2, 2]})]
+    for scale in ("x", "x2"):
+        nodes += [
+            ("Slice", [scale, "s0", "s4", "ax"], f"{scale}_box_in"),
+            ("Mul", [f"{scale}_box_in", "k100"], f"{scale}_boxes"),
+            ("Slice", [scale, "s4", "s5", "ax"], f"{scale}_cls_in"),
+            ("Sigmoid", [f"{scale}_cls_in"], f"{scale}_scores"),
+            ("Concat", [f"{scale}_boxes", f"{scale}_scores"], f"{scale}_head", {"axis": 1}),
+            ("Reshape", [f"{scale}_head", "flat"], f"{scale}_flat"),
+        ]
+    nodes += [
+        ("Concat", ["x_flat", "x2_flat"], "joined", {"axis": 2}),
+        ("Transpose", ["joined"], "y", {"perm": [0, 2, 1]}),
+    ]
+    model = _graph_of(nodes, [1, 5, 4, 4], [1, 20, 5], inits)
+    assert concat_parts(model) == {"y": (2, ((0, 4, "Mul"), (4, 5, "Sigmoid")))}
+    inits["flat"] = np.array([1, -1], np.int64)  # a Reshape that merges the parts' axis away
+    merged = _graph_of(nodes, [1, 5, 4, 4], [1, 100], inits)
+    merged.graph.node[-2].attribute[0].i = 1
+    merged.graph.node.pop()  # no Transpose: y is the Concat
+    merged.graph.node[-1].output[0] = "y"
+    assert concat_parts(merged) == {}
