@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -20,14 +21,21 @@ from rich.progress import (
 #: progress and warnings go to stderr so stdout stays machine-readable.
 console = Console(stderr=True)
 
+#: without a terminal, long work says where it is at most this often (seconds)
+PLAIN_EVERY_S = 30.0
+
 
 @contextmanager
 def progress_bar(
     description: str, total: int | None, show: bool = True, unit: str = "samples"
 ) -> Iterator[Callable[[int], None]]:
-    """Yield ``advance(n)``; draws a bar on a terminal, nothing otherwise."""
-    if not show or not console.is_terminal:
+    """Yield ``advance(n)``; draws a bar on a terminal; elsewhere (a log, a pipe) a plain line
+    at most every :data:`PLAIN_EVERY_S` seconds, so that long work is not silent."""
+    if not show:
         yield lambda n: None
+        return
+    if not console.is_terminal:
+        yield _plain_progress(description, total, unit)
         return
     columns = [
         SpinnerColumn(),
@@ -41,6 +49,22 @@ def progress_bar(
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(description, total=total)
         yield lambda n: progress.advance(task, n)
+
+
+def _plain_progress(description: str, total: int | None, unit: str) -> Callable[[int], None]:
+    start = last = time.monotonic()
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done, last
+        done += n
+        now = time.monotonic()
+        if now - last >= PLAIN_EVERY_S:
+            last = now
+            of = f"/{total}" if total else ""
+            info(f"{description}: {done}{of} {unit}, {now - start:.0f} s")
+
+    return advance
 
 
 def warn(message: str) -> None:
