@@ -379,16 +379,22 @@ def test_a_time_major_output_counts_sequences_per_sample():
     assert batch_first.metrics()["sequence_agreement"] == pytest.approx(per_sample)
 
 
-def _detector_head(score_op: str = "Sigmoid") -> onnx.ModelProto:
-    """x [N, 6, A] -> y = Concat([x[:, :4] * 100 (boxes, pixels), score_op(x[:, 4:])], axis 1):
-    a YOLOv8-like head, boxes and class scores joined on axis 1."""
-    inits = {
+def _head_inits(**more: np.ndarray) -> dict[str, np.ndarray]:
+    """The constants of the detector heads below: the box scale, slice bounds 0 and 4 on
+    axis 1, and ``more``."""
+    return {
         "k100": np.array(100.0, np.float32),
         "s0": np.array([0], np.int64),
         "s4": np.array([4], np.int64),
-        "s6": np.array([6], np.int64),
         "ax": np.array([1], np.int64),
+        **more,
     }
+
+
+def _detector_head(score_op: str = "Sigmoid") -> onnx.ModelProto:
+    """x [N, 6, A] -> y = Concat([x[:, :4] * 100 (boxes, pixels), score_op(x[:, 4:])], axis 1):
+    a YOLOv8-like head, boxes and class scores joined on axis 1."""
+    inits = _head_inits(s6=np.array([6], np.int64))
     nodes = [
         ("Slice", ["x", "s0", "s4", "ax"], "box_in"),
         ("Mul", ["box_in", "k100"], "boxes"),
@@ -436,14 +442,7 @@ def test_a_yolox_head_keeps_its_parts_through_the_scales():
     """YOLOX (dddd-det): per scale Concat([boxes, Sigmoid(scores)], axis 1) -> Reshape
     [1, 5, H*W]; the scales joined along the anchors (axis 2), then Transpose to [1, A, 5]: the
     parts are on the output's last axis (dddd-det: [0:4] Conv, [4:5] and [5:6] Sigmoid)."""
-    inits = {
-        "k100": np.array(100.0, np.float32),
-        "s0": np.array([0], np.int64),
-        "s4": np.array([4], np.int64),
-        "s5": np.array([5], np.int64),
-        "ax": np.array([1], np.int64),
-        "flat": np.array([1, 5, -1], np.int64),
-    }
+    inits = _head_inits(s5=np.array([5], np.int64), flat=np.array([1, 5, -1], np.int64))
     nodes = [("MaxPool", ["x"], "x2", {"kernel_shape": [2, 2], "strides": [2, 2]})]
     for scale in ("x", "x2"):
         nodes += [
