@@ -53,6 +53,7 @@ from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
 from quantbench.stats import StatsFile
 from quantbench.table import CalibrationTable
 from quantbench.table.build import build_table
+from quantbench.table.trt_cache import TRTEXEC_ALGORITHM
 from quantbench.workerinput import WorkerInput
 
 AUTO = registry.AUTO
@@ -511,9 +512,12 @@ def _identical_tables(tables: dict[str, CalibrationTable]) -> dict[str, str]:
 
 
 def _relabelled(table: CalibrationTable, method: str) -> CalibrationTable:
-    """``table`` named ``auto`` (what was asked for), every entry recording ``method``."""
+    """``table`` named ``auto`` (what was asked for), every entry recording ``method``. Its
+    cache header is the one trtexec reads whichever method won: ``auto`` is no TensorRT
+    calibrator, and a ``MinMaxCalibration`` header (minmax winning) would make trtexec drop the
+    cache and calibrate on random data."""
     out = CalibrationTable(
-        entries={}, method=AUTO, algorithm=table.algorithm, provenance=table.provenance
+        entries={}, method=AUTO, algorithm=TRTEXEC_ALGORITHM, provenance=table.provenance
     )
     for name, entry in table.entries.items():
         out.set(name, entry.amax, method)

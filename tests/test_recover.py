@@ -211,6 +211,25 @@ def test_auto_table_records_methods_and_is_no_worse_than_entropy(heavy):
     assert auto.output_sqnr_db[auto.chosen] == max(auto.output_sqnr_db.values())
 
 
+def test_caches_for_trtexec_carry_the_header_trtexec_reads(heavy, tmp_path):
+    """trtexec's --calib calibrator is an IInt8EntropyCalibrator2 and drops a cache with
+    another header, calibrating on random data instead (reference doc 2.3): an ``auto`` table
+    that minmax won, and recover's cache for its trtexec line, say EntropyCalibration2."""
+    from quantbench.autocalib import _relabelled
+    from quantbench.table.codecs import encode_table
+
+    graph = open_graph(heavy["model"])
+    stats, _, _ = obtain_stats(graph, heavy["calib"], tensors="all", show_progress=False)
+    minmax = build_table(stats, "minmax")
+    assert encode_table(minmax, "trt").split(b"\n")[0].endswith(b"-MinMaxCalibration")
+    won = encode_table(_relabelled(minmax, "minmax"), "trt")
+    assert won.split(b"\n")[0].endswith(b"-EntropyCalibration2")
+    result = _recover(heavy, method="minmax")
+    paths = write_artefacts(result, tmp_path / "out", model_path=heavy["model"])
+    header = paths["cache"].read_text().splitlines()[0]
+    assert header.startswith("TRT-") and header.endswith("-EntropyCalibration2")
+
+
 def test_recover_with_method_auto_still_keeps_the_bad_layer(heavy):
     result = _recover(heavy, method="auto")
     assert result.met and result.kept == [BAD_LAYER]

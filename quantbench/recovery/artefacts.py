@@ -33,7 +33,7 @@ from quantbench.recovery.search import RecoveryResult
 from quantbench.results import base_document, write_json
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import write_table
-from quantbench.table.trt_cache import DEFAULT_TRT_VERSION, check_cache_target
+from quantbench.table.trt_cache import DEFAULT_TRT_VERSION, TRTEXEC_ALGORITHM, check_cache_target
 
 
 def _node_inputs(result: RecoveryResult) -> dict[str, list[str]]:
@@ -61,7 +61,7 @@ def trimmed_table(result: RecoveryResult) -> tuple[CalibrationTable, list[str], 
     table = CalibrationTable(
         entries={k: v for k, v in source.entries.items() if k not in removed},
         method=source.method,
-        algorithm=source.algorithm,
+        algorithm=TRTEXEC_ALGORITHM,  # the cache is for trtexec.txt's --calib line
         provenance=source.provenance,
     )
     return table, removed, shared

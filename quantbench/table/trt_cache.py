@@ -31,6 +31,11 @@ ALGORITHMS: tuple[str, ...] = (
     "LegacyCalibration",
 )
 
+#: the header token trtexec's ``--calib`` accepts: its calibrator is an IInt8EntropyCalibrator2,
+#: and TensorRT drops a cache another calibrator class wrote (a ``MinMaxCalibration`` cache made
+#: trtexec calibrate on random data: reference doc 2.3)
+TRTEXEC_ALGORITHM = "EntropyCalibration2"
+
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)?")
 _HEADER_RE = re.compile(r"TRT-(\d+)-([A-Za-z0-9_]+)")
 _HEX_RE = re.compile(r"[0-9a-fA-F]{1,8}")
