@@ -428,11 +428,10 @@ def output_sqnrs(
     reference: list[dict[str, np.ndarray]] | None = None,
 ) -> dict[str, float]:
     """Candidate -> SQNR (dB) of its full Q/DQ model against FP32 over ``held_out``: its worst
-    output's, or part's for an output joining kinds of values (a detector's boxes and scores,
-    :func:`quantbench.outputaxes.concat_parts`), as :func:`quantbench.metrics.model_metrics`
-    judges a model (``-inf`` when one is undefined, e.g. holds NaN). One pass: each batch runs
-    FP32 once (or ``reference``: FP32 outputs per batch computed before), then every
-    candidate."""
+    output's, an output joining kinds of values (a detector's boxes and scores,
+    :func:`quantbench.outputaxes.concat_parts`) judged over its parts (:func:`_judged_sqnr`;
+    ``-inf`` when one is undefined, e.g. holds NaN). One pass: each batch runs FP32 once (or
+    ``reference``: FP32 outputs per batch computed before), then every candidate."""
     outputs = [o.name for o in graph.model.graph.output]
     fp32 = None if reference is not None else OnnxRuntimeRunner(graph.model, provider, threads)
     runners = {
@@ -451,7 +450,25 @@ def output_sqnrs(
         runner.close()
     if fp32 is not None:
         fp32.close()
-    return {name: min(_sqnr(d) for d in acc.drift.values()) for name, acc in accs.items()}
+    return {name: _judged_sqnr(acc) for name, acc in accs.items()}
+
+
+def _judged_sqnr(acc: OutputsAccumulator) -> float:
+    """A candidate's score: its worst output's SQNR, where an output joining kinds of values
+    counts as the SQNR it would have with each part scaled to the same power (the mean of the
+    parts' noise-to-signal ratios). One ruined part drags that down; a near-tie in one part
+    does not decide alone: on dddd-det the worst part alone chose the mix (objectness 17.4 dB
+    against mse's 17.0) over mse, which was 5 dB better on the boxes, and lost 2.6 points of
+    box F1."""
+    scores = []
+    for name in acc.names:
+        parts = [row for row, output in acc.part_of.items() if output == name]
+        if not parts:
+            scores.append(_sqnr(acc.drift[name]))
+            continue
+        noise = [10 ** (-_sqnr(acc.drift[row]) / 10) for row in parts]
+        scores.append(-10 * math.log10(sum(noise) / len(noise)))
+    return min(scores)
 
 
 def reference_outputs(

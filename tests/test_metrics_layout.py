@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from quantbench.autocalib import _judged_sqnr
 from quantbench.metrics import (
     AgreementAccumulator,
     OutputLayout,
@@ -423,6 +424,8 @@ def test_a_detector_head_is_judged_part_by_part():
     assert rows["y[4:6 on axis 1]"]["part_made_by"] == "Sigmoid"
     assert rows["y"]["sqnr_db"] == pytest.approx(40.0, abs=0.01)  # the boxes dominate it
     assert acc.model_metrics()["sqnr_db"] == pytest.approx(20.0)
+    # auto judges the parts at equal power: noise-to-signal 1e-4 and 1e-2, mean 5.05e-3
+    assert _judged_sqnr(acc) == pytest.approx(-10 * np.log10(5.05e-3))  # 22.97 dB
 
 
 def test_parts_one_kind_of_op_made_are_not_split_and_odd_batches_unsplit():
