@@ -68,7 +68,7 @@ def test_every_option_the_readme_names_exists_somewhere(run_cli, monkeypatch):
         known.update(OPTION.findall(help_text(run_cli, command)))
     # options of other programs the README quotes (trtexec, pip, pytest)
     foreign = {"--precisionConstraints", "--layerPrecisions", "--noconftest", "--extra-index-url"}
-    foreign |= {"--onnx", "--stronglyTyped"}  # trtexec
+    foreign |= {"--onnx", "--stronglyTyped", "--calib"}  # trtexec
     named = set(OPTION.findall(README)) - foreign
     assert sorted(named - known) == []
 
