@@ -142,6 +142,8 @@ def _load_for(graph: Graph, path: str | Path) -> StatsFile:
             f"{path}: statistics were collected for another model (hash {s.model_hash[:12]}, "
             f"this model is {graph.hash[:12]}); re-run calibrate on this model"
         )
+    if s.data_note:  # the pass that made them said it; reusing them says it again
+        warn(f"{s.data_note} (found by the pass that made {Path(path).name})")
     return s
 
 

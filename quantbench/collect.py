@@ -179,6 +179,7 @@ def _stats_file(
         tensors=stats,
         tool_version=__version__,
         model_path=str(graph.path or ""),
+        data_note=source.nonfinite.message() if source.nonfinite else "",
     )
 
 

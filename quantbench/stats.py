@@ -390,6 +390,9 @@ class StatsFile:
     tensors: dict[str, TensorStats] = field(default_factory=dict)
     tool_version: str = ""
     model_path: str = ""
+    #: what the pass found wrong with the data itself (samples holding NaN/Inf), kept so that
+    #: reusing the statistics (a cache hit, ``--stats``) says it again
+    data_note: str = ""
 
     def __iter__(self) -> Iterator[TensorStats]:
         return iter(self.tensors.values())
@@ -414,6 +417,7 @@ class StatsFile:
             "num_samples": self.num_samples,
             "tool_version": self.tool_version,
             "model_path": self.model_path,
+            "data_note": self.data_note,
             "tensors": [],
         }
         arrays: dict[str, np.ndarray] = {}
@@ -480,6 +484,7 @@ class StatsFile:
             tensors=tensors,
             tool_version=meta.get("tool_version", ""),
             model_path=meta.get("model_path", ""),
+            data_note=meta.get("data_note", ""),
         )
 
     # ---------------------------------------------------------------- merging
@@ -521,6 +526,7 @@ class StatsFile:
             tensors=merged,
             tool_version=parts[0].tool_version,
             model_path=parts[0].model_path,
+            data_note="; ".join(dict.fromkeys(p.data_note for p in parts if p.data_note)),
         )
 
     def without(self, part: StatsFile) -> StatsFile | None:

@@ -73,6 +73,15 @@ def test_one_nan_pixel_keeps_every_tensor_in_the_table(run_cli, cnn_path, tmp_pa
     assert "input (1 NaN, 0 Inf of 15360)" in " ".join(err.split())
     finite = x[np.isfinite(x)]
     assert table.amax("input") == pytest.approx(float(np.abs(finite).max()), rel=1e-6)
+    said = "nan.npz[input]: 1 sample(s) hold NaN/Inf (index 3)"
+    assert said in " ".join(err.split())
+    # the same call again is served from the statistics cache: no pass reads the data, and
+    # the samples are still named
+    code, _, again = run_cli(
+        "calibrate", cnn_path, "--data", tmp_path / "nan.npz", "-m", "minmax", "-o", out
+    )
+    assert code == 0 and "from cached statistics" in again, again
+    assert said in " ".join(again.split()) and "found by the pass that made" in again
 
 
 def _always_nan_model(tmp_path):
