@@ -33,11 +33,16 @@ _PROVIDER_ALIASES = {
 }
 
 
+def _provider_name(provider: str | None) -> str:
+    """``cpu`` / ``cuda`` / a full provider name -> the full name (None: the CPU)."""
+    return _PROVIDER_ALIASES.get((provider or "cpu").lower(), provider or "CPUExecutionProvider")
+
+
 def resolve_provider(provider: str | None) -> str:
     """``cpu`` / ``cuda`` / a full provider name -> an available onnxruntime provider."""
     import onnxruntime as ort
 
-    name = _PROVIDER_ALIASES.get((provider or "cpu").lower(), provider or "CPUExecutionProvider")
+    name = _provider_name(provider)
     available = ort.get_available_providers()
     if name not in available:
         hint = ""
@@ -81,32 +86,26 @@ def start_provider(provider: str | None) -> Future[None] | None:
     session, so that they overlap the model's reading instead of holding up the first real
     session. None for other providers. Failures are left to the real session, which reports
     them."""
-    if _PROVIDER_ALIASES.get((provider or "cpu").lower(), provider) != "CUDAExecutionProvider":
+    if _provider_name(provider) != "CUDAExecutionProvider":
         return None
     return _PROVIDER_START.submit(_first_cuda_session)
 
 
 def _first_cuda_session() -> None:
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+        "provider_start",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [numpy_helper.from_array(np.zeros((8, 8, 3, 3), np.float32), "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
     try:
-        name = resolve_provider("cuda")
-        graph = helper.make_graph(
-            [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
-            "provider_start",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
-            [numpy_helper.from_array(np.zeros((8, 8, 3, 3), np.float32), "w")],
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-        model.ir_version = 8
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        session = ort.InferenceSession(
-            model.SerializeToString(), sess_options=opts, providers=session_providers(name)
-        )
-        session.run(None, {"x": np.zeros((1, 8, 8, 8), np.float32)})
+        runner = OnnxRuntimeRunner(model, "cuda", spin=False)
+        runner.infer({"x": np.zeros((1, 8, 8, 8), np.float32)})
     except Exception:  # noqa: BLE001 - the real session reports what is wrong
         return
 
