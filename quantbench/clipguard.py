@@ -199,9 +199,14 @@ def clip_warning(
         f"{who + ': ' if who else ''}{len(flags)} tensor(s) clip more than {limit:.3g} of their "
         "values at their threshold (--clip-warn):"
     )
-    lines = [head] + [f"  {f.message()}" for f in flags[:shown]]
-    if len(flags) > shown:
-        lines.append(f"  ... and {len(flags) - shown} more ({listed_by} lists them all)")
+    return _listing(head, [f.message() for f in flags], shown, listed_by)
+
+
+def _listing(head: str, items: list[str], shown: int, listed_by: str) -> str:
+    """``head``, then the first ``shown`` items, then how many more ``listed_by`` lists."""
+    lines = [head] + [f"  {item}" for item in items[:shown]]
+    if len(items) > shown:
+        lines.append(f"  ... and {len(items) - shown} more ({listed_by} lists them all)")
     return "\n".join(lines)
 
 
@@ -349,7 +354,4 @@ def sqnr_warning(flags: list[SqnrFlag], who: str = "", shown: int = 10, *, liste
         f"{who + ': ' if who else ''}{len(flags)} quantized op(s) below the isolated SQNR floor "
         f"of {flags[0].floor_db:.3g} dB (--sqnr-floor):"
     )
-    lines = [head] + [f"  {f.message()}" for f in flags[:shown]]
-    if len(flags) > shown:
-        lines.append(f"  ... and {len(flags) - shown} more ({listed_by} lists them all)")
-    return "\n".join(lines)
+    return _listing(head, [f.message() for f in flags], shown, listed_by)
