@@ -462,7 +462,7 @@ def _judged_sqnr(acc: OutputsAccumulator) -> float:
     box F1."""
     scores = []
     for name in acc.names:
-        parts = [row for row, output in acc.part_of.items() if output == name]
+        parts = acc.parts_of(name)
         if not parts:
             scores.append(_sqnr(acc.drift[name]))
             continue

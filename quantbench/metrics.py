@@ -535,7 +535,7 @@ class OutputsAccumulator:
         if name not in self.layout.parts or name in self.unsplit:
             return
         pieces = self.layout.pieces(name, a.shape) if a.shape == b.shape else []
-        known = [row for row, output in self.part_of.items() if output == name]
+        known = self.parts_of(name)
         if not pieces or (known and [row for row, _ in pieces] != known):
             # a batch that does not hold the parts: they are not judged at all rather than on
             # some batches only (the whole output still is)
@@ -563,10 +563,13 @@ class OutputsAccumulator:
             row["agreement_note"] = agree.note() or None
             row["nonfinite"] = drift.nonfinite()
             out[name] = row
-            for part, output in self.part_of.items():
-                if output == name:
-                    out[part] = self._part_row(part, output)
+            for part in self.parts_of(name):
+                out[part] = self._part_row(part, name)
         return out
+
+    def parts_of(self, name: str) -> list[str]:
+        """The part rows of output ``name`` (none where it is judged whole only)."""
+        return [row for row, output in self.part_of.items() if output == name]
 
     def _part_row(self, part: str, output: str) -> dict[str, Any]:
         drift = self.drift[part]
