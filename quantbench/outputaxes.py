@@ -90,8 +90,10 @@ def samples_second_outputs(model: Any) -> frozenset[str]:
     return frozenset(found)
 
 
-#: output -> (axis, ((start, stop, op that made the part), ...)): see :func:`concat_parts`
-OutputParts = dict[str, tuple[int, tuple[tuple[int, int, str], ...]]]
+#: (axis, ((start, stop, op that made the part), ...)) of one joined output
+Parts = tuple[int, tuple[tuple[int, int, str], ...]]
+#: output -> its :data:`Parts`: see :func:`concat_parts`
+OutputParts = dict[str, Parts]
 
 
 def concat_parts(model: Any) -> OutputParts:
@@ -118,20 +120,25 @@ def concat_parts(model: Any) -> OutputParts:
     shapes = _static_shapes(model)  # shape inference: only for models with such an output
     found: OutputParts = {}
     for name, (node, perm) in joined.items():
-        made = [_made_by(producer, model, t) for t in node.input]
-        if len(set(made)) < 2:
-            parts = _scales_of_one_head(node, producer, model, shapes)
-        else:
-            parts = _part_bounds(node, shapes, made)
+        parts = _mixed_parts(node, producer, model, shapes)
+        parts = parts or _scales_of_one_head(node, producer, model, shapes)
         if parts:
             axis, bounds = parts
             found[name] = (perm.index(axis) if perm else axis, bounds)
     return found
 
 
+def _mixed_parts(
+    node: Any, producer: Mapping[str, Any], model: Any, shapes: Mapping[str, tuple[int | None, ...]]
+) -> Parts | None:
+    """A Concat's parts where different kinds of op made them and their sizes are known."""
+    made = [_made_by(producer, model, t) for t in node.input]
+    return _part_bounds(node, shapes, made) if len(set(made)) > 1 else None
+
+
 def _scales_of_one_head(
     node: Any, producer: Mapping[str, Any], model: Any, shapes: Mapping[str, tuple[int | None, ...]]
-) -> tuple[int, tuple[tuple[int, int, str], ...]] | None:
+) -> Parts | None:
     """A Concat of a detector's scales (YOLOX: each ``Reshape(Concat([boxes, Sigmoid(obj),
     Sigmoid(cls)], axis=1), [N, C, H*W])``, joined along the anchors): the parts of the scales'
     own Concat, on the axis every Reshape keeps, when all the scales have the same parts."""
@@ -143,8 +150,7 @@ def _scales_of_one_head(
             return None
         if inner.op_type != "Concat" or len(inner.input) < 2:
             return None
-        made = [_made_by(producer, model, t) for t in inner.input]
-        parts = _part_bounds(inner, shapes, made) if len(set(made)) > 1 else None
+        parts = _mixed_parts(inner, producer, model, shapes)
         before, after = shapes.get(inner.output[0]), shapes.get(tensor)
         if parts is None or before is None or after is None:
             return None
@@ -171,7 +177,7 @@ def _made_by(producer: Mapping[str, Any], model: Any, tensor: str) -> str:
 
 def _part_bounds(
     node: Any, shapes: Mapping[str, tuple[int | None, ...]], made: list[str]
-) -> tuple[int, tuple[tuple[int, int, str], ...]] | None:
+) -> Parts | None:
     """(axis, bounds) of a Concat's parts, or None when a part's size on the axis is unknown."""
     ranks = {len(shapes[t]) for t in node.input if t in shapes}
     if len(ranks) != 1 or any(t not in shapes for t in node.input):
