@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from quantbench import calibrators as registry
+from quantbench.backends.onnxruntime import start_provider
 from quantbench.calibrate import check_methods, obtain_stats
 from quantbench.clipguard import (
     DEFAULT_CLIP_WARN,
@@ -120,6 +121,7 @@ def compare(
     for p in (json_path, csv_path):
         if p is not None:
             check_output_path(p)
+    start_provider(provider)  # CUDA starts while the model loads
     graph = open_graph(model)
     label_array = load_labels(labels)
     if label_array is not None:

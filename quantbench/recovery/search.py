@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from quantbench.backends.onnxruntime import start_provider
 from quantbench.calibrators import DEFAULT_METHOD
 from quantbench.compare import load_labels
 from quantbench.errors import QuantbenchError
@@ -179,6 +180,7 @@ def recover(
     tgt = parse_target(target, labels is not None, custom=script is not None)
     check_high_precision(precision, "--precision")
     _check_budget(budget, 0)  # a bad budget fails before any inference
+    start_provider(provider)  # CUDA starts while the model loads
     graph = model if isinstance(model, Graph) else open_graph(model)
     label_array = load_labels(labels)
     check_declared(graph, tgt.metric, label_array, "--target")  # before calibration

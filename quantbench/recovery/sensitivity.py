@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from quantbench.backends.onnxruntime import start_provider
 from quantbench.calibrators import DEFAULT_METHOD
 from quantbench.compare import load_labels
 from quantbench.errors import QuantbenchError
@@ -202,6 +203,7 @@ def sensitivity(
         executor.validate()
     script = None if metric_script is None else load_metric_script(metric_script, RESERVED)
     check_rank_metric(metric, labels is not None, custom=script is not None)
+    start_provider(provider)  # CUDA starts while the model loads
     graph = model if isinstance(model, Graph) else open_graph(model)
     label_array = load_labels(labels)
     check_declared(graph, metric, label_array, "--metric")  # before calibration
