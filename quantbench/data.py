@@ -9,8 +9,9 @@ iterable of feed dicts.
 
 One rule maps data onto the model for every source (:func:`plan_layout`): data of the model's
 rank has the model's batch axis first; one axis more means the model has no batch axis and
-each sample is fed alone. Arrays are read lazily — ``.npy`` memory-mapped, ``.npz`` members
-streamed row by row from the zip — so memory does not grow with the number of samples.
+each sample is fed alone. Arrays are read lazily — ``.npy`` and uncompressed ``.npz`` members
+memory-mapped, compressed ones streamed from the zip (:mod:`quantbench.npzread`) — so memory
+does not grow with the number of samples.
 Everything is checked against the model's inputs before any inference runs; samples holding
 NaN/Inf are recorded by index and reported (:class:`NonFiniteSamples`).
 """
@@ -22,13 +23,12 @@ import functools
 import hashlib
 import itertools
 import math
-import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import tomllib
@@ -36,10 +36,12 @@ import tomllib
 from quantbench.errors import QuantbenchError
 from quantbench.graph import TensorSpec
 from quantbench.machine import usable_cores
+from quantbench.npzread import NpzMember, open_npz
 from quantbench.progress import warn
 from quantbench.userscript import load_user_object
 
 Feed = dict[str, np.ndarray]
+T = TypeVar("T")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
 
 
@@ -84,75 +86,6 @@ class _MemArray:
         return np.asarray(self.array[start:stop])
 
 
-class _NpzMember:
-    """One ``.npz`` member streamed sequentially from the zip (reads must go forward)."""
-
-    def __init__(self, path: Path, member: str):
-        self.path, self.member = path, member
-        with zipfile.ZipFile(path) as z, z.open(member) as f:
-            self.shape, self.fortran, self.dtype = _read_npy_header(f, path, member)
-        self._zip: zipfile.ZipFile | None = None
-        self._stream: Any = None
-        self._pos = 0
-
-    @property
-    def row_bytes(self) -> int:
-        return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
-
-    def _open(self) -> None:
-        self.close()
-        self._zip = zipfile.ZipFile(self.path)
-        self._stream = self._zip.open(self.member)
-        _read_npy_header(self._stream, self.path, self.member)
-        self._pos = 0
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        if self.fortran:
-            raise QuantbenchError(
-                f"{self.path}[{self.member}]: Fortran-ordered arrays are not supported"
-            )
-        if self._stream is None or start < self._pos:
-            self._open()
-        if start > self._pos:
-            self._stream.read((start - self._pos) * self.row_bytes)
-        n = stop - start
-        raw = self._stream.read(n * self.row_bytes)
-        if len(raw) != n * self.row_bytes:
-            raise QuantbenchError(f"{self.path}[{self.member}]: file is truncated")
-        self._pos = stop
-        return np.frombuffer(raw, dtype=self.dtype).reshape((n, *self.shape[1:]))
-
-    def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-        if self._zip is not None:
-            self._zip.close()
-        self._stream = self._zip = None
-
-
-def _read_npy_header(f: Any, path: Path, member: str) -> tuple[tuple[int, ...], bool, np.dtype]:
-    try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-    except Exception as exc:  # noqa: BLE001
-        raise QuantbenchError(f"{path}[{member}]: not a readable numpy array ({exc})") from None
-    if dtype.hasobject:
-        raise QuantbenchError(f"{path}[{member}]: object arrays are not supported")
-    return tuple(shape), bool(fortran), dtype
-
-
-def _open_npz(path: Path) -> dict[str, ArrayReader]:
-    try:
-        with zipfile.ZipFile(path) as z:
-            members = [m for m in z.namelist() if m.endswith(".npy")]
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise QuantbenchError(f"{path}: not a readable .npz file ({exc})") from None
-    return {m[: -len(".npy")]: _NpzMember(path, m) for m in members}
-
-
 def _open_npy(path: Path) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
@@ -162,7 +95,7 @@ def _open_npy(path: Path) -> np.ndarray:
 
 def _close(readers: Iterable[ArrayReader]) -> None:
     for r in readers:
-        if isinstance(r, _NpzMember):
+        if isinstance(r, NpzMember):
             r.close()
 
 
@@ -507,7 +440,7 @@ def _readers_for_file(path: Path, inputs: list[TensorSpec]) -> dict[str, ArrayRe
                 f"({', '.join(s.name for s in inputs)}); use a .npz keyed by input name"
             )
         return {inputs[0].name: _MemArray(_open_npy(path))}
-    readers = _open_npz(path)
+    readers: dict[str, ArrayReader] = dict(open_npz(path))
     if len(inputs) == 1 and len(readers) == 1 and inputs[0].name not in readers:
         # a single unnamed array (np.savez(f, x) stores it as arr_0) feeds the single input
         only = next(iter(readers))
@@ -1126,11 +1059,17 @@ def nonempty(batches: Iterable[Feed], source: DataSource) -> Iterator[Feed]:
         raise QuantbenchError(f"{source.description}: the data set is empty (no batches)")
 
 
-def prefetched(feeds: Iterator[Feed]) -> Iterator[Feed]:
+def prefetched(feeds: Iterator[Feed], prepare: Callable[[Feed], T] | None = None) -> Iterator[T]:
     """``feeds`` read one ahead in a thread: the next batch is loaded (file reads, decoding,
-    the non-finite check) while this one is inferred and binned (the host and the GPU pass)."""
+    the non-finite check, and ``prepare(feed)`` when given, e.g. its copy to the GPU) while
+    this one is inferred and binned (the host and the GPU pass)."""
+
+    def read() -> T | None:
+        feed = next(feeds, None)
+        return feed if feed is None or prepare is None else prepare(feed)
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-read") as reader:
-        ahead = reader.submit(next, feeds, None)
+        ahead = reader.submit(read)
         while (feed := ahead.result()) is not None:
-            ahead = reader.submit(next, feeds, None)
+            ahead = reader.submit(read)
             yield feed

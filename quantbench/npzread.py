@@ -1,0 +1,211 @@
+"""``.npz`` members read row range by row range, without loading an array whole.
+
+``np.savez`` stores its members uncompressed: such a member is memory-mapped and its rows are
+views of the file's pages (no copy, no zip layer). The zip's CRC-32 is still checked, as
+``zipfile`` would check it: on a thread of its own (zlib releases the GIL), once the member has
+been read to its end, and a mismatch fails the read that follows, or the reader's close.
+Compressed (``np.savez_compressed``) or encrypted members stream through ``zipfile``; their
+reads must go forward (a backward one starts the member again).
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import zipfile
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quantbench.errors import QuantbenchError
+
+#: checks the CRC-32 of memory-mapped members beside the pass (one thread: CRCs chain)
+_CRC_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-crc")
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., name length, extra length
+_LOCAL_SIGNATURE = b"PK\x03\x04"
+
+
+class NpzMember:
+    """One array of a ``.npz``: ``shape``, ``dtype``, and ``read(start, stop)`` of its rows."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran: bool  # refused when read (an unused member may be Fortran-ordered)
+
+    def __init__(self, path: Path, member: str):
+        self.path, self.member = path, member
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}[{self.member}]"
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Releases the file (a mapped member's views keep its pages until they go)."""
+
+
+class MappedMember(NpzMember):
+    """An uncompressed member: rows are views of the memory-mapped file."""
+
+    def __init__(self, path: Path, member: str, info: zipfile.ZipInfo):
+        super().__init__(path, member)
+        with open(path, "rb") as f:
+            signature, name_len, extra_len = _LOCAL_HEADER.unpack(_read_at(f, info, 30, path))
+            if signature != _LOCAL_SIGNATURE:
+                raise QuantbenchError(f"{self.where}: not a readable .npz member (bad zip header)")
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        begin = info.header_offset + 30 + name_len + extra_len
+        self._member = memoryview(self._map)[begin : begin + info.file_size]
+        if len(self._member) != info.file_size:
+            raise QuantbenchError(f"{self.where}: file is truncated")
+        header = _MemoryFile(self._member)
+        self.shape, self.fortran, self.dtype = read_npy_header(header, path, member)
+        self._data = self._member[header.pos :]
+        self._expected_crc = info.CRC
+        self._crc: Future[int] | None = None
+        self._crc_end = 0  # bytes of the member whose CRC is chained so far
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        _refuse_fortran(self.fortran, self.where)
+        self._check_crc(wait=False)
+        rb = self.row_bytes
+        rows = self._data[start * rb : stop * rb]
+        if len(rows) != (stop - start) * rb:
+            raise QuantbenchError(f"{self.where}: file is truncated")
+        self._chain_crc(len(self._member) - len(self._data) + stop * rb)
+        return np.frombuffer(rows, dtype=self.dtype).reshape((stop - start, *self.shape[1:]))
+
+    def close(self) -> None:
+        self._check_crc(wait=True)
+
+    def _chain_crc(self, end: int) -> None:
+        """The CRC of the member's bytes up to ``end`` (every byte before it, read or skipped)."""
+        if end <= self._crc_end:
+            return
+        piece, before = self._member[self._crc_end : end], self._crc
+        self._crc = _CRC_THREAD.submit(
+            lambda: zlib.crc32(piece, before.result() if before is not None else 0)
+        )
+        self._crc_end = end
+
+    def _check_crc(self, wait: bool) -> None:
+        """A member read to its end whose CRC-32 is not the zip's fails, as ``zipfile`` does."""
+        crc = self._crc
+        if crc is None or self._crc_end < len(self._member) or not (wait or crc.done()):
+            return
+        self._crc = None  # checked once
+        if crc.result() != self._expected_crc:
+            raise QuantbenchError(
+                f"{self.where}: the data fails its CRC-32 check (the file is corrupt); "
+                "write it again"
+            )
+
+
+class StreamedMember(NpzMember):
+    """A compressed member, streamed through ``zipfile`` (reads must go forward)."""
+
+    def __init__(self, path: Path, member: str):
+        super().__init__(path, member)
+        with zipfile.ZipFile(path) as z, z.open(member) as f:
+            self.shape, self.fortran, self.dtype = read_npy_header(f, path, member)
+        self._zip: zipfile.ZipFile | None = None
+        self._stream: Any = None
+        self._pos = 0
+
+    def _open(self) -> None:
+        self.close()
+        self._zip = zipfile.ZipFile(self.path)
+        self._stream = self._zip.open(self.member)
+        read_npy_header(self._stream, self.path, self.member)
+        self._pos = 0
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        _refuse_fortran(self.fortran, self.where)
+        if self._stream is None or start < self._pos:
+            self._open()
+        try:
+            if start > self._pos:
+                self._stream.read((start - self._pos) * self.row_bytes)
+            n = stop - start
+            raw = self._stream.read(n * self.row_bytes)
+        except (zipfile.BadZipFile, zlib.error) as exc:
+            raise QuantbenchError(f"{self.where}: the data cannot be read ({exc})") from None
+        if len(raw) != n * self.row_bytes:
+            raise QuantbenchError(f"{self.where}: file is truncated")
+        self._pos = stop
+        return np.frombuffer(raw, dtype=self.dtype).reshape((n, *self.shape[1:]))
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        if self._zip is not None:
+            self._zip.close()
+        self._stream = self._zip = None
+
+
+def open_npz(path: Path) -> dict[str, NpzMember]:
+    """Every ``.npy`` member of ``path`` by array name, headers read and checked."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            infos = [i for i in z.infolist() if i.filename.endswith(".npy")]
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise QuantbenchError(f"{path}: not a readable .npz file ({exc})") from None
+    return {i.filename[: -len(".npy")]: _member(path, i) for i in infos}
+
+
+def _member(path: Path, info: zipfile.ZipInfo) -> NpzMember:
+    mappable = info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1
+    return (
+        MappedMember(path, info.filename, info) if mappable else StreamedMember(path, info.filename)
+    )
+
+
+def read_npy_header(f: Any, path: Path, member: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, dtype) of the ``.npy`` that ``f`` is positioned at."""
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    except Exception as exc:  # noqa: BLE001
+        raise QuantbenchError(f"{path}[{member}]: not a readable numpy array ({exc})") from None
+    if dtype.hasobject:
+        raise QuantbenchError(f"{path}[{member}]: object arrays are not supported")
+    return tuple(shape), bool(fortran), dtype
+
+
+def _refuse_fortran(fortran: bool, where: str) -> None:
+    if fortran:
+        raise QuantbenchError(f"{where}: Fortran-ordered arrays are not supported")
+
+
+def _read_at(f: Any, info: zipfile.ZipInfo, n: int, path: Path) -> bytes:
+    f.seek(info.header_offset)
+    raw = f.read(n)
+    if len(raw) != n:
+        raise QuantbenchError(f"{path}[{info.filename}]: file is truncated")
+    return raw
+
+
+class _MemoryFile:
+    """The file interface ``np.lib.format`` reads a header through, over a memoryview."""
+
+    def __init__(self, view: memoryview):
+        self.view, self.pos = view, 0
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.view) if n < 0 else min(len(self.view), self.pos + n)
+        out = bytes(self.view[self.pos : end])
+        self.pos = end
+        return out
