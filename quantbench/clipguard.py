@@ -110,12 +110,18 @@ def clip_fraction(stats: TensorStats, amax: float) -> float:
 def expected_mse(stats: TensorStats, amax: float) -> float:
     """Mean squared error of symmetric INT8 fake quantization at ``amax``, every value at its
     fine bin's centre (bins of at most max|x| / 8192, so the centre error is far below a step)."""
-    if stats.count == 0 or not amax > 0:
-        return float("inf") if stats.count else 0.0
+    return float(expected_mses(stats, [amax])[0])
+
+
+def expected_mses(stats: TensorStats, amaxes: list[float]) -> np.ndarray:
+    """:func:`expected_mse` at each of ``amaxes``, in one pass over the bins."""
+    if stats.count == 0:
+        return np.zeros(len(amaxes))
+    usable = np.array([a > 0 for a in amaxes])
     weight, centre = stats.abs_fine_centres()
-    step = amax / INT8_MAX
+    step = np.where(usable, np.asarray(amaxes, dtype=np.float64), 1.0)[:, None] / INT8_MAX
     quantized = np.minimum(np.rint(centre / step), INT8_MAX) * step
-    return float(weight @ (quantized - centre) ** 2 / stats.count)
+    return np.where(usable, ((quantized - centre) ** 2 @ weight) / stats.count, np.inf)
 
 
 def clip_flags(
@@ -175,11 +181,10 @@ def _flag(
 ) -> ClipFlag:
     """``t``'s flag, with the suggested method (of ``others``, amax by method) that clips less
     and has the lowest expected error below the current one, if any."""
-    current = expected_mse(t, amax)
+    current, *errors = expected_mses(t, [amax, *others.values()])
     best: tuple[float, str, float, float] | None = None
-    for m, other in others.items():
+    for (m, other), error in zip(others.items(), errors):
         other_fraction = clip_fraction(t, other)
-        error = expected_mse(t, other)
         if other_fraction < fraction and error < current and (best is None or error < best[0]):
             best = (error, m, other, other_fraction)
     if best is None:

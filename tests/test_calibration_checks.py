@@ -22,7 +22,7 @@ from PIL import Image
 from quantbench import calibrate as cal
 from quantbench import calibrators as registry
 from quantbench.autocalib import MIX, auto_table, holdout_source
-from quantbench.clipguard import clip_flags, clip_fraction, expected_mse
+from quantbench.clipguard import clip_flags, clip_fraction, expected_mse, expected_mses
 from quantbench.collect import stats_cache_dir
 from quantbench.errors import QuantbenchError
 from quantbench.graph import open_graph, untyped_tensors
@@ -424,6 +424,22 @@ def test_clip_fraction_and_expected_error_against_the_values():
     step = amax / 127
     q = np.clip(np.rint(x / step), -127, 127) * step
     assert expected_mse(t, amax) == pytest.approx(np.mean((q - x) ** 2), rel=0.02)
+
+
+def test_expected_errors_at_several_thresholds_in_one_pass():
+    """The clip check's batched estimate: each threshold against the values themselves, and
+    a threshold that is not positive is never the better one (infinite error)."""
+    x = digit_like(50)
+    t = TensorStats("x")
+    t.update(x)
+    amaxes = [0.5, 0.9, 2.0, float(np.abs(x).max()), 0.0]
+    got = expected_mses(t, amaxes)
+    for amax, error in zip(amaxes[:-1], got[:-1]):
+        step = amax / 127
+        q = np.clip(np.rint(x / step), -127, 127) * step
+        assert error == pytest.approx(np.mean((q - x) ** 2), rel=0.02)
+    assert got[-1] == np.inf
+    assert list(expected_mses(TensorStats("empty"), [1.0, 0.0])) == [0.0, 0.0]
 
 
 def test_entropy_cutting_a_recognizer_conv_input_is_flagged():
