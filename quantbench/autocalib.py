@@ -94,6 +94,8 @@ class AutoTable:
     #: the winning candidate: :data:`MIX` or a method name
     chosen: str = MIX
     holdout: str = ""
+    #: how the candidates were scored, in words (:func:`judge_description`)
+    judged_by: str = "worst output's SQNR"
 
     @property
     def fallback(self) -> bool:
@@ -104,6 +106,7 @@ class AutoTable:
         return {
             "methods": list(self.methods),
             "holdout": self.holdout,
+            "judged_by": self.judged_by,
             "output_sqnr_db": {k: json_float(v) for k, v in self.output_sqnr_db.items()},
             "chosen": self.chosen,
             "fallback": self.fallback,
@@ -229,7 +232,18 @@ def choose_auto(
         graph, fit, source, methods, provider=provider, threads=threads, executor=executor, job=job
     )
     result.holdout = source.description if holdout_data is not None else note
+    result.judged_by = judge_description(graph.model)
     return result
+
+
+def judge_description(model: Any) -> str:
+    """What :func:`_judged_sqnr` scores on ``model``, in words: the worst output's SQNR, and
+    which outputs count as their parts at equal power."""
+    parts = OutputLayout.of(model).parts
+    if not parts:
+        return "worst output's SQNR"
+    whose = "its" if len(parts) == 1 else "their"
+    return f"worst output's SQNR, {', '.join(parts)} scored as {whose} parts at equal power"
 
 
 def _static_batch(graph: Graph) -> int:

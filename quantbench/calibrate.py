@@ -423,7 +423,8 @@ def summarize(result: CalibrationResult) -> None:
     )
     if result.auto is not None:
         scores = ", ".join(f"{k} {v:.2f} dB" for k, v in result.auto.output_sqnr_db.items())
-        info(f"auto: chose {result.auto.chosen} (output SQNR on {result.auto.holdout}: {scores})")
+        auto = result.auto
+        info(f"auto: chose {auto.chosen} ({auto.judged_by} on {auto.holdout}: {scores})")
     by_path = dict(zip(result.written, result.tables, strict=False))
     for p in result.written:
         method = by_path.get(p, "?")

@@ -43,6 +43,7 @@ class AutoSection:
     slice, the one chosen, and the per-tensor choices of the mix."""
 
     holdout: str
+    judged_by: str
     chosen: str
     fallback: bool
     candidates: tuple[tuple[Cell, ...], ...]
@@ -270,6 +271,7 @@ def auto_section(auto: dict[str, Any]) -> AutoSection | None:
         )
     return AutoSection(
         holdout=str(auto.get("holdout") or ""),
+        judged_by=str(auto.get("judged_by") or "output SQNR"),
         chosen=chosen,
         fallback=bool(auto.get("fallback")),
         candidates=candidates,

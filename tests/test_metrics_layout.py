@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantbench.autocalib import _judged_sqnr
+from quantbench.autocalib import _judged_sqnr, judge_description
 from quantbench.metrics import (
     AgreementAccumulator,
     OutputLayout,
@@ -426,6 +426,9 @@ def test_a_detector_head_is_judged_part_by_part():
     assert acc.model_metrics()["sqnr_db"] == pytest.approx(20.0)
     # auto judges the parts at equal power: noise-to-signal 1e-4 and 1e-2, mean 5.05e-3
     assert _judged_sqnr(acc) == pytest.approx(-10 * np.log10(5.05e-3))  # 22.97 dB
+    assert judge_description(model) == (
+        "worst output's SQNR, y scored as its parts at equal power"
+    )  # what auto's console line says it judged
 
 
 def test_parts_one_kind_of_op_made_are_not_split_and_odd_batches_unsplit():
