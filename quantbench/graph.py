@@ -201,6 +201,8 @@ def read_model(path: str | Path, defer_check: bool = False) -> LoadedModel:
     as :attr:`LoadedModel.check`, for a caller that runs it beside work that lets go of the GIL
     (the checker holds it)."""
     p = Path(path)
+    if p.is_dir():
+        raise QuantbenchError(f"{p}: a folder, not a model file; give the .onnx file's path")
     if not p.is_file():
         raise QuantbenchError(f"{p}: model file not found")
     try:
@@ -211,8 +213,9 @@ def read_model(path: str | Path, defer_check: bool = False) -> LoadedModel:
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-hash") as hasher:
         digest = hasher.submit(lambda: hashlib.sha256(raw).hexdigest())
         model = _parsed(raw, fmt, p)
-        external = _uses_external_data(model)
+        external = _external_files(model)
         if external:
+            digest = hasher.submit(_digest, raw, p.parent, external)
             load_external_data_for_model(model, str(p.parent))
         source = raw if fmt == "protobuf" and not external else None
         _check_input_ranks(model, p)
@@ -244,23 +247,45 @@ def _check(checked: onnx.ModelProto | bytes | str, p: Path) -> None:
         raise QuantbenchError(f"{p}: invalid ONNX model: {first_line(exc)}") from None
 
 
-def _uses_external_data(model: onnx.ModelProto) -> bool:
-    """Whether a tensor of ``model`` (an initializer or a tensor attribute, in any subgraph)
-    keeps its data in another file."""
+def _external_files(model: onnx.ModelProto) -> list[str]:
+    """The files (``location``s, relative to the model's folder) where tensors of ``model``
+    (initializers or tensor attributes, in any subgraph) keep their data; empty when none."""
+    found: dict[str, None] = {}
 
-    def graph_uses(g: onnx.GraphProto) -> bool:
+    def visit(g: onnx.GraphProto) -> None:
         tensors = list(g.initializer)
         for node in g.node:
             for a in node.attribute:
                 tensors += [a.t] if a.HasField("t") else []
                 tensors += list(a.tensors)
-                if a.HasField("g") and graph_uses(a.g):
-                    return True
-                if any(graph_uses(sub) for sub in a.graphs):
-                    return True
-        return any(t.data_location == onnx.TensorProto.EXTERNAL for t in tensors)
+                for sub in [a.g] if a.HasField("g") else []:
+                    visit(sub)
+                for sub in a.graphs:
+                    visit(sub)
+        for t in tensors:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                entries = {e.key: e.value for e in t.external_data}
+                found.setdefault(entries.get("location", ""), None)
 
-    return graph_uses(model.graph)
+    visit(model.graph)
+    return list(found)
+
+
+def _digest(raw: bytes, folder: Path, external: list[str]) -> str:
+    """sha256 of the model file and of every file holding its external data, so that a
+    cache keyed by it goes stale when the weights change in either."""
+    h = hashlib.sha256(raw)
+    for location in sorted(external):
+        h.update(f"\0{location}\0".encode())
+        try:
+            with open(folder / location, "rb") as f:
+                data = hashlib.sha256()
+                while chunk := f.read(1 << 24):
+                    data.update(chunk)
+                h.update(data.digest())
+        except OSError:
+            h.update(b"missing")  # loading the data reports it
+    return h.hexdigest()
 
 
 def _parsed(raw: bytes, fmt: str, p: Path) -> onnx.ModelProto:

@@ -82,6 +82,25 @@ def test_external_data_is_loaded_from_beside_the_model(tmp_path):
     np.testing.assert_array_equal(g.initializer(weight.name), expected)
 
 
+def test_changed_external_weights_change_the_model_hash(tmp_path):
+    """The statistics cache is keyed by the model's hash: weights that change in the external
+    data file alone (the .onnx bytes stay the same) must change it, or a stale cache is used."""
+    path = tmp_path / "ext.onnx"
+    onnx.save(synthetic.small_cnn(), str(path), save_as_external_data=True, size_threshold=0,
+              location="w.bin")  # fmt: skip
+    first, onnx_bytes = open_graph(path).hash, path.read_bytes()
+    data = bytearray((tmp_path / "w.bin").read_bytes())
+    data[-1] ^= 0x01  # one weight changes
+    (tmp_path / "w.bin").write_bytes(bytes(data))
+    assert path.read_bytes() == onnx_bytes
+    assert open_graph(path).hash != first
+
+
+def test_a_folder_given_as_the_model_says_so(tmp_path):
+    with pytest.raises(QuantbenchError, match="a folder, not a model file"):
+        open_graph(tmp_path)
+
+
 def test_a_text_format_model_loads_as_onnx_load_reads_it(tmp_path):
     model = synthetic.small_cnn()
     path = tmp_path / "cnn.onnxtxt"
