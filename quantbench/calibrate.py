@@ -28,7 +28,13 @@ from quantbench.devicecollect import table_device
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
 from quantbench.fileio import check_output_path, write_bytes_atomic
-from quantbench.graph import Graph, calibration_tensors, open_graph, untyped_tensors
+from quantbench.graph import (
+    Graph,
+    calibration_tensors,
+    check_float_model,
+    open_graph,
+    untyped_tensors,
+)
 from quantbench.progress import info, warn
 from quantbench.sharded import collect_sharded
 from quantbench.stats import StatsFile, settled
@@ -84,6 +90,7 @@ def obtain_stats(
     Returns (stats, path it lives at, whether it came from disk without inference). An
     unreadable cache file is a miss: recomputed and overwritten (an explicit file is an error).
     """
+    check_float_model(graph)
     if merge:
         merged = StatsFile.merge([_load_for(graph, p) for p in merge])
         return merged, None, True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -151,6 +152,72 @@ class Graph:
 
     def node_names(self) -> list[str]:
         return node_labels(self.model.graph.node)
+
+
+#: ops of a model another tool already quantized to integer kernels (QOperator format,
+#: onnxruntime's dynamic quantization, weight-only 4-bit): it has no float form to calibrate
+QUANTIZED_OPS = frozenset(
+    {
+        "QLinearConv",
+        "QLinearMatMul",
+        "QLinearConvTranspose",
+        "QLinearAdd",
+        "QLinearMul",
+        "QLinearConcat",
+        "QLinearSigmoid",
+        "QLinearSoftmax",
+        "QLinearAveragePool",
+        "QLinearGlobalAveragePool",
+        "QGemm",
+        "QAttention",
+        "ConvInteger",
+        "MatMulInteger",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeLinear",
+        "DynamicQuantizeMatMul",
+        "DynamicQuantizeLSTM",
+        "MatMulNBits",
+    }
+)
+
+
+def check_float_model(g: Graph, role: str = "the model") -> None:
+    """Refuses, in one line, what quantbench cannot calibrate or quantize: inputs or outputs
+    that are not tensors (a ZipMap's sequence of maps), or a model already quantized to integer
+    kernels (whose calibration and "FP32" reference would measure nothing). ``role`` names the
+    model in the message (e.g. "the reference (--model)")."""
+    label = str(g.path) if g.path else f"model {g.name!r}"
+    for kind, values in (("input", g.model.graph.input), ("output", g.model.graph.output)):
+        for v in values:
+            if not v.type.HasField("tensor_type"):
+                raise QuantbenchError(
+                    f"{label}: {kind} {v.name!r} is a {_type_text(v.type)}, not a "
+                    "tensor; quantbench works on tensor models: export it without that "
+                    "conversion (e.g. zipmap=False for a classifier's ZipMap)"
+                )
+    found = Counter(n.op_type for n in g.model.graph.node if n.op_type in QUANTIZED_OPS)
+    if found:
+        listed = ", ".join(f"{count} {op}" for op, count in found.most_common(4))
+        raise QuantbenchError(
+            f"{label}: {role} is already quantized ({listed}); quantbench calibrates and "
+            "quantizes float models: give the FP32 model it was made from (a quantized model "
+            "can be compared as a candidate .onnx against it)"
+        )
+
+
+def _type_text(t: onnx.TypeProto) -> str:
+    """An ONNX value type in words: ``seq(map(int64, float))``."""
+    kind = t.WhichOneof("value")
+    if kind == "tensor_type":
+        return onnx.TensorProto.DataType.Name(t.tensor_type.elem_type).lower()
+    if kind == "sequence_type":
+        return f"seq({_type_text(t.sequence_type.elem_type)})"
+    if kind == "map_type":
+        key = onnx.TensorProto.DataType.Name(t.map_type.key_type).lower()
+        return f"map({key}, {_type_text(t.map_type.value_type)})"
+    if kind == "optional_type":
+        return f"optional({_type_text(t.optional_type.elem_type)})"
+    return (kind or "untyped value").replace("_type", "").replace("_", " ")
 
 
 def node_label(node: onnx.NodeProto, index: int) -> str:

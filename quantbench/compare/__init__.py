@@ -22,7 +22,7 @@ from quantbench.data import open_data
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
 from quantbench.fileio import check_output_path
-from quantbench.graph import calibration_tensors, open_graph
+from quantbench.graph import calibration_tensors, check_float_model, open_graph
 from quantbench.metrics import MODEL_METRICS, declared_output_kinds, metric_support
 from quantbench.progress import info
 from quantbench.results import (
@@ -123,6 +123,7 @@ def compare(
             check_output_path(p)
     start_provider(provider)  # CUDA starts while the model loads
     graph = open_graph(model)
+    check_float_model(graph, "the reference (--model)")
     label_array = load_labels(labels)
     if label_array is not None:
         label_array = labels_for_samples(label_array, max_samples, labels)

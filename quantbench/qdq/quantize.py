@@ -18,7 +18,7 @@ import onnx
 from quantbench.customops import checkable
 from quantbench.errors import QuantbenchError, first_line
 from quantbench.fileio import write_bytes_atomic
-from quantbench.graph import Graph, node_labels, open_graph
+from quantbench.graph import Graph, check_float_model, node_labels, open_graph
 from quantbench.qdq.embedded import embed_table
 from quantbench.qdq.insert import insert_qdq
 from quantbench.qdq.opset import OpsetDecision, ensure_qdq_opset
@@ -57,6 +57,7 @@ def quantize_model(
     """
     source = graph_or_path if isinstance(graph_or_path, Graph) else open_graph(graph_or_path)
     label = str(source.path) if source.path else f"model {source.name!r}"
+    check_float_model(source)
     op_types = validate_op_types(tuple(op_types))
     exclude = tuple(exclude)
     if source.path is None:
