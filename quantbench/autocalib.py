@@ -42,7 +42,7 @@ from quantbench import calibrators as registry
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
 from quantbench.collect import collect_stats
 from quantbench.data import DataSource, dynamic_batch, open_data
-from quantbench.errors import QuantbenchError
+from quantbench.errors import QuantbenchError, first_line
 from quantbench.executors import ExecutorSpec, run_tasks, task_threads
 from quantbench.graph import Graph
 from quantbench.isolated import build_isolated, shared_upgrades
@@ -152,6 +152,8 @@ def _holdout_batch(
     holdout_data: object | None,
     preset: str | None,
     samples: int = DEFAULT_HOLDOUT_SAMPLES,
+    provider: str | None = None,
+    threads: int | None = None,
 ) -> int | None:
     """A batch size for the slice when the model's batch axis is dynamic and the data (a file or
     folder) has one: up to :data:`HOLDOUT_BATCH` samples, at most :data:`HOLDOUT_ELEMENTS` input
@@ -173,12 +175,34 @@ def _holdout_batch(
     if batch == 1:
         return None
     try:  # data without a batch axis (one sample per feed) refuses a batch size
-        holdout_source(
+        batched = holdout_source(
             graph, calib_data, holdout_data, batch_size=batch, preset=preset, samples=samples
         )
     except QuantbenchError:
         return None
-    return batch
+    return batch if _runs_batched(graph, batched, batch, provider, threads) else None
+
+
+def _runs_batched(
+    graph: Graph, source: DataSource, batch: int, provider: str | None, threads: int | None
+) -> bool:
+    """Whether the model runs ``batch`` samples in one feed, tried on the slice's first one:
+    some declare a dynamic batch axis and reshape to a batch of 1 inside (khmersm), and the
+    statistics pass, fed as ``--batch-size`` says, never tried more."""
+    runner = OnnxRuntimeRunner(graph.model, provider, threads)
+    try:
+        runner.infer(next(iter(source.batches())), [graph.model.graph.output[0].name])
+    except QuantbenchError as exc:
+        why = first_line(exc)
+        warn(
+            f"{graph.path.name if graph.path else 'the model'} declares a dynamic batch axis but "
+            f"does not run {batch} samples at once ({why[:160]}{'...' * (len(why) > 160)}); "
+            "--method auto runs its slice one sample at a time"
+        )
+        return False
+    finally:
+        runner.close()
+    return True
 
 
 def choose_auto(
@@ -205,7 +229,9 @@ def choose_auto(
         fit, note = _held_back_stats(
             graph, stats, calib_data, held, batch_size=batch_size, preset=preset, provider=provider
         )
-    batch_size = batch_size or _holdout_batch(graph, calib_data, holdout_data, preset, samples)
+    batch_size = batch_size or _holdout_batch(
+        graph, calib_data, holdout_data, preset, samples, provider, threads
+    )
     source = holdout_source(
         graph, calib_data, holdout_data, batch_size=batch_size, preset=preset, samples=samples
     )
@@ -450,7 +476,10 @@ def output_sqnrs(
     fp32 = None if reference is not None else OnnxRuntimeRunner(graph.model, provider, threads)
     runners = {
         name: OnnxRuntimeRunner(
-            quantize_model(graph, table, allow_partial=True).model, provider, threads
+            quantize_model(graph, table, allow_partial=True).model,
+            provider,
+            threads,
+            generated_from=graph.model,
         )
         for name, table in tables.items()
     }

@@ -580,3 +580,35 @@ def test_auto_slice_batch_follows_the_input_size(tmp_path):
     big = synthetic.save(model, tmp_path / "b.onnx")
     np.savez(tmp_path / "b.npz", input=np.zeros((3, 3, 224, 224), np.float32))
     assert _holdout_batch(open_graph(big), tmp_path / "b.npz", None, None) == 13
+
+
+def test_auto_runs_one_sample_a_time_where_the_declared_batch_does_not_run(run_cli, tmp_path):
+    """khmersm declares a dynamic batch and reshapes to a batch of 1 inside: the default
+    command (auto, whose slice runs 16 samples a feed) failed on it. Now it says so and runs
+    the slice one sample at a time."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Reshape", ["r", "one_row"], ["flat"]),  # [N, 8] -> [1, 8]: N must be 1
+        helper.make_node("MatMul", ["flat", "w"], ["y"]),
+    ]
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        nodes,
+        "batch_one_inside",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [
+            numpy_helper.from_array(np.array([1, 8], np.int64), "one_row"),
+            numpy_helper.from_array(rng.normal(size=(8, 4)).astype(np.float32), "w"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = synthetic.save(model, tmp_path / "one.onnx")
+    np.savez(tmp_path / "d.npz", x=rng.normal(size=(40, 8)).astype(np.float32))
+    code, out, err = run_cli("calibrate", path, "--data", tmp_path / "d.npz", "-o",
+                             tmp_path / "t.cache")  # fmt: skip
+    assert code == 0, err
+    assert "one.onnx declares a dynamic batch axis but does not run 16 samples at once" in err
+    assert "auto: chose" in err and (tmp_path / "t.cache").exists()

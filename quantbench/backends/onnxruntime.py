@@ -278,7 +278,9 @@ class OnnxRuntimeRunner:
 
         self.provider = resolve_provider(provider)
         opts = ort.SessionOptions()
-        opts.log_severity_level = 3
+        # fatal only: every onnxruntime error reaches the user once, as quantbench's one line
+        # (its own log printed the same error again first, in raw colour codes)
+        opts.log_severity_level = 4
         if not spin:  # idle ORT threads must not busy-wait while our own thread bins
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if threads:
