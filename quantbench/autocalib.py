@@ -141,9 +141,11 @@ def holdout_source(
             "--method auto needs data to judge the calibrators on: give calibration data "
             "(--data / --calib-data) or --holdout-data"
         )
-    return open_data(
+    source = open_data(
         calib_data, graph.inputs, batch_size=batch_size, max_samples=samples, preset=preset
     )
+    source.on_nonfinite = None  # the calibration pass, or its cached record, said it once
+    return source
 
 
 def _holdout_batch(
@@ -302,6 +304,7 @@ def _held_back_stats(
     part_source = open_data(
         calib_data, graph.inputs, batch_size=batch_size, max_samples=held, preset=preset
     )
+    part_source.on_nonfinite = None  # the calibration pass said it once
     part = collect_stats(
         graph, part_source, list(stats.tensors), provider=provider, show_progress=False
     )
@@ -398,6 +401,8 @@ def auto_table(
     # the highest output SQNR wins; ties go to the mix, then to the methods in list order
     order = [MIX, *tables]
     chosen = max(order, key=lambda c: (output[c], -order.index(c)))
+    if all(math.isnan(v) or v == -math.inf for v in output.values()):
+        chosen = _unjudged(method_list, base_name)
     table = mixed
     if chosen != MIX:
         table = _relabelled(tables[chosen], chosen)
@@ -411,6 +416,18 @@ def auto_table(
             if name not in choices:
                 table.set(name, entry.amax, single)
     return AutoTable(table, method_list, choices, output, chosen)
+
+
+def _unjudged(method_list: list[str], base_name: str) -> str:
+    """The choice when no candidate's output SQNR is defined (NaN or Inf in the slice's FP32
+    outputs): the most robust method that needs no data, not the first in line, and said."""
+    fallback = registry.DATA_FREE_METHOD if registry.DATA_FREE_METHOD in method_list else base_name
+    warn(
+        "--method auto: no candidate's output SQNR is defined on the judging slice (its FP32 "
+        f"outputs hold NaN or Inf: see the non-finite samples above); using {fallback}, "
+        "unjudged"
+    )
+    return fallback
 
 
 def isolated_sqnr(

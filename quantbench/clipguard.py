@@ -257,6 +257,11 @@ class SqnrFlag:
             f"{self.node} ({self.op_type}): isolated SQNR {sqnr}; input {self.tensor}: "
             f"{self.method or 'its'} threshold {self.amax:.4g} clips {clipped} of its values"
         )
+        if math.isnan(self.sqnr_db):  # no error to lower: a threshold cannot be the cause
+            return text + (
+                "; undefined: its FP32 or INT8 output holds NaN or Inf (non-finite samples in "
+                "the evaluation data?) or its FP32 output is all zeros"
+            )
         if self.suggestion is None:
             return text + (
                 "; no built-in method has a lower expected error for it (the error comes from "

@@ -612,3 +612,18 @@ def test_auto_runs_one_sample_a_time_where_the_declared_batch_does_not_run(run_c
     assert code == 0, err
     assert "one.onnx declares a dynamic batch axis but does not run 16 samples at once" in err
     assert "auto: chose" in err and (tmp_path / "t.cache").exists()
+
+
+def test_auto_with_nan_in_its_slice_says_it_could_not_judge(run_cli, cnn_path, tmp_path):
+    """Every candidate's output SQNR is undefined when the slice's FP32 outputs hold NaN:
+    auto used to 'choose' the mix (first in line) and say nothing. Now it falls back to the
+    data-free default and says so; the data's NaN warning is printed once, not per reopening."""
+    x = synthetic.images(24)
+    x[3, 0, 0, 0] = np.nan  # inside the held-back slice (the first samples)
+    np.savez(tmp_path / "nan.npz", input=x)
+    code, out, err = run_cli("calibrate", cnn_path, "--data", tmp_path / "nan.npz", "-o",
+                             tmp_path / "t.cache")  # fmt: skip
+    assert code == 0, err
+    assert "no candidate's output SQNR is defined" in err
+    assert "auto: chose percentile:99.99" in err
+    assert err.count("sample(s) hold NaN/Inf") == 1

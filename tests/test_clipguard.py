@@ -83,6 +83,9 @@ def test_op_below_the_floor_is_named_with_the_method_of_lowest_error():
     )
     assert "bad (Conv): isolated SQNR -4.9 dB; input conv_in: entropy threshold" in text
     assert "undef (Conv): isolated SQNR undefined" in text
+    undefined = flags[0].message()  # no threshold advice: NaN/Inf or a zero reference
+    assert "undefined: its FP32 or INT8 output holds NaN or Inf" in undefined
+    assert "lowest expected" not in undefined and "--exclude" not in undefined
     shorter = sqnr_warning(flags, "int8:entropy", shown=1, listed_by="--json FILE")
     assert shorter.splitlines()[-1] == "  ... and 1 more (--json FILE lists them all)"
 
