@@ -191,7 +191,7 @@ def check_float_model(g: Graph, role: str = "the model") -> None:
         for v in values:
             if not v.type.HasField("tensor_type"):
                 raise QuantbenchError(
-                    f"{label}: {kind} {v.name!r} is a {_type_text(v.type)}, not a "
+                    f"{label}: {kind} {v.name!r} is a {type_text(v.type)}, not a "
                     "tensor; quantbench works on tensor models: export it without that "
                     "conversion (e.g. zipmap=False for a classifier's ZipMap)"
                 )
@@ -205,18 +205,18 @@ def check_float_model(g: Graph, role: str = "the model") -> None:
         )
 
 
-def _type_text(t: onnx.TypeProto) -> str:
+def type_text(t: onnx.TypeProto) -> str:
     """An ONNX value type in words: ``seq(map(int64, float))``."""
     kind = t.WhichOneof("value")
     if kind == "tensor_type":
         return onnx.TensorProto.DataType.Name(t.tensor_type.elem_type).lower()
     if kind == "sequence_type":
-        return f"seq({_type_text(t.sequence_type.elem_type)})"
+        return f"seq({type_text(t.sequence_type.elem_type)})"
     if kind == "map_type":
         key = onnx.TensorProto.DataType.Name(t.map_type.key_type).lower()
-        return f"map({key}, {_type_text(t.map_type.value_type)})"
+        return f"map({key}, {type_text(t.map_type.value_type)})"
     if kind == "optional_type":
-        return f"optional({_type_text(t.optional_type.elem_type)})"
+        return f"optional({type_text(t.optional_type.elem_type)})"
     return (kind or "untyped value").replace("_type", "").replace("_", " ")
 
 

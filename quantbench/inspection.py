@@ -7,6 +7,7 @@ it into rich tables for people.
 from __future__ import annotations
 
 import zipfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,14 @@ from rich.table import Table
 from quantbench import calibrators as registry
 from quantbench.errors import QuantbenchError
 from quantbench.graph import (
+    QUANTIZED_OPS,
     WEIGHTED_OP_TYPES,
     Graph,
     calibration_tensors,
     is_dynamic_weight_conv,
     node_labels,
     open_graph,
+    type_text,
     untyped_tensors,
 )
 from quantbench.progress import console
@@ -40,6 +43,9 @@ def kind_of(path: Path) -> str:
     return "table"
 
 
+_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
 def inspect_model(g: Graph) -> dict[str, Any]:
     labels = node_labels(g.model.graph.node)
     nodes = list(g.model.graph.node)
@@ -50,7 +56,10 @@ def inspect_model(g: Graph) -> dict[str, Any]:
         "opset": g.opset,
         "num_nodes": len(g.model.graph.node),
         "inputs": [s.describe() for s in g.inputs],
-        "outputs": [s.describe() for s in g.outputs],
+        "outputs": [
+            s.describe() if v.type.HasField("tensor_type") else f"{v.name} {type_text(v.type)}"
+            for s, v in zip(g.outputs, g.model.graph.output, strict=True)
+        ],
         "quantizable_ops": [
             {"node": labels[i], "op_type": n.op_type}
             for i, n in enumerate(nodes)
@@ -71,6 +80,14 @@ def inspect_model(g: Graph) -> dict[str, Any]:
             "quantizable": len(calibration_tensors(g, "quantizable")),
         },
         "untyped_tensors": untyped_tensors(g),
+        "quantized_ops": dict(
+            Counter(n.op_type for n in nodes if n.op_type in (*_QDQ_OPS, *QUANTIZED_OPS))
+        ),
+        "not_tensors": [
+            f"{v.name}: {type_text(v.type)}"
+            for v in (*g.model.graph.input, *g.model.graph.output)
+            if not v.type.HasField("tensor_type")
+        ],
     }
 
 
@@ -153,11 +170,17 @@ def render(report: dict[str, Any], limit: int = 50) -> None:
 
 def _render_model(r: dict[str, Any]) -> None:
     console.print(
-        f"[bold]{r['path']}[/bold]  opset {r['opset']}, {r['num_nodes']} nodes, "
+        f"[bold]{escape(r['path'])}[/bold]  opset {r['opset']}, {r['num_nodes']} nodes, "
         f"sha256 {r['hash'][:16]}"
     )
-    console.print("inputs:  " + "; ".join(r["inputs"]))
-    console.print("outputs: " + "; ".join(r["outputs"]))
+    console.print("inputs:  " + escape("; ".join(r["inputs"])))
+    console.print("outputs: " + escape("; ".join(r["outputs"])))
+    if r.get("not_tensors"):
+        listed = escape("; ".join(r["not_tensors"]))
+        console.print(f"[yellow]not tensors (quantbench cannot calibrate them):[/yellow] {listed}")
+    if r.get("quantized_ops"):
+        ops = escape(", ".join(f"{n} {op}" for op, n in r["quantized_ops"].items()))
+        console.print(f"[yellow]already quantized:[/yellow] {ops}")
     ct = r["calibration_tensors"]
     console.print(
         f"{len(r['quantizable_ops'])} quantizable ops; tensors to calibrate: {ct['all']} (all) / "
@@ -178,11 +201,12 @@ def _render_model(r: dict[str, Any]) -> None:
 
 
 def _render_table(r: dict[str, Any], limit: int) -> None:
-    head = f"[bold]{r['path']}[/bold]  {r['num_tensors']} tensors, algorithm {r['algorithm']}"
+    head = f"[bold]{escape(r['path'])}[/bold]  {r['num_tensors']} tensors, "
+    head += escape(f"algorithm {r['algorithm']}")
     if r.get("trt_version"):
         head += f", TensorRT {r['trt_version']}"
     if r.get("method"):
-        head += f", method {r['method']}"
+        head += escape(f", method {r['method']}")
     console.print(head)
     t = Table(show_lines=False)
     t.add_column("tensor")
@@ -209,14 +233,17 @@ def _render_table(r: dict[str, Any], limit: int) -> None:
         for label, names in (("missing", r["missing"]), ("extra", r["extra"])):
             if names:
                 console.print(
-                    f"  {label}: " + ", ".join(names[:20]) + (" ..." if len(names) > 20 else "")
+                    f"  {label}: "
+                    + escape(", ".join(names[:20]))
+                    + (" ..." if len(names) > 20 else "")
                 )
 
 
 def _render_stats(r: dict[str, Any], limit: int) -> None:
     console.print(
-        f"[bold]{r['path']}[/bold]  {len(r['tensors'])} tensors, {r['num_samples']} samples, "
-        f"model {r['model_hash'][:12]}, data {r['data_fingerprint'][:12]}"
+        f"[bold]{escape(r['path'])}[/bold]  {len(r['tensors'])} tensors, "
+        f"{r['num_samples']} samples, model {r['model_hash'][:12]}, "
+        f"data {r['data_fingerprint'][:12]}"
     )
     t = Table()
     t.add_column("tensor")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import onnx
@@ -272,3 +273,20 @@ def test_one_table_that_cannot_be_written_leaves_none_behind(
     code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "--method", "all", "-o", out)
     assert code == 2 and "NaN scale" in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_inspect_shows_named_dims_and_says_a_model_is_quantized(run_cli, cnn_path, cnn_data,
+                                                                tmp_path):  # fmt: skip
+    """'[N,3,16,16]' is rich markup syntax: inspect printed 'input float32' and dropped the
+    shape (khmersm's 'x int64[batch,seq]'). A Q/DQ model said only '27 quantizable ops'."""
+    code, out, err = run_cli("inspect", cnn_path)
+    assert code == 0 and "input float32[N,3,16,16]" in out + err
+    assert "already quantized" not in out + err
+    q = tmp_path / "q.onnx"
+    assert run_cli("quantize", cnn_path, "--data", cnn_data, "-o", q)[0] == 0
+    code, out, err = run_cli("inspect", q)
+    counts = Counter(n.op_type for n in onnx.load(str(q)).graph.node)
+    assert (
+        f"already quantized: {counts['QuantizeLinear']} QuantizeLinear, "
+        f"{counts['DequantizeLinear']} DequantizeLinear" in " ".join((out + err).split())
+    )
