@@ -384,3 +384,13 @@ def test_isolated_twins_upgrade_a_shared_reference_once_in_scope(tmp_path, monke
     with shared_upgrades():
         shared = [build_isolated(graph.model, c).model.SerializeToString() for c in candidates]
     assert len(conversions) == 3 and shared == alone
+
+
+def test_a_gate_value_is_shown_with_a_digit_more_than_its_limit():
+    """'FAIL cosine = 0.9999 (min 0.99993)' read as if the value met the minimum."""
+    from quantbench.compare.summary import _against
+
+    assert _against(0.999921, 0.99993) == "0.999921"
+    assert _against(0.99993, 0.99993) == "0.99993"
+    assert _against(25.123456, 20) == "25.12"
+    assert _against(0.99999999, 0.9999999) == "0.99999999"

@@ -118,10 +118,23 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
         console.print(t)
     for g in doc.get("thresholds", []):
         mark = "[green]PASS[/green]" if g["passed"] else "[red]FAIL[/red]"
-        bound = f"max {g['max']}" if "max" in g else f"min {g['min']}"
-        value = "undefined" if g["value"] is None else _fmt(g["value"])
+        limit = g["max"] if "max" in g else g["min"]
+        bound = f"max {limit}" if "max" in g else f"min {limit}"
+        value = "undefined" if g["value"] is None else _against(g["value"], limit)
         reason = f": {escape(g['reason'])}" if g.get("reason") else ""
         console.print(f"{mark} {escape(g['metric'])} = {value} ({bound}){reason}")
+
+
+def _against(value: float, limit: float) -> str:
+    """``value`` with a digit more than ``limit`` shows (at least 4 significant), more where
+    needed for the shown number to sit on the same side of ``limit`` as the value itself:
+    ``0.999921 (min 0.99993)``, not ``0.9999 (min 0.99993)``."""
+    shown_digits = len(str(limit).split("e")[0].replace("-", "").replace(".", "").lstrip("0"))
+    for digits in range(max(4, shown_digits + 1), 18):
+        text = f"{value:.{digits}g}"
+        if (float(text) < limit) == (value < limit) and (float(text) == limit) == (value == limit):
+            return text
+    return repr(value)
 
 
 def _print_nonfinite(doc: dict[str, Any]) -> None:
