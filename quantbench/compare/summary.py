@@ -92,7 +92,9 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
             title_justify="left",
         )
         for col in ("rank", "node", "op", "isolated dB", "accumulated dB"):
-            t.add_column(col)
+            # exporters' node names share long prefixes (StatefulPartitionedCall/model/...):
+            # folded onto more lines, never cut to their common start
+            t.add_column(col, overflow="fold" if col == "node" else "ellipsis")
         for r in ranking:
             t.add_row(
                 str(r["rank"]),
