@@ -20,7 +20,9 @@ Agreement (argmax) depends on the output's shape (:func:`agreement_kind`):
   ``(N, T, C)``, NHWC maps): agreement per position and ``sequence_agreement`` (every position
   of a sample agrees). The class axis is the last one, except for a rank-4 output that comes
   from a convolution (:func:`channels_first_outputs`: ONNX convolutions are NCHW), whose class
-  axis is 1: a segmentation map ``[N, C, H, W]``. A last axis counts as classes only where the
+  axis is 1: a segmentation map ``[N, C, H, W]``, where a softmax ran over the channels
+  (:func:`channel_class_doubts`: else they may be separate heatmaps). A last axis counts as
+  classes only where the
   graph made it so (:func:`class_axis_doubts`: a MatMul/Gemm's features, a softmax over it, a
   convolution's channels moved last), not a detector's anchors or boxes-and-scores axis (what
   the graph says about its outputs' axes: :mod:`quantbench.outputaxes`);
@@ -45,6 +47,7 @@ import numpy as np
 
 from quantbench.outputaxes import (
     OutputParts,
+    channel_class_doubts,
     channels_first_outputs,
     class_axis_evidence,
     concat_parts,
@@ -180,6 +183,7 @@ def agreement_kind(
     channels_first: bool = False,
     class_axis_doubt: str = "",
     doubt_unless_size: int | None = None,
+    channel_doubt: str = "",
 ) -> tuple[str | None, str]:
     """Which argmax agreement an output of ``shape`` supports, and why not when none.
 
@@ -191,6 +195,8 @@ def agreement_kind(
     ``[N, D]``, a hidden state ``[N, T, D]``, logits flattened to ``[1, T*C]``).
     ``doubt_unless_size``: the doubt does not hold where the last axis has this size (a reshape
     whose target size is only known at run time, :class:`OutputLayout`).
+    ``channel_doubt``: why an NCHW map's channels may not be classes (no softmax over them,
+    :func:`channel_class_doubts`): then it has no agreement either.
     """
     if _COORDINATES.search(name):
         return None, f"{name!r} holds boxes/coordinates (by its name): argmax over it means nothing"
@@ -198,6 +204,8 @@ def agreement_kind(
     if nchw:
         if shape[1] == 1:
             return None, "NCHW map with one channel (e.g. a probability map): argmax means nothing"
+        if channel_doubt:
+            return None, channel_doubt
         shape = _class_axis_last(shape)
     rest = list(shape[1:])
     if not rest:
@@ -231,6 +239,8 @@ class AgreementAccumulator:
     class_axis_doubt: str = ""
     #: the size of the last axis at which that doubt does not hold (:class:`OutputLayout`)
     doubt_unless_size: int | None = None
+    #: why its channels (NCHW) may not hold classes (:func:`channel_class_doubts`), or ''
+    channel_doubt: str = ""
     #: the graph declares the samples on axis 1 (a time-major ``[T, N, C]`` CTC output)
     samples_second: bool = False
     kind: str | None = None
@@ -260,7 +270,12 @@ class AgreementAccumulator:
         batch-first one, so that a sequence is one sample's, not one time step's."""
         a, b = np.asarray(a), np.asarray(b)
         self.kind, self.reason = agreement_kind(
-            a.shape, self.name, self.channels_first, self.class_axis_doubt, self.doubt_unless_size
+            a.shape,
+            self.name,
+            self.channels_first,
+            self.class_axis_doubt,
+            self.doubt_unless_size,
+            self.channel_doubt,
         )
         if self.kind not in (CLASS, POSITION) or a.shape != b.shape:
             return
@@ -360,6 +375,8 @@ class OutputLayout:
     samples_second: frozenset[str] = frozenset()
     #: outputs joining different kinds of values, judged part by part too (:func:`concat_parts`)
     parts: OutputParts = field(default_factory=dict)
+    #: NCHW outputs whose channels may not be classes, and why (:func:`channel_class_doubts`)
+    channel_doubt: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, model: Any) -> OutputLayout:
@@ -370,6 +387,7 @@ class OutputLayout:
             unless,
             samples_second_outputs(model),
             concat_parts(model),
+            channel_class_doubts(model),
         )
 
     def pieces(self, name: str, shape: Sequence[int]) -> list[tuple[str, tuple[slice, ...]]]:
@@ -395,6 +413,7 @@ class OutputLayout:
             name in self.channels_first,
             self.class_axis_doubt.get(name, ""),
             self.doubt_unless_size.get(name),
+            self.channel_doubt.get(name, ""),
         )
 
     def accumulator(self, name: str) -> AgreementAccumulator:
@@ -403,6 +422,7 @@ class OutputLayout:
             channels_first=name in self.channels_first,
             class_axis_doubt=self.class_axis_doubt.get(name, ""),
             doubt_unless_size=self.doubt_unless_size.get(name),
+            channel_doubt=self.channel_doubt.get(name, ""),
             samples_second=name in self.samples_second,
         )
 

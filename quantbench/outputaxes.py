@@ -1,6 +1,7 @@
 """What an ONNX graph says about the axes of its outputs, which argmax agreement reads.
 
-- :func:`channels_first_outputs`: outputs a convolution made (NCHW: classes on axis 1).
+- :func:`channels_first_outputs`: outputs a convolution made (NCHW: classes on axis 1), and
+  :func:`channel_class_doubts`: those whose channels no softmax made class scores.
 - :func:`class_axis_evidence`: outputs whose last axis the graph gives no reason to read as
   classes, and why (a walk back along that axis through the ops that made it).
 - :func:`samples_second_outputs`: outputs declared with the samples on axis 1 (time-major).
@@ -45,6 +46,42 @@ def channels_first_outputs(model: Any) -> frozenset[str]:
         if node is not None and node.op_type in _NCHW_OPS:
             found.add(value.name)
     return frozenset(found)
+
+
+def channel_class_doubts(model: Any) -> dict[str, str]:
+    """The :func:`channels_first_outputs` whose channels the graph gives no reason to read as
+    classes, and why: per-pixel argmax agreement is only claimed where a softmax ran over the
+    channels (perhaps before an upsampling). CRAFT's ``y`` holds two separate heatmaps (text
+    and link scores, thresholded each on its own) and its ``feature`` 32 feature maps: an argmax
+    over their channels gave an "agreement" of 0.27 where the maps' masks agreed to 0.99 IoU."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    constants = constant_tensors(model)
+    return {
+        name: (
+            "its channels went through no softmax: they may be separate maps (a text "
+            "detector's region and link scores, features), not class scores"
+        )
+        for name in sorted(channels_first_outputs(model))
+        if not _channel_softmax(name, producer, constants)
+    }
+
+
+def _channel_softmax(tensor: str, producer: Mapping[str, Any], constants: Collection[str]) -> bool:
+    """Whether a softmax over axis 1 made ``tensor``, through value-wise ops and resizes."""
+    for _ in range(64):
+        node = producer.get(tensor)
+        if node is None:
+            return False
+        if node.op_type in ("Softmax", "LogSoftmax"):
+            return _softmax_axis(node) in (1, -3)
+        if node.op_type in ("Resize", "Upsample"):
+            tensor = node.input[0]
+            continue
+        data = [i for i in node.input if i and i not in constants]
+        if node.op_type not in _VALUEWISE or len(data) != 1:
+            return False
+        tensor = data[0]
+    return False
 
 
 def class_axis_doubts(model: Any) -> dict[str, str]:

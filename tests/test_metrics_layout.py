@@ -72,6 +72,25 @@ def test_segmentation_map_agreement_is_per_pixel_over_axis_1():
     assert acc.metrics()["sequence_agreement"] == pytest.approx(per_sample)
 
 
+def test_channels_no_softmax_made_classes_have_no_agreement():
+    """CRAFT: y = Conv -> [1, 2, H, W], a text-score and a link-score heatmap, each thresholded
+    on its own; an argmax over its two channels gave 'agreement 27%' as the report's headline
+    where the masks agreed to 0.99 IoU. Only a softmax over the channels makes them classes,
+    also before an upsampling (a segmentation head)."""
+    heatmaps = declared_output_kinds(_conv_model(2, ["Relu"], ["N", 2, 8, 8]))
+    kind, reason = heatmaps["y"]
+    assert kind is None and "no softmax" in reason
+    classes = declared_output_kinds(_conv_model(5, ["Softmax"], ["N", 5, 8, 8]))
+    assert classes["y"][0] == "position"
+    upsampled = _conv_model(5, ["Softmax"], ["N", 5, 16, 16])
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    upsampled.graph.initializer.append(scales)
+    last = upsampled.graph.node[-1]  # Identity(t1) -> y becomes Resize(t1, '', scales) -> y
+    upsampled.graph.node.remove(last)
+    upsampled.graph.node.append(helper.make_node("Resize", ["t1", "", "scales"], ["y"]))
+    assert declared_output_kinds(upsampled)["y"][0] == "position"
+
+
 def test_convolutional_classifier_head_stays_a_classifier():
     assert agreement_kind((4, 10, 1, 1), "y", channels_first=True)[0] == "class"
 
