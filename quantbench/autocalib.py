@@ -31,6 +31,7 @@ workers (the slice's FP32 outputs computed once here and sent along); the scores
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from quantbench import calibrators as registry
+from quantbench.automemo import judgement_key, load_judgement, store_judgement
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
 from quantbench.collect import collect_stats
 from quantbench.data import DataSource, dynamic_batch, open_data
@@ -53,6 +55,7 @@ from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
 from quantbench.stats import StatsFile
 from quantbench.table import CalibrationTable
 from quantbench.table.build import build_table
+from quantbench.table.json_table import decode_json_table, encode_json_table
 from quantbench.table.trt_cache import TRTEXEC_ALGORITHM
 from quantbench.workerinput import WorkerInput
 
@@ -96,6 +99,8 @@ class AutoTable:
     holdout: str = ""
     #: how the candidates were scored, in words (:func:`judge_description`)
     judged_by: str = "worst output's SQNR"
+    #: taken from an earlier run's identical judgement (:mod:`quantbench.automemo`)
+    reused: bool = False
 
     @property
     def fallback(self) -> bool:
@@ -107,11 +112,33 @@ class AutoTable:
             "methods": list(self.methods),
             "holdout": self.holdout,
             "judged_by": self.judged_by,
+            "reused": self.reused,
             "output_sqnr_db": {k: json_float(v) for k, v in self.output_sqnr_db.items()},
             "chosen": self.chosen,
             "fallback": self.fallback,
             "tensors": [{"tensor": t, **c} for t, c in self.choices.items()],
         }
+
+    def stored(self) -> dict[str, Any]:
+        """Everything :meth:`restored` needs: :meth:`to_dict` and the table itself."""
+        table = json.loads(encode_json_table(self.table))
+        return {**self.to_dict(), "judged_by": self.judged_by, "table": table}
+
+    @classmethod
+    def restored(cls, d: dict[str, Any], source: str) -> AutoTable:
+        """The :meth:`stored` judgement, marked :attr:`reused`."""
+        table = decode_json_table(json.dumps(d["table"]).encode(), source)
+        choices = {c["tensor"]: {k: v for k, v in c.items() if k != "tensor"} for c in d["tensors"]}
+        return cls(
+            table,
+            list(d["methods"]),
+            choices,
+            {k: float(v) for k, v in d["output_sqnr_db"].items()},
+            str(d["chosen"]),
+            str(d["holdout"]),
+            str(d["judged_by"]),
+            reused=True,
+        )
 
 
 def held_back_count(num_samples: int) -> int:
@@ -207,7 +234,7 @@ def _runs_batched(
     return True
 
 
-def choose_auto(
+def judge_auto(
     graph: Graph,
     stats: StatsFile,
     calib_data: object | None,
@@ -261,6 +288,43 @@ def choose_auto(
     )
     result.holdout = source.description if holdout_data is not None else note
     result.judged_by = judge_description(graph.model)
+    return result
+
+
+def choose_auto(
+    graph: Graph,
+    stats: StatsFile,
+    calib_data: object | None,
+    holdout_data: object | None = None,
+    *,
+    batch_size: int | None = None,
+    preset: str | None = None,
+    provider: str | None = None,
+    threads: int | None = None,
+    methods: list[str] | None = None,
+    executor: ExecutorSpec | None = None,
+    use_cache: bool = True,
+) -> AutoTable:
+    """:func:`judge_auto`, or an earlier run's identical judgement (:mod:`quantbench.automemo`;
+    ``use_cache=False``: neither read nor written)."""
+    candidates = registry.expand_methods(methods or default_auto_methods())
+    key = None
+    if use_cache:
+        key = judgement_key(
+            graph, stats, calib_data, holdout_data, batch_size=batch_size, preset=preset,
+            provider=provider, methods=candidates,
+        )  # fmt: skip
+    if key is not None and (found := load_judgement(key)) is not None:
+        try:
+            return AutoTable.restored(found, "--method auto's cached judgement")
+        except (KeyError, TypeError, ValueError, QuantbenchError):
+            pass  # an older or damaged record: judged again
+    result = judge_auto(
+        graph, stats, calib_data, holdout_data, batch_size=batch_size, preset=preset,
+        provider=provider, threads=threads, methods=methods, executor=executor,
+    )  # fmt: skip
+    if key is not None:
+        store_judgement(key, result.stored())
     return result
 
 

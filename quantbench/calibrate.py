@@ -233,8 +233,10 @@ def method_table(
     provider: str | None = None,
     threads: int | None = None,
     executor: ExecutorSpec | None = None,
+    use_cache: bool = True,
 ) -> tuple[CalibrationTable, AutoTable | None]:
-    """One method's table; ``auto`` through :func:`quantbench.autocalib.choose_auto`.
+    """One method's table; ``auto`` through :func:`quantbench.autocalib.choose_auto`
+    (``use_cache``: an earlier identical judgement may be reused, and this one is kept).
 
     ``auto`` judges candidates on data; with statistics alone (``--stats``/``--merge``, no
     data) it falls back, saying so, to :data:`~quantbench.calibrators.DATA_FREE_METHOD`.
@@ -254,6 +256,7 @@ def method_table(
         provider=provider,
         threads=threads,
         executor=executor,
+        use_cache=use_cache,
     )
     return auto.table, auto
 
@@ -370,6 +373,7 @@ def calibrate(
                 preset=preset,
                 provider=provider,
                 executor=executor,
+                use_cache=use_cache,
             )
             auto = found or auto
         clipping = {
@@ -432,6 +436,11 @@ def summarize(result: CalibrationResult) -> None:
         scores = ", ".join(f"{k} {v:.2f} dB" for k, v in result.auto.output_sqnr_db.items())
         auto = result.auto
         info(f"auto: chose {auto.chosen} ({auto.judged_by} on {auto.holdout}: {scores})")
+        if auto.reused:
+            info(
+                "auto: that judgement is an earlier run's with the same model, statistics, data "
+                "and options (kept beside the statistics cache; --no-cache judges again)"
+            )
     by_path = dict(zip(result.written, result.tables, strict=False))
     for p in result.written:
         method = by_path.get(p, "?")
