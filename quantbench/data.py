@@ -109,12 +109,15 @@ class Layout:
     ``per_sample``: inputs whose data has one axis more than the model (the model has no batch
     axis: samples are fed one at a time). Otherwise the data's first axis is the model's batch
     axis, fed ``batch_size`` samples at a time; ``fixed`` is the model's static batch size,
-    which every feed must fill exactly.
+    which every feed must fill exactly. ``moved``: (input, axis) of inputs whose batch axis is
+    not their first (a recurrent state ``[layers, batch, hidden]``): their sample-first data is
+    moved there in each feed.
     """
 
     per_sample: frozenset[str]
     fixed: int | None
     batch_size: int
+    moved: tuple[tuple[str, int], ...] = ()
 
     def check_count(self, n: int, where: str) -> None:
         """Samples must fill whole batches of a fixed batch size: none is dropped silently."""
@@ -128,10 +131,15 @@ class Layout:
     def feeds(self, chunk: Mapping[str, np.ndarray], n: int) -> Iterator[Batch]:
         """``n`` samples of sample-first arrays -> the feeds the model takes."""
         step = 1 if self.per_sample else (self.fixed or n)
+        moved = dict(self.moved)
         for a in range(0, n, step):
             b = min(a + step, n)
             yield Batch(
-                {k: v[a] if k in self.per_sample else v[a:b] for k, v in chunk.items()}, b - a
+                {
+                    k: v[a] if k in self.per_sample else np.moveaxis(v[a:b], 0, moved.get(k, 0))
+                    for k, v in chunk.items()
+                },
+                b - a,
             )
 
 
@@ -148,11 +156,15 @@ def plan_layout(
     """
     per_sample: set[str] = set()
     fixed: dict[str, int] = {}
+    moved = _moved_batch_axes(inputs)
     for spec in inputs:
         shape, rank = tuple(shapes[spec.name]), len(spec.shape)
         if len(shape) == rank + 1:
             per_sample.add(spec.name)
             pairs = zip(shape[1:], spec.shape)
+        elif len(shape) == rank and rank > 0 and spec.name in moved:
+            axis = moved[spec.name]
+            pairs = zip(shape[1:], (*spec.shape[:axis], *spec.shape[axis + 1 :]))
         elif len(shape) == rank and rank > 0:
             pairs = zip(shape[1:], spec.shape[1:])
             if isinstance(spec.shape[0], int):
@@ -189,6 +201,7 @@ def plan_layout(
                 "fed one at a time"
             )
         return Layout(frozenset(per_sample), None, 1)
+    kept = tuple(sorted(moved.items()))
     if sizes:
         size = sizes[0]
         if requested is not None and requested != size:
@@ -196,8 +209,23 @@ def plan_layout(
                 f"{where}: the model has a fixed batch size of {size}; --batch-size {requested} "
                 "cannot be used (re-export the model with a dynamic batch dimension)"
             )
-        return Layout(frozenset(), size, size)
-    return Layout(frozenset(), None, requested or 1)
+        return Layout(frozenset(), size, size, kept)
+    return Layout(frozenset(), None, requested or 1, kept)
+
+
+def _moved_batch_axes(inputs: list[TensorSpec]) -> dict[str, int]:
+    """Inputs whose batch axis is not their first: the named dim the other inputs start with
+    (``batch``) found further in, behind a fixed one (PyTorch's LSTM/GRU states
+    ``[layers, batch, hidden]``, which read the first axis as a fixed batch of ``layers``)."""
+    firsts = {spec.shape[0] for spec in inputs if spec.shape and isinstance(spec.shape[0], str)}
+    if len(firsts) != 1:
+        return {}
+    batch = firsts.pop()
+    return {
+        spec.name: spec.shape.index(batch)
+        for spec in inputs
+        if spec.shape and isinstance(spec.shape[0], int) and batch in spec.shape[1:]
+    }
 
 
 def _whole_batches(layout: Layout, max_samples: int | None, where: str) -> int | None:

@@ -193,3 +193,57 @@ def test_arrays_that_feed_no_input_are_said_once(cnn_path, tmp_path, capsys):
         assert sum(len(next(iter(b.values()))) for b in open_data(path, inputs).batches()) == 4
     err = capsys.readouterr().err
     assert err.count("ignoring array(s) labels: they feed no input of the model") == 1, err
+
+
+def test_a_recurrent_state_takes_its_batch_on_axis_1(run_cli, tmp_path):
+    """PyTorch LSTM/GRU states are [layers, batch, hidden]: the first axis (layers, fixed) was
+    read as a fixed batch size ('16 samples do not fill whole batches of the model's fixed
+    batch size 2'). The state's sample-first data now goes to its batch axis in every feed."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("ReduceSum", ["h0", "ax0"], ["hs"], keepdims=0),  # over the layers
+        helper.make_node("Add", ["xw", "hs"], ["y"]),
+        helper.make_node("Mul", ["h0", "two"], ["hN"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "rnn_state",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("h0", TensorProto.FLOAT, [2, "batch", 4]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("hN", TensorProto.FLOAT, [2, "batch", 4]),
+        ],
+        [
+            numpy_helper.from_array(np.eye(4, dtype=np.float32), "w"),
+            numpy_helper.from_array(np.array([0], np.int64), "ax0"),
+            numpy_helper.from_array(np.array(2, np.float32), "two"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "rnn.onnx"))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 4)).astype(np.float32)
+    h0 = rng.normal(size=(16, 2, 4)).astype(np.float32)  # sample first, as for every input
+    np.savez(tmp_path / "d.npz", x=x, h0=h0)
+    g = open_graph(tmp_path / "rnn.onnx")
+    feeds = _all(open_data(tmp_path / "d.npz", g.inputs, batch_size=4))
+    assert [f["h0"].shape for f in feeds] == [(2, 4, 4)] * 4
+    np.testing.assert_array_equal(feeds[1]["h0"], np.moveaxis(h0[4:8], 0, 1))
+    code, _, err = run_cli("calibrate", tmp_path / "rnn.onnx", "--data", tmp_path / "d.npz",
+                           "-m", "minmax", "--batch-size", "4", "-f", "json", "-o",
+                           tmp_path / "t.json")  # fmt: skip
+    assert code == 0, err
+    from quantbench.table.codecs import read_table
+
+    table = read_table(tmp_path / "t.json")
+    # hand-derived: minmax amax of h0 is max|h0|, of its doubled output twice that, and of
+    # y = x + (sum of h0 over the layers) the largest |x + h0[:, 0] + h0[:, 1]|
+    assert table.amax("h0") == pytest.approx(float(np.abs(h0).max()))
+    assert table.amax("hN") == pytest.approx(2 * float(np.abs(h0).max()))
+    assert table.amax("y") == pytest.approx(float(np.abs(x + h0.sum(axis=1)).max()), rel=1e-6)
