@@ -1067,3 +1067,39 @@ def test_the_ready_graph_is_dropped_with_its_source(tmp_path):
     del graph
     gc.collect()
     assert qz._READY == []
+
+
+def test_recurrent_layers_are_said_to_stay_in_high_precision(tmp_path):
+    """beats_blstm: '1 ops quantized, 0 left in high precision' said nothing of its 6 LSTMs,
+    which hold most of its weights and which TensorRT's INT8 Q/DQ does not quantize."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from quantbench.qdq import quantize_model
+    from quantbench.table import CalibrationTable
+
+    rng = np.random.default_rng(0)
+    hidden, feats = 3, 4
+    inits = [
+        numpy_helper.from_array(rng.normal(size=(1, 4 * hidden, feats)).astype("f4"), "W"),
+        numpy_helper.from_array(rng.normal(size=(1, 4 * hidden, hidden)).astype("f4"), "R"),
+        numpy_helper.from_array(rng.normal(size=(hidden, 2)).astype("f4"), "w2"),
+    ]
+    nodes = [
+        helper.make_node("LSTM", ["x", "W", "R"], ["Y"], hidden_size=hidden),
+        helper.make_node("Flatten", ["Y"], ["ys"], axis=3),  # [T, 1, 1, H] -> [T, H]
+        helper.make_node("MatMul", ["ys", "w2"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "lstm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 1, feats])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [5, 2])],
+        inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    table = CalibrationTable(method="minmax")
+    for name in ("x", "Y", "ys"):
+        table.set(name, 1.0)
+    result = quantize_model(model, table, allow_partial=True)
+    assert result.not_quantizable == {"LSTM": 1}
+    assert "1 LSTM not quantizable (they stay in FP32/FP16)" in result.summary()
+    assert result.to_dict()["not_quantizable"] == {"LSTM": 1}

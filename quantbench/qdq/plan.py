@@ -80,6 +80,9 @@ class QuantizeResult:
     opset_to: int = 0
     per_channel: bool = True
     qdq_pairs: int = 0
+    #: weighted ops TensorRT's INT8 Q/DQ does not quantize (recurrent layers), by op type:
+    #: they stay in FP32/FP16 whatever the table says, and are said so
+    not_quantizable: dict[str, int] = field(default_factory=dict)
 
     def quantized_node(self, name: str) -> QuantizedNode:
         for q in self.quantized:
@@ -101,9 +104,11 @@ class QuantizeResult:
             else f"opset {self.opset_from} -> {self.opset_to}"
         )
         weights = "per-channel" if self.per_channel else "per-tensor"
+        kept = ", ".join(f"{n} {op}" for op, n in self.not_quantizable.items())
         return (
             f"{len(self.quantized)} ops quantized, {len(self.skipped)} left in high precision, "
             f"{self.qdq_pairs} Q/DQ pairs, {weights} weights, {opset}"
+            + (f", {kept} not quantizable (they stay in FP32/FP16)" if kept else "")
             + (f", {len(self.warnings)} warnings" if self.warnings else "")
         )
 
@@ -116,4 +121,5 @@ class QuantizeResult:
             "opset_to": self.opset_to,
             "per_channel": self.per_channel,
             "qdq_pairs": self.qdq_pairs,
+            "not_quantizable": dict(self.not_quantizable),
         }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -91,7 +92,14 @@ def quantize_model(
         opset_to=decision.opset_to,
         per_channel=decision.per_channel,
         qdq_pairs=pairs,
+        not_quantizable=dict(
+            Counter(n.op_type for n in source.model.graph.node if n.op_type in RECURRENT_OPS)
+        ),
     )
+
+
+#: weighted ops with no INT8 Q/DQ form in TensorRT (its RNN layers run in FP32/FP16)
+RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 
 
 #: the last source graph's Q/DQ-ready form: (source, its node and initializer counts,
