@@ -564,7 +564,7 @@ def output_sqnrs(
         )
         for name, table in tables.items()
     }
-    layout = OutputLayout.of(graph.model)
+    layout = replace(OutputLayout.of(graph.model), unbatched=held_out.unbatched)
     accs = {name: OutputsAccumulator(outputs, False, layout) for name in tables}
     for index, feed in enumerate(held_out.batches()):
         ref = reference[index] if fp32 is None else fp32.infer(feed, outputs)

@@ -310,6 +310,9 @@ class DataSource:
     #: where each batch of the whole pass starts (a global sample index); ``None`` for streams
     #: (scripts, readers), which cannot be split into shards
     batch_starts: list[int] | None = field(default=None, repr=False)
+    #: the data has one axis more than the model's inputs: the model has no batch axis, each
+    #: feed is one sample, and so are its outputs (files and folders; streams are not known)
+    unbatched: bool = False
 
     @property
     def fingerprint(self) -> str | None:
@@ -560,10 +563,19 @@ def _from_readers(
 
     if sample_range is None:
         digest = _DIGESTING.submit(fingerprint, n)
-        return DataSource(f"{origin} ({n} {what})", digest, n, batches, batch_starts=starts)
+        return DataSource(
+            f"{origin} ({n} {what})",
+            digest,
+            n,
+            batches,
+            batch_starts=starts,
+            unbatched=bool(plan.per_sample),
+        )
     count = sum(take for spans_of in mine.values() for _, take in spans_of)
     where = f"{origin} (samples {first}-{min(stop, n) - 1} of {n} {what})"
-    return DataSource(where, f"range:{first}:{stop}:{n}", count, batches)
+    return DataSource(
+        where, f"range:{first}:{stop}:{n}", count, batches, unbatched=bool(plan.per_sample)
+    )
 
 
 def _batch_spans(counts: list[int], n: int, batch_size: int) -> Iterator[tuple[int, int, int]]:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -241,6 +241,8 @@ class AgreementAccumulator:
     doubt_unless_size: int | None = None
     #: why its channels (NCHW) may not hold classes (:func:`channel_class_doubts`), or ''
     channel_doubt: str = ""
+    #: the model has no batch axis (fed one sample at a time): each output is one sample's
+    unbatched: bool = False
     #: the graph declares the samples on axis 1 (a time-major ``[T, N, C]`` CTC output)
     samples_second: bool = False
     kind: str | None = None
@@ -269,6 +271,8 @@ class AgreementAccumulator:
         samples the feed held, which tells a time-major ``[T, N, C]`` output (``T != N``) from a
         batch-first one, so that a sequence is one sample's, not one time step's."""
         a, b = np.asarray(a), np.asarray(b)
+        if self.unbatched:  # the sample axis the model does not have
+            a, b, batch = a[None], b[None], 1
         self.kind, self.reason = agreement_kind(
             a.shape,
             self.name,
@@ -377,6 +381,9 @@ class OutputLayout:
     parts: OutputParts = field(default_factory=dict)
     #: NCHW outputs whose channels may not be classes, and why (:func:`channel_class_doubts`)
     channel_doubt: Mapping[str, str] = field(default_factory=dict)
+    #: the model has no batch axis: the data feeds it one sample at a time
+    #: (:attr:`quantbench.data.DataSource.unbatched`), so its outputs have none either
+    unbatched: bool = False
 
     @classmethod
     def of(cls, model: Any) -> OutputLayout:
@@ -408,7 +415,7 @@ class OutputLayout:
     def kind(self, shape: Sequence[int | str | None], name: str) -> tuple[str | None, str]:
         """:func:`agreement_kind` of output ``name`` with this layout."""
         return agreement_kind(
-            shape,
+            (1, *shape) if self.unbatched else shape,
             name,
             name in self.channels_first,
             self.class_axis_doubt.get(name, ""),
@@ -423,6 +430,7 @@ class OutputLayout:
             class_axis_doubt=self.class_axis_doubt.get(name, ""),
             doubt_unless_size=self.doubt_unless_size.get(name),
             channel_doubt=self.channel_doubt.get(name, ""),
+            unbatched=self.unbatched,
             samples_second=name in self.samples_second,
         )
 
@@ -463,9 +471,11 @@ def output_kinds(
     }
 
 
-def declared_output_kinds(model: Any) -> dict[str, tuple[str | None, str]]:
-    """:func:`output_kinds` of a model's outputs as it declares them."""
-    return output_kinds(declared_output_shapes(model), OutputLayout.of(model))
+def declared_output_kinds(model: Any, unbatched: bool = False) -> dict[str, tuple[str | None, str]]:
+    """:func:`output_kinds` of a model's outputs as it declares them (``unbatched``: fed one
+    sample at a time, :attr:`OutputLayout.unbatched`)."""
+    layout = replace(OutputLayout.of(model), unbatched=unbatched)
+    return output_kinds(declared_output_shapes(model), layout)
 
 
 def declared_output_shapes(model: Any) -> dict[str, tuple[int | str | None, ...] | None]:

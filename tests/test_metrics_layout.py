@@ -490,3 +490,52 @@ def test_a_yolox_head_keeps_its_parts_through_the_scales():
     merged.graph.node.pop()  # no Transpose: y is the Concat
     merged.graph.node[-1].output[0] = "y"
     assert concat_parts(merged) == {}
+
+
+def test_a_classifier_without_a_batch_axis_is_judged_per_sample(run_cli, tmp_path):
+    """madmom's key_cnn: input [T, 105] -> output [24], fed one sample at a time (data with one
+    axis more). Its rank-1 output was refused as 'no class axis': gates and --labels dropped.
+    Each run is one sample's class scores."""
+    import json
+
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(size=(8, 5)).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=0),  # over time: [8]
+        helper.make_node("MatMul", ["m", "w"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, "batchless",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5])],
+        [w],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "batchless.onnx"
+    onnx.save(model, str(path))
+    x = rng.normal(size=(30, 6, 8)).astype(np.float32)  # 30 samples of [T=6, 8]
+    labels = rng.integers(0, 5, 30)
+    np.savez(tmp_path / "d.npz", x=x)
+    np.save(tmp_path / "labels.npy", labels)
+    assert declared_output_kinds(model)["y"][0] is None  # a batched reading: rank 1
+    assert declared_output_kinds(model, unbatched=True)["y"][0] == "class"
+    code, out, err = run_cli(
+        "compare", "fp32", "int8", "--model", path, "--data", tmp_path / "d.npz",
+        "--calib-data", tmp_path / "d.npz", "-m", "minmax", "--labels", tmp_path / "labels.npy",
+        "--fail-below", "top1_agreement=0.5", "--no-latency", "--json", tmp_path / "r.json",
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads((tmp_path / "r.json").read_text())
+    [row] = [o for o in doc["outputs"] if o["name"] == "y"]
+    # the reference: the same INT8 model written by quantize, run by onnxruntime, numpy's argmax
+    q = tmp_path / "q.onnx"
+    assert run_cli("quantize", path, "--data", tmp_path / "d.npz", "-m", "minmax", "-o", q)[0] == 0
+    fp32 = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    int8 = ort.InferenceSession(str(q), providers=["CPUExecutionProvider"])
+    a = np.array([int(np.argmax(fp32.run(None, {"x": s})[0])) for s in x])
+    b = np.array([int(np.argmax(int8.run(None, {"x": s})[0])) for s in x])
+    assert row["agreement"] == pytest.approx(float(np.mean(a == b)))
+    assert doc["task"]["accuracy"]["A"] == pytest.approx(float(np.mean(a == labels)))

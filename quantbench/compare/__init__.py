@@ -127,13 +127,13 @@ def compare(
     label_array = load_labels(labels)
     if label_array is not None:
         label_array = labels_for_samples(label_array, max_samples, labels)
-    kinds = declared_output_kinds(graph.model)
-    for metric, _ in gates:
-        if reason := metric_support(metric, kinds, label_array):
-            raise QuantbenchError(f"--fail-below {metric}: {reason}")
     source = open_data(
         data, graph.inputs, batch_size=batch_size, max_samples=max_samples, preset=preset
     )
+    kinds = declared_output_kinds(graph.model, source.unbatched)
+    for metric, _ in gates:
+        if reason := metric_support(metric, kinds, label_array):
+            raise QuantbenchError(f"--fail-below {metric}: {reason}")
     if (
         label_array is not None
         and source.num_samples is not None

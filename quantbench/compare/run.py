@@ -10,7 +10,7 @@ the number of samples.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from types import ModuleType
 from typing import Any
@@ -263,7 +263,7 @@ def run_comparison(
     ref_runner, ref_fetch, sides = prepare_sides(graph, cands, provider, threads, xp)
     ref_out = _output_names(graph.model)
     usable = not labels_accuracy_reason(labels)
-    layout = OutputLayout.of(graph.model)
+    layout = replace(OutputLayout.of(graph.model), unbatched=source.unbatched)
     for side in sides:
         if metric_script is not None:
             side.script = metric_script.session()

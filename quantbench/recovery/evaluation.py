@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner
-from quantbench.data import DataSource, feed_num_samples
+from quantbench.data import DataSource, feed_num_samples, open_data
 from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph
 from quantbench.jsonsafe import json_float
@@ -98,12 +98,26 @@ def parse_target(text: str, has_labels: bool, custom: bool = False) -> Target:
     return Target(metric, value)
 
 
-def check_declared(graph: Graph, metric: str, labels: np.ndarray | None, option: str) -> None:
+def check_declared(
+    graph: Graph, metric: str, labels: np.ndarray | None, option: str, unbatched: bool = False
+) -> None:
     """Fail in one line, before any inference, when the model's declared outputs cannot give
-    ``metric`` (a symbolic class axis defers the check to :meth:`Evaluator.require`)."""
-    reason = metric_support(metric, declared_output_kinds(graph.model), labels)
+    ``metric`` (a symbolic class axis defers the check to :meth:`Evaluator.require`;
+    ``unbatched``: the data feeds a model without a batch axis one sample at a time)."""
+    reason = metric_support(metric, declared_output_kinds(graph.model, unbatched), labels)
     if reason:
         raise QuantbenchError(f"{option} {metric}: {reason}")
+
+
+def data_unbatched(graph: Graph, data: object, preset: str | Path | None = None) -> bool:
+    """Whether ``data`` (a file or folder) feeds ``graph`` one sample at a time, its inputs
+    having no batch axis (:attr:`DataSource.unbatched`); a bad source says so when opened."""
+    if not isinstance(data, (str, Path)):
+        return False
+    try:
+        return open_data(data, graph.inputs, preset=preset).unbatched
+    except QuantbenchError:
+        return False
 
 
 def badness(metrics: dict[str, float | None], metric: str) -> tuple[float, float]:
@@ -141,7 +155,7 @@ class Evaluator:
 
     def __post_init__(self) -> None:
         self.outputs = [o.name for o in self.graph.model.graph.output]
-        self.layout = OutputLayout.of(self.graph.model)
+        self.layout = replace(OutputLayout.of(self.graph.model), unbatched=self.source.unbatched)
         if self.reference:  # a worker's copy: the driver's FP32 outputs, no second FP32 pass
             self.num_samples = self.source.num_samples or 0
             self.attach_script(self.script)

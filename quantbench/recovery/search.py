@@ -38,6 +38,7 @@ from quantbench.recovery.evaluation import (
     RESERVED,
     Target,
     check_declared,
+    data_unbatched,
     json_metrics,
     parse_target,
 )
@@ -183,7 +184,8 @@ def recover(
     start_provider(provider)  # CUDA starts while the model loads
     graph = model if isinstance(model, Graph) else open_graph(model)
     label_array = load_labels(labels)
-    check_declared(graph, tgt.metric, label_array, "--target")  # before calibration
+    unbatched = data_unbatched(graph, eval_data, preset)
+    check_declared(graph, tgt.metric, label_array, "--target", unbatched)  # before calibration
     ctx = prepare(
         graph,
         calib_data,

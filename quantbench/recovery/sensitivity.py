@@ -34,6 +34,7 @@ from quantbench.recovery.evaluation import (
     EvaluationJob,
     badness,
     check_declared,
+    data_unbatched,
     evaluation_job,
     json_metrics,
     worker_evaluator,
@@ -206,7 +207,8 @@ def sensitivity(
     start_provider(provider)  # CUDA starts while the model loads
     graph = model if isinstance(model, Graph) else open_graph(model)
     label_array = load_labels(labels)
-    check_declared(graph, metric, label_array, "--metric")  # before calibration
+    unbatched = data_unbatched(graph, eval_data, preset)
+    check_declared(graph, metric, label_array, "--metric", unbatched)  # before calibration
     ctx = prepare(
         graph,
         calib_data,
