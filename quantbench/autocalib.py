@@ -297,32 +297,24 @@ def choose_auto(
     calib_data: object | None,
     holdout_data: object | None = None,
     *,
-    batch_size: int | None = None,
-    preset: str | None = None,
-    provider: str | None = None,
-    threads: int | None = None,
-    methods: list[str] | None = None,
-    executor: ExecutorSpec | None = None,
     use_cache: bool = True,
+    **options: Any,
 ) -> AutoTable:
-    """:func:`judge_auto`, or an earlier run's identical judgement (:mod:`quantbench.automemo`;
-    ``use_cache=False``: neither read nor written)."""
-    candidates = registry.expand_methods(methods or default_auto_methods())
+    """:func:`judge_auto` (``options``: its keyword arguments), or an earlier run's identical
+    judgement (:mod:`quantbench.automemo`; ``use_cache=False``: neither read nor written)."""
+    candidates = registry.expand_methods(options.get("methods") or default_auto_methods())
     key = None
     if use_cache:
         key = judgement_key(
-            graph, stats, calib_data, holdout_data, batch_size=batch_size, preset=preset,
-            provider=provider, methods=candidates,
+            graph, stats, calib_data, holdout_data, batch_size=options.get("batch_size"),
+            preset=options.get("preset"), provider=options.get("provider"), methods=candidates,
         )  # fmt: skip
     if key is not None and (found := load_judgement(key)) is not None:
         try:
             return AutoTable.restored(found, "--method auto's cached judgement")
         except (KeyError, TypeError, ValueError, QuantbenchError):
             pass  # an older or damaged record: judged again
-    result = judge_auto(
-        graph, stats, calib_data, holdout_data, batch_size=batch_size, preset=preset,
-        provider=provider, threads=threads, methods=methods, executor=executor,
-    )  # fmt: skip
+    result = judge_auto(graph, stats, calib_data, holdout_data, **options)
     if key is not None:
         store_judgement(key, result.stored())
     return result
