@@ -200,4 +200,10 @@ def rewrite(model: str | Path, output: str | Path, to: str) -> tuple[int, Path]:
         raise QuantbenchError(f"--to must be dwconv2d or conv, not {to!r}")
     count = sum(1 for n in graph.model.graph.node if is_dwconv2d(n))
     changed = abs(sum(1 for n in new.graph.node if is_dwconv2d(n)) - count)
+    if not changed:  # an unchanged copy would pass for the rewritten model
+        what = (
+            "no convolution with runtime weights (TensorRT's ConvMultiInput) to rewrite into "
+            "DWConv2D" if to == "dwconv2d" else "no DWConv2D node to rewrite into Conv"
+        )
+        raise QuantbenchError(f"{model}: {what}; nothing written")
     return changed, write_bytes_atomic(output, new.SerializeToString())

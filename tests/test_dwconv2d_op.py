@@ -20,6 +20,7 @@ from quantbench.plugins.dwconv2d import (
     conv_to_dwconv2d,
     dwconv2d_int8_pattern,
     dwconv2d_to_conv,
+    is_dwconv2d,
     make_dwconv2d_node,
     validate_dwconv2d,
 )
@@ -493,3 +494,19 @@ def test_tinycnn_round_trip_and_quantization():
         ("runtime weight", None),
     ]
     ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_rewrite_cli_writes_only_what_it_rewrote(run_cli, tmp_path, cnn_path):
+    """A model with nothing to rewrite used to get an unchanged copy and 'rewrote 0 node(s)',
+    which a pipeline would take for the plugin model."""
+    onnx.save(dynamic_depthwise(), str(tmp_path / "dw.onnx"))
+    code, out, err = run_cli("rewrite", tmp_path / "dw.onnx", "--to", "dwconv2d", "-o",
+                             tmp_path / "dw.plugin.onnx")  # fmt: skip
+    assert code == 0, err
+    plugin = onnx.load(str(tmp_path / "dw.plugin.onnx"))
+    assert sum(is_dwconv2d(n) for n in plugin.graph.node) == 1
+    code, out, err = run_cli("rewrite", cnn_path, "--to", "dwconv2d", "-o",
+                             tmp_path / "cnn.plugin.onnx")  # fmt: skip
+    assert code == 2
+    assert "no convolution with runtime weights" in err and "nothing written" in err
+    assert not (tmp_path / "cnn.plugin.onnx").exists()
