@@ -7,11 +7,13 @@ is reused only when everything it depends on is the same: the model's hash (its 
 included), the statistics (model, data fingerprint, samples, tensors), the fingerprints of the
 calibration data and of ``--holdout-data`` (files and folders only: a loader script or a
 Python reader has none up front, and is judged every time), the batch size, preset, provider,
-candidate methods and quantbench's version.
+candidate methods, and quantbench's code (its version and its source files' sizes and times,
+so that an upgrade or an edited calibrator never reuses an older build's judgement).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -44,6 +46,7 @@ def judgement_key(
         return None
     identity = {
         "version": __version__,
+        "code": _code_fingerprint(),
         "model": graph.hash,
         "stats": [
             stats.model_hash,
@@ -78,6 +81,21 @@ def store_judgement(key: str, judgement: dict[str, Any]) -> None:
         write_text_atomic(_path(key), json.dumps({**judgement, "key": key}))
     except (OSError, QuantbenchError):
         pass
+
+
+@functools.cache
+def _code_fingerprint() -> str:
+    """quantbench's and its calibrators' source files, by name, size and modification time."""
+    import quantbench
+    from quantbench import calibrators
+
+    h = hashlib.sha256()
+    for package in (quantbench, calibrators):
+        root = Path(package.__file__).resolve().parent
+        for f in sorted(root.rglob("*.py")):
+            st = f.stat()
+            h.update(f"{f.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
 
 
 def _path(key: str) -> Path:

@@ -47,3 +47,14 @@ def test_a_damaged_record_is_judged_again(run_cli, cnn_path, cnn_data, tmp_path)
     err = _calibrate(run_cli, cnn_path, cnn_data, tmp_path / "b.cache")
     assert REUSED not in err
     assert (tmp_path / "a.cache").read_bytes() == (tmp_path / "b.cache").read_bytes()
+
+
+def test_another_build_of_quantbench_judges_again(run_cli, cnn_path, cnn_data, tmp_path,
+                                                  monkeypatch):  # fmt: skip
+    """An upgrade or an edited calibrator must not reuse an older build's judgement."""
+    from quantbench import automemo
+
+    _calibrate(run_cli, cnn_path, cnn_data, tmp_path / "a.cache")
+    monkeypatch.setattr(automemo, "_code_fingerprint", lambda: "another build")
+    assert REUSED not in _calibrate(run_cli, cnn_path, cnn_data, tmp_path / "b.cache")
+    assert REUSED in _calibrate(run_cli, cnn_path, cnn_data, tmp_path / "c.cache")
