@@ -44,6 +44,7 @@ class AutoSection:
 
     holdout: str
     judged_by: str
+    reused: bool
     chosen: str
     fallback: bool
     candidates: tuple[tuple[Cell, ...], ...]
@@ -272,6 +273,7 @@ def auto_section(auto: dict[str, Any]) -> AutoSection | None:
     return AutoSection(
         holdout=str(auto.get("holdout") or ""),
         judged_by=str(auto.get("judged_by") or "output SQNR"),
+        reused=bool(auto.get("reused")),
         chosen=chosen,
         fallback=bool(auto.get("fallback")),
         candidates=candidates,

@@ -22,8 +22,12 @@ def test_the_same_judgement_is_reused_and_gives_the_same_table(run_cli, cnn_path
                                                                tmp_path):  # fmt: skip
     first = _calibrate(run_cli, cnn_path, cnn_data, tmp_path / "a.cache")
     assert REUSED not in first
-    again = _calibrate(run_cli, cnn_path, cnn_data, tmp_path / "b.cache")
+    again = _calibrate(run_cli, cnn_path, cnn_data, tmp_path / "b.cache", "--report",
+                       tmp_path / "b.html")  # fmt: skip
     assert REUSED in again
+    assert "earlier run's with the same model, statistics, data and options, reused" in (
+        tmp_path / "b.html"
+    ).read_text()
     assert (tmp_path / "a.cache").read_bytes() == (tmp_path / "b.cache").read_bytes()
     fresh = _calibrate(run_cli, cnn_path, cnn_data, tmp_path / "c.cache", "--no-cache")
     assert REUSED not in fresh
