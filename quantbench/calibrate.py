@@ -27,7 +27,7 @@ from quantbench.data import can_reread, open_data
 from quantbench.devicecollect import table_device
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
-from quantbench.fileio import check_output_path, write_bytes_atomic
+from quantbench.fileio import check_not_an_input, check_output_path, write_bytes_atomic
 from quantbench.graph import (
     Graph,
     calibration_tensors,
@@ -337,6 +337,9 @@ def calibrate(
         targets = _output_targets(graph, method_list, output, fmt)
         if save_stats is not None:
             check_output_path(save_stats)
+        own_inputs = (model, data, stats, holdout_data, *(merge or []))
+        for target in (*targets.values(), save_stats):
+            check_not_an_input(target, *own_inputs)
         stats_file, stats_path, from_cache = obtain_stats(
             graph,
             data,

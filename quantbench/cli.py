@@ -216,10 +216,11 @@ def calibrate(
 ) -> None:
     """Collect statistics in one onnxruntime pass and write calibration tables."""
     from quantbench import calibrate as cal
-    from quantbench.fileio import check_output_path
+    from quantbench.fileio import check_not_an_input, check_output_path
 
     if report is not None:
         check_output_path(report)  # before any inference
+        check_not_an_input(report, model, data, stats, holdout_data, *(merge or []))
     result = cal.calibrate(
         model,
         data,

@@ -27,6 +27,21 @@ def check_output_path(path: str | os.PathLike[str]) -> Path:
     return target
 
 
+def check_not_an_input(output: str | os.PathLike[str] | None, *inputs: object) -> None:
+    """Fail early when ``output`` is one of this command's own input files (``-o`` or
+    ``--save-stats`` naming the model, the data, a table...): writing it would destroy the
+    input. ``inputs`` may hold anything a command takes; only existing files are compared."""
+    if output is None or not Path(output).is_file():
+        return
+    for given in inputs:
+        file = isinstance(given, (str, os.PathLike)) and Path(given).is_file()
+        if file and os.path.samefile(output, given):  # type: ignore[arg-type]
+            raise QuantbenchError(
+                f"{output}: is also an input of this command ({given}); writing it would "
+                "destroy that input: choose another output path"
+            )
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; rename it onto ``path`` on success."""

@@ -23,7 +23,7 @@ from quantbench.clipguard import (
 )
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
-from quantbench.fileio import check_output_path, write_bytes_atomic
+from quantbench.fileio import check_not_an_input, check_output_path, write_bytes_atomic
 from quantbench.fp16 import (
     FP16,
     FP16_SCALE_OPSET,
@@ -94,6 +94,7 @@ def quantize(
             "strongly-typed FP16 variant; drop one of the two"
         )
     check_output_path(output)
+    check_not_an_input(output, model, table, data, holdout_data)
     check_clip_warn(clip_warn)
     if data is not None:
         method = check_methods([method])[0]  # a bad name or option fails before the data pass
@@ -179,6 +180,7 @@ def extract_table(
 ) -> tuple[CalibrationTable, Path]:
     """The activation scales of a Q/DQ model as a TensorRT cache / JSON / flatbuffers table."""
     check_output_path(output)
+    check_not_an_input(output, model)
     table = table_from_qdq(model)
     if not len(table):
         raise QuantbenchError(f"{model}: has no per-tensor activation QuantizeLinear nodes to read")
@@ -191,6 +193,7 @@ def rewrite(model: str | Path, output: str | Path, to: str) -> tuple[int, Path]:
     from quantbench.plugins.dwconv2d import conv_to_dwconv2d, dwconv2d_to_conv, is_dwconv2d
 
     check_output_path(output)
+    check_not_an_input(output, model)
     graph = open_graph(model)
     if to == "dwconv2d":
         new = conv_to_dwconv2d(graph.model)

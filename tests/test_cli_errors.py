@@ -324,3 +324,37 @@ def test_inspect_json_is_strict(run_cli, cnn_path, cnn_data, tmp_path):
         path = tmp_path / "inspect.json"
         path.write_text(out)
         assert isinstance(strict_json(path), dict)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "calibrate -o MODEL",
+        "calibrate --save-stats DATA",
+        "quantize -o TABLE",
+        "compare --json DATA",
+    ],
+)
+def test_an_output_that_is_an_input_is_refused_before_anything_is_written(
+    run_cli, cnn_path, cnn_data, tmp_path, command
+):
+    """'-o' or '--save-stats' naming the command's own model, data or table overwrote it
+    (a user's calibration data was lost this way). Symlinks count as the file they name."""
+    table = tmp_path / "t.cache"
+    assert run_cli("calibrate", cnn_path, "--data", cnn_data, "-m", "minmax", "-o", table)[0] == 0
+    link = tmp_path / "model-link.onnx"
+    link.symlink_to(cnn_path)
+    before = {p: p.read_bytes() for p in (cnn_path, cnn_data, table)}
+    args = {
+        "calibrate -o MODEL": ("calibrate", link, "--data", cnn_data, "-m", "minmax", "-o",
+                               cnn_path),
+        "calibrate --save-stats DATA": ("calibrate", cnn_path, "--data", cnn_data, "-m", "minmax",
+                                        "-o", tmp_path / "u.cache", "--save-stats", cnn_data),
+        "quantize -o TABLE": ("quantize", cnn_path, "--table", table, "-o", table),
+        "compare --json DATA": ("compare", "fp32", "int8", "--model", cnn_path, "--data",
+                                cnn_data, "--table", table, "--json", cnn_data),
+    }[command]  # fmt: skip
+    code, _, err = run_cli(*args)
+    assert code == 2, err
+    assert "is also an input of this command" in err and "choose another output path" in err
+    assert {p: p.read_bytes() for p in before} == before

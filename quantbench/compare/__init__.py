@@ -21,7 +21,7 @@ from quantbench.compare.run import run_comparison
 from quantbench.data import open_data
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
-from quantbench.fileio import check_output_path
+from quantbench.fileio import check_not_an_input, check_output_path
 from quantbench.graph import calibration_tensors, check_float_model, open_graph
 from quantbench.metrics import MODEL_METRICS, declared_output_kinds, metric_support
 from quantbench.progress import info
@@ -121,6 +121,7 @@ def compare(
     for p in (json_path, csv_path):
         if p is not None:
             check_output_path(p)
+            check_not_an_input(p, model, data, calib_data, table, stats, holdout_data, labels)
     start_provider(provider)  # CUDA starts while the model loads
     graph = open_graph(model)
     check_float_model(graph, "the reference (--model)")
