@@ -145,6 +145,7 @@ def quantize(
         requantize=requantize,
         **kwargs,
     )
+    result.require_quantized(str(model))  # before anything is written
     if dwconv2d:
         result.model = _to_plugin(result.model)
     if high_precision == FP16:

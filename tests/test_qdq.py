@@ -1103,3 +1103,17 @@ def test_recurrent_layers_are_said_to_stay_in_high_precision(tmp_path):
     assert result.not_quantizable == {"LSTM": 1}
     assert "1 LSTM not quantizable (they stay in FP32/FP16)" in result.summary()
     assert result.to_dict()["not_quantizable"] == {"LSTM": 1}
+
+
+def test_nothing_quantized_is_refused_not_passed(run_cli, cnn_path, cnn_data, tmp_path):
+    """g2p's LSTM encoder has no op TensorRT quantizes: quantize wrote an 'INT8' model equal to
+    the FP32 one and compare printed 'PASS sqnr_db = inf'. Excluding every op does the same."""
+    every = [".*"]
+    code, _, err = run_cli("quantize", cnn_path, "--data", cnn_data, "-m", "minmax",
+                           "--exclude", *every, "-o", tmp_path / "q.onnx")  # fmt: skip
+    assert code == 2 and "no op is quantized" in err
+    assert not (tmp_path / "q.onnx").exists()
+    code, _, err = run_cli("compare", "fp32", "int8", "--model", cnn_path, "--data", cnn_data,
+                           "--calib-data", cnn_data, "-m", "minmax", "--exclude", *every,
+                           "--fail-below", "sqnr_db=30", "--no-latency")  # fmt: skip
+    assert code == 2 and "int8:minmax: no op is quantized" in err and "PASS" not in err

@@ -172,6 +172,7 @@ def _int8(graph: Graph, ctx: CalibrationContext, method: str | None) -> Candidat
         ):
             warn(text)
     result = quantize_model(graph, table, exclude=ctx.exclude, allow_partial=ctx.allow_partial)
+    result.require_quantized(f"int8:{label_method}")
     for w in result.warnings:
         warn(f"int8:{label_method}: {w}")
     candidate = Candidate(

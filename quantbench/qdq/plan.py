@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from quantbench.errors import QuantbenchError
+
 #: roles an input can play; they decide where its scale comes from.
 ACTIVATION = "activation"  # runtime tensor, per-tensor scale from the calibration table
 WEIGHT = "weight"  # constant tensor, scale from its own values (per-channel where supported)
@@ -95,6 +97,17 @@ class QuantizeResult:
             if s.node == name:
                 return s
         raise KeyError(name)
+
+    def require_quantized(self, label: str) -> None:
+        """Refuses a result with no quantized op: an "INT8" model that is the FP32 one would
+        pass every comparison (sensitivity, recover, compare and quantize all say so)."""
+        if self.quantized:
+            return
+        why = f"; e.g. {self.skipped[0].node}: {self.skipped[0].reason}" if self.skipped else ""
+        raise QuantbenchError(
+            f"{label}: no op is quantized ({len(self.skipped)} candidate op(s) left in high "
+            f"precision{why}); check --exclude and that the model has Conv/Gemm/MatMul ops"
+        )
 
     def summary(self) -> str:
         """One line for the CLI: counts, opset change, weight mode."""

@@ -20,7 +20,6 @@ from quantbench.autocalib import AutoTable
 from quantbench.calibrate import check_methods, method_table, obtain_stats
 from quantbench.compare import labels_for_samples, load_labels
 from quantbench.data import open_data
-from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
 from quantbench.fp16 import FP16, FP32, emulate_fp16, strongly_typed_fp16
 from quantbench.graph import Graph, open_graph
@@ -130,11 +129,7 @@ def prepare(
     )
     excluded = tuple(exclude)
     plan = quantize_model(graph, table, exclude=excluded, allow_partial=True)
-    if not plan.quantized:
-        raise QuantbenchError(
-            f"{graph.path or graph.name}: no op is quantized (nothing to analyse); check "
-            "--exclude and that the model has Conv/Gemm/MatMul ops"
-        )
+    plan.require_quantized(f"{graph.path or graph.name}")
     source = open_data(
         eval_data, graph.inputs, batch_size=batch_size, max_samples=max_samples, preset=preset
     )

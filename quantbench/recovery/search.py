@@ -31,7 +31,7 @@ from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
 from quantbench.fp16 import check_high_precision, declared_precisions
 from quantbench.graph import Graph, open_graph
-from quantbench.progress import info
+from quantbench.progress import info, warn
 from quantbench.qdq import QuantizeResult
 from quantbench.recovery.context import RecoveryContext, prepare
 from quantbench.recovery.evaluation import (
@@ -239,6 +239,12 @@ def recover(
                 _announce(record, tgt)
             if met:
                 break
+    if met and kept and len(kept) == len(ctx.plan.quantized):
+        warn(
+            f"--target {tgt.metric}: met only with every quantized op ({len(kept)}) kept in "
+            f"{precision}: the recovered model has no INT8 op left; relax the target or "
+            "calibrate differently"
+        )
     artefact = ctx.artefact_model(final)
     seconds = time.perf_counter() - started
     return RecoveryResult(tgt, precision, steps, kept, met, final, ctx, ranking, seconds, artefact)
