@@ -156,8 +156,10 @@ def spec(name: str) -> CalibratorSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
+        several = " (give several with --method repeated: -m minmax -m mse)" if "," in name else ""
         raise QuantbenchError(
-            f"unknown calibration method {name!r}; choose one of {', '.join(method_names())}"
+            f"unknown calibration method {name!r}{several}; choose one of "
+            f"{', '.join(method_names())}"
         ) from None
 
 

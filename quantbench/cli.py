@@ -53,8 +53,8 @@ HoldoutOpt = Annotated[
     str | None,
     typer.Option(
         "--holdout-data",
-        help="Data --method auto judges the calibrators on (default: the first 64 calibration "
-        "samples, which are also in the statistics).",
+        help="Data --method auto judges the calibrators on (default: up to the first 64 "
+        "calibration samples, held back: the candidates are calibrated on the others).",
     ),
 ]
 ClipWarnOpt = Annotated[

@@ -78,7 +78,11 @@ def validate_results(results: Any, source: str = "results") -> dict[str, Any]:
         raise QuantbenchError(f"{source}: results schema_version {version} is not valid")
     kind = results.get("kind", "compare")
     if kind not in KINDS:
-        raise QuantbenchError(f"{source}: results kind {kind!r} is not one of {', '.join(KINDS)}")
+        raise QuantbenchError(
+            f"{source}: results of kind {kind!r} have no report page; report renders the --json "
+            "of compare, recover (its .recovery.json) and calibrate --report (sensitivity's "
+            "ranking is its JSON and CSV)"
+        )
     _check_section_types(results, source)
     return results
 

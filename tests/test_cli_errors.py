@@ -358,3 +358,18 @@ def test_an_output_that_is_an_input_is_refused_before_anything_is_written(
     assert code == 2, err
     assert "is also an input of this command" in err and "choose another output path" in err
     assert {p: p.read_bytes() for p in before} == before
+
+
+def test_comma_separated_methods_say_how_to_give_several(run_cli, cnn_path, cnn_data, tmp_path):
+    code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "-m", "minmax,mse", "-o",
+                           tmp_path / "t")  # fmt: skip
+    assert code == 2 and "give several with --method repeated" in err
+
+
+def test_report_of_sensitivity_results_says_what_report_renders(run_cli, tmp_path):
+    import json
+
+    doc = {"schema": "quantbench-results", "schema_version": 1, "kind": "sensitivity"}
+    (tmp_path / "s.json").write_text(json.dumps(doc))
+    code, _, err = run_cli("report", tmp_path / "s.json", "-o", tmp_path / "s.html")
+    assert code == 2 and "have no report page" in err and "recover" in err

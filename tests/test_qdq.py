@@ -489,7 +489,10 @@ def test_excluded_nodes_are_untouched_and_listed():
     assert list(node(q, "fc").input) == ["flat", "fc_w", "fc_b"]
     assert result.skipped_node("conv2").reason == "excluded by user ('conv2')"
     assert result.skipped_node("fc").reason == "excluded by user ('f.*')"
-    assert "exclude pattern 'no_such_node' matched no node" in result.warnings
+    assert (
+        "exclude pattern 'no_such_node' matched no node (a pattern matches whole node names: "
+        "'no_such_node.*' for names that start with it)" in result.warnings
+    )
     assert {n.node for n in result.quantized} == {"conv1", "proj"}
 
 

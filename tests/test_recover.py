@@ -163,6 +163,10 @@ def test_recover_keeps_the_bad_layer_and_writes_artefacts(heavy, tmp_path):
 
     html = render_report(doc)
     assert "Accuracy recovery" in html and BAD_LAYER in html
+    # the kept op is recover's doing, not the user's --exclude; the outputs were verified
+    [kept] = [e for e in doc["excluded"] if e["node"] == BAD_LAYER]
+    assert kept["reason"] == "kept in fp32 by recover"
+    assert "No model outputs were compared" not in html
 
 
 def test_recover_to_an_accuracy_target_with_labels(heavy):

@@ -160,7 +160,11 @@ def plan_placement(g: Graph, table: CalibrationTable, options: PlacementOptions)
         for i in q.inputs:
             if i.role == WEIGHT and i.tensor not in initializers and i.tensor not in graph_outputs:
                 placement.folds[i.tensor] = values[i.tensor]  # type: ignore[assignment]
-    placement.warnings += [f"exclude pattern {p!r} matched no node" for p in exclusions.unused()]
+    placement.warnings += [
+        f"exclude pattern {p!r} matched no node (a pattern matches whole node names: "
+        f"{p + '.*'!r} for names that start with it)"
+        for p in exclusions.unused()
+    ]
     placement.missing = list(dict.fromkeys(placement.missing))
     placement.invalid = list(dict.fromkeys(placement.invalid))
     return placement

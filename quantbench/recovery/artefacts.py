@@ -131,7 +131,13 @@ def recovery_document(result: RecoveryResult, command: str = "") -> dict[str, An
         "method": ctx.method,
         "op_precisions": counts,
     }
-    doc["excluded"] = [s.to_dict() for s in result.final.skipped]
+    kept_nodes = set(result.kept)  # kept by the search, through quantize's exclusions: say so
+    doc["excluded"] = [
+        {**s.to_dict(), "reason": f"kept in {result.precision} by recover"}
+        if s.node in kept_nodes
+        else s.to_dict()
+        for s in result.final.skipped
+    ]
     doc["data"] = {
         "eval_samples": ctx.evaluator.num_samples,
         "calib_samples": ctx.stats.num_samples,
