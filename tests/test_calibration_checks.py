@@ -420,7 +420,9 @@ def test_clip_fraction_and_expected_error_against_the_values():
     t = TensorStats("x")
     t.update(x)
     amax = 0.9
-    assert clip_fraction(t, amax) == pytest.approx(np.mean(np.abs(x) > amax), abs=1e-4)
+    # clipped: beyond the threshold by more than half an INT8 step (within it rounds to 127)
+    beyond = np.mean(np.abs(x) > amax * (1 + 0.5 / 127))
+    assert clip_fraction(t, amax) == pytest.approx(beyond, abs=1e-4)
     step = amax / 127
     q = np.clip(np.rint(x / step), -127, 127) * step
     assert expected_mse(t, amax) == pytest.approx(np.mean((q - x) ** 2), rel=0.02)
@@ -627,3 +629,16 @@ def test_auto_with_nan_in_its_slice_says_it_could_not_judge(run_cli, cnn_path, t
     assert "no candidate's output SQNR is defined" in err
     assert "auto: chose percentile:99.99" in err
     assert err.count("sample(s) hold NaN/Inf") == 1
+
+
+def test_values_within_half_a_step_above_the_threshold_are_not_clipped():
+    """A Tanh saturating at 1.0 under mse's 0.9988 threshold was 'clipped 17%': 1.0 is within
+    half an INT8 step (0.9988/127/2 = 0.0039) of it and rounds to the top level anyway."""
+    rng = np.random.default_rng(0)
+    x = np.tanh(rng.normal(scale=3.0, size=100_000)).astype(np.float32)
+    x[:17_000] = 1.0  # saturated
+    t = TensorStats("tanh")
+    t.update(x)
+    assert clip_fraction(t, 0.9988) < 0.001
+    assert clip_fraction(t, 0.9) == pytest.approx(np.mean(np.abs(x) > 0.9 * (1 + 0.5 / 127)),
+                                                   abs=1e-4)  # fmt: skip
