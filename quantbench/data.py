@@ -156,6 +156,7 @@ def plan_layout(
     """
     per_sample: set[str] = set()
     fixed: dict[str, int] = {}
+    named: dict[str, list[tuple[str, int]]] = {}  # named dim -> (input, its size in the data)
     moved = _moved_batch_axes(inputs)
     for spec in inputs:
         shape, rank = tuple(shapes[spec.name]), len(spec.shape)
@@ -176,11 +177,15 @@ def plan_layout(
                 f"{spec.describe()}: give {ranks}rank {rank + 1} (a sample axis first, one "
                 "sample per feed)"
             )
+        pairs = list(pairs)
         if any(isinstance(w, int) and h != w for h, w in pairs):
             raise QuantbenchError(
                 f"{where}[{spec.name}]: data of shape {list(shape)} does not match model input "
                 f"{spec.describe()} (sample axis first)"
             )
+        for dim, size in {d: h for h, d in pairs if isinstance(d, str)}.items():
+            named.setdefault(dim, []).append((spec.name, size))
+    _check_named_dims(named, where)
     sizes = sorted(set(fixed.values()))
     if len(sizes) > 1:
         listed = ", ".join(f"{k}: {v}" for k, v in fixed.items())
@@ -211,6 +216,20 @@ def plan_layout(
             )
         return Layout(frozenset(), size, size, kept)
     return Layout(frozenset(), None, requested or 1, kept)
+
+
+def _check_named_dims(named: Mapping[str, list[tuple[str, int]]], where: str) -> None:
+    """A named dim is one size in every input that has it (ONNX's meaning of the name):
+    ``src [64, 40]`` with ``src_mask [64, 30]``, both ``src_len``, otherwise fails deep in
+    onnxruntime without naming the inputs. Within one input a name may repeat with other
+    sizes (``[N, 3, size, size]`` fed 800 x 608 runs): only inputs are compared."""
+    for dim, sizes in named.items():
+        if len({size for _, size in sizes}) > 1 and len({name for name, _ in sizes}) > 1:
+            listed = ", ".join(f"{name}: {size}" for name, size in sizes)
+            raise QuantbenchError(
+                f"{where}: inputs sharing the dim {dim!r} have different sizes for it "
+                f"({listed}); give them data of one size"
+            )
 
 
 def _moved_batch_axes(inputs: list[TensorSpec]) -> dict[str, int]:

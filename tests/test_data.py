@@ -247,3 +247,20 @@ def test_a_recurrent_state_takes_its_batch_on_axis_1(run_cli, tmp_path):
     assert table.amax("h0") == pytest.approx(float(np.abs(h0).max()))
     assert table.amax("hN") == pytest.approx(2 * float(np.abs(h0).max()))
     assert table.amax("y") == pytest.approx(float(np.abs(x + h0.sum(axis=1)).max()), rel=1e-6)
+
+
+def test_inputs_sharing_a_named_dim_must_agree_on_its_size(tmp_path):
+    """src [N, src_len] and src_mask [N, src_len] fed 40 and 30 failed deep in onnxruntime
+    ('BroadcastIterator ... 30 by 40') without naming the file or the inputs."""
+    from quantbench.graph import TensorSpec
+
+    inputs = [TensorSpec("src", "int64", ("batch", "src_len")),
+              TensorSpec("src_mask", "bool", ("batch", "src_len"))]  # fmt: skip
+    np.savez(tmp_path / "d.npz", src=np.zeros((8, 40), np.int64),
+             src_mask=np.ones((8, 30), bool))  # fmt: skip
+    with pytest.raises(QuantbenchError, match=r"d\.npz: inputs sharing the dim 'src_len' have "
+                       r"different sizes for it \(src: 40, src_mask: 30\)"):  # fmt: skip
+        open_data(tmp_path / "d.npz", inputs)
+    image = [TensorSpec("image", "float32", ("N", 3, "size", "size"))]  # one input: not compared
+    np.savez(tmp_path / "i.npz", image=np.zeros((2, 3, 8, 6), np.float32))
+    assert len(_all(open_data(tmp_path / "i.npz", image))) == 2
