@@ -138,7 +138,9 @@ def calibration_results(
         "calib_fingerprint": result.stats.data_fingerprint,
         "calib_samples": result.stats.num_samples,
     }
-    doc["calibration"] = calibration_section(result.stats, None, methods[0] if methods else None)
+    # with several methods (-m all) no one method is "the one used": each table was written
+    used = methods[0] if len(methods) == 1 else None
+    doc["calibration"] = calibration_section(result.stats, None, used)
     doc["calibration"]["clip_warn"] = result.clip_warn
     doc["calibration"]["clipping"] = [
         {"candidate": m, **f.to_dict()} for m, flags in result.clipping.items() for f in flags

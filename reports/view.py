@@ -620,13 +620,18 @@ def calibration_cards(
     ]
     if calibration:
         cards.append(Card("Tensors calibrated", fmt_int(calibration.tensor_count)))
-        cards.append(
-            Card(
-                "Method used",
-                calibration.method_used or MISSING,
-                f"{len(calibration.methods)} methods compared",
+        written = results.get("written")
+        written = written if isinstance(written, list) else []
+        if calibration.method_used or len(written) <= 1:
+            cards.append(
+                Card(
+                    "Method used",
+                    calibration.method_used or MISSING,
+                    f"{len(calibration.methods)} methods compared",
+                )
             )
-        )
+        else:  # -m all: one table per method, none of them "the one used"
+            cards.append(Card("Tables written", fmt_int(len(written)), "one per method"))
         bad = len(calibration.warnings)
         cards.append(Card("Tensors with NaN/Inf", fmt_int(bad), "", "bad" if bad else "good"))
     guard = guard_section(results)

@@ -662,3 +662,16 @@ def test_layer_table_shows_each_ops_precision_when_the_results_have_it():
         entry["precision"] = kinds[i % len(kinds)]
     table = layer_table(render_report(doc))
     assert ">Precision<" in table and ">fp16-emulated<" in table and ">int8<" in table
+
+
+def test_a_report_of_several_methods_names_no_single_method_used(run_cli, cnn_path, cnn_data,
+                                                                  tmp_path):  # fmt: skip
+    """'calibrate -m all --report' said 'Method used: minmax' (the first table of seven)."""
+    code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "-m", "all", "-o",
+                           tmp_path / "tables", "--report", tmp_path / "r.html")  # fmt: skip
+    assert code == 0, err
+    html = (tmp_path / "r.html").read_text()
+    assert "Tables written" in html and "Method used" not in html
+    code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "-m", "mse", "-o",
+                           tmp_path / "one.cache", "--report", tmp_path / "one.html")  # fmt: skip
+    assert code == 0 and "Method used" in (tmp_path / "one.html").read_text()
