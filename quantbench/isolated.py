@@ -39,6 +39,18 @@ class IsolatedModel:
     ops: dict[str, str] = field(default_factory=dict)
 
 
+def rename_twins(model: onnx.ModelProto, twins: dict[str, str], key: str) -> dict[str, str]:
+    """Prefixes ``key:`` to ``twins``' names in ``model``, so that the twins of several
+    candidates (compare's A and B, auto's methods) can share one reference graph; returns
+    reference tensor -> renamed twin."""
+    rename = {twin: f"{key}:{twin}" for twin in twins.values()}
+    for n in model.graph.node:
+        for i, o in enumerate(n.output):
+            if o in rename:
+                n.output[i] = rename[o]
+    return {t: rename[twin] for t, twin in twins.items()}
+
+
 def _opset(m: onnx.ModelProto) -> int:
     return next((i.version for i in m.opset_import if i.domain in ("", "ai.onnx")), 0)
 

@@ -164,3 +164,29 @@ def test_auto_with_a_read_once_reader_falls_back_and_says_so(cnn_path, capsys):
     table = result.tables["auto"]
     assert {e.method for e in table.entries.values()} == {"percentile:99.99"}
     assert "can be read only once" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("budget", [1, 1 << 30])  # one table a pass; all the rest in one
+def test_isolated_scores_of_several_tables_in_one_pass_are_each_tables_own(
+    cnn_path, tmp_path, monkeypatch, budget
+):
+    """auto scores every method's isolated ops; sharing one reference graph between the
+    methods' twins (its FP32 ops run once, not once a method) must give each method the
+    scores its own pass gives."""
+    from quantbench.collect import collect_stats
+    from quantbench.data import open_data
+    from quantbench.graph import calibration_tensors
+
+    graph = open_graph(cnn_path)
+    np.savez(tmp_path / "d.npz", input=synthetic.images(24))
+    source = open_data(tmp_path / "d.npz", graph.inputs, batch_size=8)
+    stats = collect_stats(graph, source, calibration_tensors(graph, "all"), show_progress=False)
+    tables = {m: build_table(stats, m) for m in ("minmax", "entropy", "mse", "percentile:99.9")}
+    alone = {m: autocalib.isolated_sqnr(graph, t, source) for m, t in tables.items()}
+    monkeypatch.setattr(autocalib, "ISOLATED_TWIN_BUDGET", budget)
+    together = autocalib.isolated_sqnrs(graph, tables, source)
+    assert together.keys() == alone.keys()
+    for m in tables:
+        assert together[m].keys() == alone[m].keys()
+        for node, db in alone[m].items():
+            assert together[m][node] == pytest.approx(db, rel=1e-9, abs=1e-9), (m, node)

@@ -33,6 +33,7 @@ from quantbench.isolated import (
     IsolatedModel,
     build_isolated,
     build_isolated_fp16,
+    rename_twins,
     uncast,
 )
 from quantbench.jsonsafe import from_json_float, json_float
@@ -161,7 +162,7 @@ def prepare_sides(
         if iso is not None:
             ref_model = iso.model
             side.isolated = {t: f"{side.key}:{twin}" for t, twin in iso.twins.items()}
-            _rename_twins(ref_model, iso.twins, side.key)
+            rename_twins(ref_model, iso.twins, side.key)
             isolated_twins.update({f"{side.key}:{twin}": t for t, twin in iso.twins.items()})
         if c.quantized:
             side.clip = _quantized_inputs(c.model, _tensor_names(graph.model))
@@ -214,15 +215,6 @@ def _check_same_inputs(candidate: Candidate, graph: Graph) -> None:
                 f"of {graph.path.name if graph.path else 'the model'} ({', '.join(ours)}): "
                 "compare a candidate made from the --model it is given with"
             )
-
-
-def _rename_twins(model: onnx.ModelProto, twins: dict[str, str], key: str) -> None:
-    """Isolated twins of A and B must not collide in the one reference graph."""
-    rename = {twin: f"{key}:{twin}" for twin in twins.values()}
-    for n in model.graph.node:
-        for i, o in enumerate(n.output):
-            if o in rename:
-                n.output[i] = rename[o]
 
 
 def _output_names(model: onnx.ModelProto) -> list[str]:
