@@ -11,6 +11,7 @@ reads must go forward (a backward one starts the member again).
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import zipfile
 import zlib
@@ -55,7 +56,9 @@ class NpzMember:
 
 
 class MappedMember(NpzMember):
-    """An uncompressed member: rows are views of the memory-mapped file."""
+    """An uncompressed member: rows are views of the memory-mapped file. The file is mapped at
+    the first read and let go at :meth:`close` (a folder of many thousand ``.npz`` files never
+    holds more maps than the files being read)."""
 
     def __init__(self, path: Path, member: str, info: zipfile.ZipInfo):
         super().__init__(path, member)
@@ -63,36 +66,48 @@ class MappedMember(NpzMember):
             signature, name_len, extra_len = _LOCAL_HEADER.unpack(_read_at(f, info, 30, path))
             if signature != _LOCAL_SIGNATURE:
                 raise QuantbenchError(f"{self.where}: not a readable .npz member (bad zip header)")
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        begin = info.header_offset + 30 + name_len + extra_len
-        self._member = memoryview(self._map)[begin : begin + info.file_size]
-        if len(self._member) != info.file_size:
-            raise QuantbenchError(f"{self.where}: file is truncated")
-        header = _MemoryFile(self._member)
-        self.shape, self.fortran, self.dtype = read_npy_header(header, path, member)
-        self._data = self._member[header.pos :]
+            self._begin = info.header_offset + 30 + name_len + extra_len
+            if os.fstat(f.fileno()).st_size < self._begin + info.file_size:
+                raise QuantbenchError(f"{self.where}: file is truncated")
+            f.seek(self._begin)
+            self.shape, self.fortran, self.dtype = read_npy_header(f, path, member)
+            self._header = f.tell() - self._begin
+        self._size = info.file_size
+        self._view: memoryview | None = None  # the member's bytes, while mapped
         self._expected_crc = info.CRC
         self._crc: Future[int] | None = None
         self._crc_end = 0  # bytes of the member whose CRC is chained so far
+
+    def _member(self) -> memoryview:
+        if self._view is None:
+            try:
+                with open(self.path, "rb") as f:
+                    mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as exc:
+                raise QuantbenchError(f"{self.where}: cannot map the file ({exc})") from None
+            self._view = memoryview(mapped)[self._begin : self._begin + self._size]
+        return self._view
 
     def read(self, start: int, stop: int) -> np.ndarray:
         _refuse_fortran(self.fortran, self.where)
         self._check_crc(wait=False)
         rb = self.row_bytes
-        rows = self._data[start * rb : stop * rb]
+        begin = self._header + start * rb
+        rows = self._member()[begin : begin + (stop - start) * rb]
         if len(rows) != (stop - start) * rb:
             raise QuantbenchError(f"{self.where}: file is truncated")
-        self._chain_crc(len(self._member) - len(self._data) + stop * rb)
+        self._chain_crc(self._header + stop * rb)
         return np.frombuffer(rows, dtype=self.dtype).reshape((stop - start, *self.shape[1:]))
 
     def close(self) -> None:
         self._check_crc(wait=True)
+        self._view = None  # the rows read keep their pages; the map goes with the last of them
 
     def _chain_crc(self, end: int) -> None:
         """The CRC of the member's bytes up to ``end`` (every byte before it, read or skipped)."""
         if end <= self._crc_end:
             return
-        piece, before = self._member[self._crc_end : end], self._crc
+        piece, before = self._member()[self._crc_end : end], self._crc
         self._crc = _CRC_THREAD.submit(
             lambda: zlib.crc32(piece, before.result() if before is not None else 0)
         )
@@ -101,7 +116,7 @@ class MappedMember(NpzMember):
     def _check_crc(self, wait: bool) -> None:
         """A member read to its end whose CRC-32 is not the zip's fails, as ``zipfile`` does."""
         crc = self._crc
-        if crc is None or self._crc_end < len(self._member) or not (wait or crc.done()):
+        if crc is None or self._crc_end < self._size or not (wait or crc.done()):
             return
         self._crc = None  # checked once
         if crc.result() != self._expected_crc:
@@ -196,16 +211,3 @@ def _read_at(f: Any, info: zipfile.ZipInfo, n: int, path: Path) -> bytes:
     if len(raw) != n:
         raise QuantbenchError(f"{path}[{info.filename}]: file is truncated")
     return raw
-
-
-class _MemoryFile:
-    """The file interface ``np.lib.format`` reads a header through, over a memoryview."""
-
-    def __init__(self, view: memoryview):
-        self.view, self.pos = view, 0
-
-    def read(self, n: int = -1) -> bytes:
-        end = len(self.view) if n < 0 else min(len(self.view), self.pos + n)
-        out = bytes(self.view[self.pos : end])
-        self.pos = end
-        return out

@@ -88,3 +88,17 @@ def test_fortran_order_is_refused_only_when_read(tmp_path):
     assert members["x"].read(0, 4).shape == (4, 3)
     with pytest.raises(QuantbenchError, match=r"extra\.npy.*Fortran"):
         members["extra"].read(0, 4)
+
+
+def test_a_member_maps_its_file_only_while_it_is_read(tmp_path):
+    """A folder of many thousand one-sample .npz files must not hold a map per file (the
+    kernel's map count is bounded): a member maps at its first read and lets go at close."""
+    x = np.arange(40, dtype=np.float32).reshape(10, 4)
+    np.savez(tmp_path / "d.npz", x=x)
+    member = open_npz(tmp_path / "d.npz")["x"]
+    assert member._view is None  # opening reads the headers only
+    rows = member.read(0, 10)
+    member.close()
+    assert member._view is None
+    np.testing.assert_array_equal(rows, x)  # rows read keep their pages
+    np.testing.assert_array_equal(member.read(2, 5), x[2:5])  # and it maps again
