@@ -122,7 +122,7 @@ class AutoTable:
     def stored(self) -> dict[str, Any]:
         """Everything :meth:`restored` needs: :meth:`to_dict` and the table itself."""
         table = json.loads(encode_json_table(self.table))
-        return {**self.to_dict(), "judged_by": self.judged_by, "table": table}
+        return {**self.to_dict(), "table": table}
 
     @classmethod
     def restored(cls, d: dict[str, Any], source: str) -> AutoTable:
@@ -607,7 +607,7 @@ def output_sqnrs(
         )
         for name, table in tables.items()
     }
-    layout = replace(OutputLayout.of(graph.model), unbatched=held_out.unbatched)
+    layout = OutputLayout.of(graph.model, held_out.unbatched)
     accs = {name: OutputsAccumulator(outputs, False, layout) for name in tables}
     for index, feed in enumerate(held_out.batches()):
         ref = reference[index] if fp32 is None else fp32.infer(feed, outputs)

@@ -30,7 +30,7 @@ from onnx import TensorProto
 
 from quantbench.backends.onnxruntime import session_providers
 from quantbench.errors import InternalError, QuantbenchError, first_line
-from quantbench.graph import node_labels
+from quantbench.graph import QDQ_OPS, node_labels
 
 #: onnx-ml ops the converter cannot handle at all (they take or make maps/sequences)
 ML_OPS = (
@@ -70,7 +70,6 @@ EMULATED = "emulated"
 _FP16_MAX = 65504.0
 #: the float16 converter's ``min_positive_val``: smaller non-zero magnitudes become this
 _FP16_MIN_POSITIVE = 5.96e-08
-_QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
 @dataclass
@@ -198,7 +197,7 @@ def emulate_fp16(
             precision[node.name] = FP32
             fp32_nodes[node.name] = "kept in FP32 on request"
             continue
-        if node.op_type not in _QDQ:  # a DQ output is rounded (FP16 scale) but is no op
+        if node.op_type not in QDQ_OPS:  # a DQ output is rounded (FP16 scale) but is no op
             int8 = any(i in dq_outputs for i in node.input)
             precision[node.name] = INT8 if int8 else FP16_EMULATED
         for j, name in enumerate(node.output):
@@ -411,7 +410,7 @@ def declared_precisions(model: onnx.ModelProto) -> dict[str, str]:
     dq_outputs = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     out: dict[str, str] = {}
     for node, label in zip(model.graph.node, node_labels(model.graph.node), strict=True):
-        if node.op_type in _BOOKKEEPING or node.op_type in _QDQ:
+        if node.op_type in _BOOKKEEPING or node.op_type in QDQ_OPS:
             continue
         floats = [types[t] for t in node.output if t in types]
         if not floats:

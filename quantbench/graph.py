@@ -154,6 +154,9 @@ class Graph:
         return node_labels(self.model.graph.node)
 
 
+#: the ops of the Q/DQ form (TensorRT's explicit quantization, and quantbench's own output)
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
 #: ops of a model another tool already quantized to integer kernels (QOperator format,
 #: onnxruntime's dynamic quantization, weight-only 4-bit): it has no float form to calibrate
 QUANTIZED_OPS = frozenset(

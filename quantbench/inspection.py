@@ -17,6 +17,7 @@ from rich.table import Table
 from quantbench import calibrators as registry
 from quantbench.errors import QuantbenchError
 from quantbench.graph import (
+    QDQ_OPS,
     QUANTIZED_OPS,
     WEIGHTED_OP_TYPES,
     Graph,
@@ -41,9 +42,6 @@ def kind_of(path: Path) -> str:
     if zipfile.is_zipfile(path):
         return "stats"
     return "table"
-
-
-_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 
 
 def inspect_model(g: Graph) -> dict[str, Any]:
@@ -81,7 +79,7 @@ def inspect_model(g: Graph) -> dict[str, Any]:
         },
         "untyped_tensors": untyped_tensors(g),
         "quantized_ops": dict(
-            Counter(n.op_type for n in nodes if n.op_type in (*_QDQ_OPS, *QUANTIZED_OPS))
+            Counter(n.op_type for n in nodes if n.op_type in (*QDQ_OPS, *QUANTIZED_OPS))
         ),
         "not_tensors": [
             f"{v.name}: {type_text(v.type)}"

@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import TensorProto, helper, version_converter
 
-from quantbench.graph import node_labels
+from quantbench.graph import QDQ_OPS, node_labels
 from quantbench.memo import memo_scope
 
-QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 SUFFIX = "::isolated"
 _PREFIX = "qb_iso/"
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -386,7 +386,8 @@ class OutputLayout:
     unbatched: bool = False
 
     @classmethod
-    def of(cls, model: Any) -> OutputLayout:
+    def of(cls, model: Any, unbatched: bool = False) -> OutputLayout:
+        """What ``model``'s graph says (``unbatched``: data feeds it one sample at a time)."""
         doubts, unless = class_axis_evidence(model)
         return cls(
             channels_first_outputs(model),
@@ -395,6 +396,7 @@ class OutputLayout:
             samples_second_outputs(model),
             concat_parts(model),
             channel_class_doubts(model),
+            unbatched,
         )
 
     def pieces(self, name: str, shape: Sequence[int]) -> list[tuple[str, tuple[slice, ...]]]:
@@ -474,8 +476,7 @@ def output_kinds(
 def declared_output_kinds(model: Any, unbatched: bool = False) -> dict[str, tuple[str | None, str]]:
     """:func:`output_kinds` of a model's outputs as it declares them (``unbatched``: fed one
     sample at a time, :attr:`OutputLayout.unbatched`)."""
-    layout = replace(OutputLayout.of(model), unbatched=unbatched)
-    return output_kinds(declared_output_shapes(model), layout)
+    return output_kinds(declared_output_shapes(model), OutputLayout.of(model, unbatched))
 
 
 def declared_output_shapes(model: Any) -> dict[str, tuple[int | str | None, ...] | None]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import onnx
 
 from quantbench.errors import QuantbenchError, first_line
-from quantbench.graph import load_model
+from quantbench.graph import QDQ_OPS, load_model
 
 INTEGER = "integer"
 INT8_DATA = "integer (int8 data, no rescale)"
@@ -57,7 +57,6 @@ INTEGER_KERNELS = frozenset(
 #: integer kernels whose output is float (they dequantize internally).
 _FLOAT_OUTPUT_KERNELS = frozenset({"MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention"})
 _INT_OUTPUT_KERNELS = INTEGER_KERNELS - _FLOAT_OUTPUT_KERNELS
-_QDQ = ("QuantizeLinear", "DequantizeLinear")
 _INT_TYPES = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
 
 
@@ -73,7 +72,7 @@ def integer_op_report(model: onnx.ModelProto | str | os.PathLike[str]) -> list[d
     rows: list[dict[str, object]] = []
     seen: set[str] = set()
     for node in optimized.graph.node:
-        if node.op_type in _QDQ:
+        if node.op_type in QDQ_OPS:
             continue
         seen.add(node.name)
         execution = _classify(node, int_tensors, producers)
@@ -87,7 +86,7 @@ def integer_op_report(model: onnx.ModelProto | str | os.PathLike[str]) -> list[d
             }
         )
     for node in original.graph.node:
-        if node.op_type in _QDQ or node.op_type == "Constant" or node.name in seen:
+        if node.op_type in QDQ_OPS or node.op_type == "Constant" or node.name in seen:
             continue
         rows.append(
             {

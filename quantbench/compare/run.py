@@ -10,7 +10,7 @@ the number of samples.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from types import ModuleType
 from typing import Any
@@ -27,9 +27,8 @@ from quantbench.compare.latency import measure_latency
 from quantbench.data import DataSource, Feed, feed_num_samples
 from quantbench.errors import QuantbenchError
 from quantbench.fp16 import FP16, FP16_EMULATED, has_fp16_qdq
-from quantbench.graph import Graph, node_labels
+from quantbench.graph import QDQ_OPS, Graph, node_labels
 from quantbench.isolated import (
-    QDQ_OPS,
     IsolatedModel,
     build_isolated,
     build_isolated_fp16,
@@ -255,7 +254,7 @@ def run_comparison(
     ref_runner, ref_fetch, sides = prepare_sides(graph, cands, provider, threads, xp)
     ref_out = _output_names(graph.model)
     usable = not labels_accuracy_reason(labels)
-    layout = replace(OutputLayout.of(graph.model), unbatched=source.unbatched)
+    layout = OutputLayout.of(graph.model, source.unbatched)
     for side in sides:
         if metric_script is not None:
             side.script = metric_script.session()

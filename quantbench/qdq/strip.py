@@ -12,9 +12,9 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from quantbench.errors import QuantbenchError
+from quantbench.graph import QDQ_OPS
 from quantbench.qdq.insert import UniqueNames, export_like
 
-QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 _QOPERATOR_OPS = ("QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +155,7 @@ class Evaluator:
 
     def __post_init__(self) -> None:
         self.outputs = [o.name for o in self.graph.model.graph.output]
-        self.layout = replace(OutputLayout.of(self.graph.model), unbatched=self.source.unbatched)
+        self.layout = OutputLayout.of(self.graph.model, self.source.unbatched)
         if self.reference:  # a worker's copy: the driver's FP32 outputs, no second FP32 pass
             self.num_samples = self.source.num_samples or 0
             self.attach_script(self.script)
