@@ -389,13 +389,14 @@ class OutputLayout:
     def of(cls, model: Any, unbatched: bool = False) -> OutputLayout:
         """What ``model``'s graph says (``unbatched``: data feeds it one sample at a time)."""
         doubts, unless = class_axis_evidence(model)
+        first = channels_first_outputs(model)
         return cls(
-            channels_first_outputs(model),
+            first,
             doubts,
             unless,
             samples_second_outputs(model),
             concat_parts(model),
-            channel_class_doubts(model),
+            channel_class_doubts(model, first),
             unbatched,
         )
 

@@ -48,12 +48,15 @@ def channels_first_outputs(model: Any) -> frozenset[str]:
     return frozenset(found)
 
 
-def channel_class_doubts(model: Any) -> dict[str, str]:
-    """The :func:`channels_first_outputs` whose channels the graph gives no reason to read as
-    classes, and why: per-pixel argmax agreement is only claimed where a softmax ran over the
-    channels (perhaps before an upsampling). CRAFT's ``y`` holds two separate heatmaps (text
-    and link scores, thresholded each on its own) and its ``feature`` 32 feature maps: an argmax
-    over their channels gave an "agreement" of 0.27 where the maps' masks agreed to 0.99 IoU."""
+def channel_class_doubts(
+    model: Any, channels_first: Collection[str] | None = None
+) -> dict[str, str]:
+    """The :func:`channels_first_outputs` (``channels_first`` where the caller has them) whose
+    channels the graph gives no reason to read as classes, and why: per-pixel argmax agreement
+    is only claimed where a softmax ran over the channels (perhaps before an upsampling).
+    CRAFT's ``y`` holds two separate heatmaps (text and link scores, thresholded each on its
+    own) and its ``feature`` 32 feature maps: an argmax over their channels gave an
+    "agreement" of 0.27 where the maps' masks agreed to 0.99 IoU."""
     producer = {out: node for node in model.graph.node for out in node.output}
     constants = constant_tensors(model)
     return {
@@ -61,7 +64,9 @@ def channel_class_doubts(model: Any) -> dict[str, str]:
             "its channels went through no softmax: they may be separate maps (a text "
             "detector's region and link scores, features), not class scores"
         )
-        for name in sorted(channels_first_outputs(model))
+        for name in sorted(
+            channels_first_outputs(model) if channels_first is None else channels_first
+        )
         if not _channel_softmax(name, producer, constants)
     }
 
