@@ -239,7 +239,8 @@ DISPATCH_CASES = [
     # (spec, dtype, path when cuDNN is loaded)
     (ConvSpec(2, 64, 16, 16, 64, (3, 3), pads=(1,) * 4, group=8), "f32", "cudnn"),
     (ConvSpec(2, 64, 14, 14, 64, (3, 3), pads=(1,) * 4, weight_per_batch=True), "f16", "cudnn"),
-    (ConvSpec(2, 64, 16, 16, 64, (3, 3), pads=(1,) * 4, group=8), "int8", "direct"),
+    # INT8 grouped/dense: gemm_mma (integer tensor cores) whether or not cuDNN loads
+    (ConvSpec(2, 64, 16, 16, 64, (3, 3), pads=(1,) * 4, group=8), "int8", "gemm_mma"),
     (ConvSpec(2, 32, 16, 16, 32, (3, 3), pads=(1,) * 4, group=32), "f32", "depthwise_rows"),
     (ConvSpec(2, 64, 16, 16, 64, (3, 3), pads=(1, 0, 1, 2), group=8), "f16", "direct"),
     # f16 with a bias: cuDNN's fused / float-scratch plans (one FP16 rounding)
@@ -266,13 +267,56 @@ def test_forward_path_follows_the_dispatch_table(
 ) -> None:
     """cuDNN only where the table picks it and it loads; our kernels otherwise (no cuDNN here)."""
     params = spec.to_params()
-    expected = with_cudnn if lib.cudnn_version() > 0 else lib.kernel_path(params)
+    ours = "gemm_mma" if with_cudnn == "gemm_mma" else lib.kernel_path(params)
+    expected = with_cudnn if lib.cudnn_version() > 0 else ours
     assert lib.forward_path(params, dtype) == expected
     previous = lib.set_cudnn_mode(kernel_lib.CUDNN_OFF)
     try:
-        assert lib.forward_path(params, dtype) == lib.kernel_path(params)
+        assert lib.forward_path(params, dtype) == ours
     finally:
         assert lib.set_cudnn_mode(previous) == kernel_lib.CUDNN_OFF
+
+
+GEMM_MMA_CASES = [
+    # (spec, dtype, path under MMA_AUTO and MMA_ON): INT8 with C/group > 1 on gemm_mma, whatever
+    # the CUDA-core kernel would be (implicit_gemm, direct), per-batch weights, asymmetric pads,
+    # dilation, strides and 3 channels per group included; FP32/FP16 and depthwise never.
+    (ConvSpec(2, 64, 16, 16, 64, (3, 3), pads=(1,) * 4, group=8), "int8", "gemm_mma"),
+    (ConvSpec(2, 64, 14, 14, 64, (3, 3), weight_per_batch=True), "int8", "gemm_mma"),
+    (ConvSpec(3, 32, 20, 20, 48, (5, 5), (2, 2), (2, 1, 1, 2), group=4), "int8", "gemm_mma"),
+    (ConvSpec(2, 9, 9, 11, 18, (3, 3), (1, 1), (2,) * 4, (2, 2), 3), "int8", "gemm_mma"),
+    (ConvSpec(1, 8, 32, 32, 32, (1, 1), bias_mode=BIAS_NONE), "int8", "gemm_mma"),
+    (ConvSpec(2, 64, 16, 16, 64, (3, 3), pads=(1,) * 4, group=8), "f16", None),
+    (ConvSpec(2, 64, 14, 14, 64, (3, 3), weight_per_batch=True), "f32", None),
+    (ConvSpec(2, 32, 16, 16, 32, (3, 3), pads=(1,) * 4, group=32), "int8", None),
+    (ConvSpec(2, 16, 16, 16, 32, (3, 3), group=16), "int8", None),  # channel multiplier
+]
+
+
+@pytest.mark.parametrize(("spec", "dtype", "path"), GEMM_MMA_CASES)
+def test_gemm_mma_dispatch(
+    lib: KernelLibrary, spec: ConvSpec, dtype: str, path: str | None
+) -> None:
+    """gemm_mma serves INT8 grouped and dense shapes unless the tensor-core kernels are switched
+    off (MMA_OFF: our CUDA-core kernels, as dwconv2d_kernel_path says); None: never taken."""
+    params = spec.to_params()
+    previous = lib.set_mma_mode(kernel_lib.MMA_AUTO)
+    try:
+        for mode in (kernel_lib.MMA_AUTO, kernel_lib.MMA_ON):
+            lib.set_mma_mode(mode)
+            taken = lib.forward_path(params, dtype)
+            assert taken == path if path is not None else taken != "gemm_mma", (mode, taken)
+        lib.set_mma_mode(kernel_lib.MMA_OFF)
+        assert lib.forward_path(params, dtype) != "gemm_mma"
+    finally:
+        lib.set_mma_mode(previous)
+
+
+def test_gemm_mma_refuses_a_workspace_over_its_cap(lib: KernelLibrary) -> None:
+    """The packed input of N=64, 64x1024x1024 int8 (4 GiB) exceeds the 256 MiB workspace cap:
+    the CUDA-core kernels serve it instead of a failed allocation."""
+    params = ConvSpec(64, 64, 1024, 1024, 64, (3, 3), pads=(1,) * 4).to_params()
+    assert lib.forward_path(params, "int8") == lib.kernel_path(params) == "implicit_gemm"
 
 
 def test_cudnn_mode_query_and_bad_values(lib: KernelLibrary) -> None:

@@ -66,13 +66,14 @@ KERNEL_PATHS = {
     3: "depthwise_rows",
     4: "cudnn",
     5: "depthwise_mma",
+    6: "gemm_mma",
 }
 DTYPES = {"f32": 0, "f16": 1, "int8": 2}  # DWCONV2D_DTYPE_*
 CUDNN_OFF = 0  # DWCONV2D_CUDNN_OFF: our kernels only
 CUDNN_AUTO = 1  # DWCONV2D_CUDNN_AUTO: the dispatch table (cuDNN for grouped/dense f32/f16)
-MMA_OFF = 0  # dwconv2d_set_mma_mode: depthwise FP16/INT8 on depthwise_rows (CUDA cores)
-MMA_ON = 1  # depthwise FP16/INT8 on depthwise_mma (tensor cores) where the plane fits
-MMA_AUTO = 2  # default: depthwise_mma where the per-shape table picks it (FP16 7x7 stride 1)
+MMA_OFF = 0  # dwconv2d_set_mma_mode: none of our tensor-core kernels (CUDA cores only)
+MMA_ON = 1  # depthwise FP16/INT8 on depthwise_mma where the plane fits; INT8 grouped on gemm_mma
+MMA_AUTO = 2  # default: depthwise_mma by the per-shape table (FP16 7x7 s1); INT8 grouped gemm_mma
 
 
 class DWConv2DParams(ctypes.Structure):
@@ -340,8 +341,8 @@ class KernelLibrary:
         return int(self._lib.dwconv2d_set_cudnn_mode(mode))
 
     def set_mma_mode(self, mode: int) -> int:
-        """MMA_OFF, MMA_ON or MMA_AUTO (depthwise_mma) for the process; returns the previous mode
-        (a build without depthwise_mma answers MMA_OFF and ignores the call)."""
+        """MMA_OFF, MMA_ON or MMA_AUTO (depthwise_mma, gemm_mma) for the process; returns the
+        previous mode (a build without depthwise_mma answers MMA_OFF and ignores the call)."""
         if not self.has_mma:
             return MMA_OFF
         return int(self._lib.dwconv2d_set_mma_mode(mode))

@@ -759,7 +759,7 @@ def _bench_mode(
             if lib.forward_path(params, dtype) == "depthwise_mma":
                 row["kernels_us"] = time_cuda(ours, reps=reps)
                 row["kernels_path"] = lib.last_path()
-    if other and path == "depthwise_mma":  # the table took the tensor cores: the CUDA-core kernel
+    if other and path in ("depthwise_mma", "gemm_mma"):  # tensor cores: the CUDA-core kernel
         with mma_mode(lib, kl.MMA_OFF):
             row["kernels_us"] = time_cuda(ours, reps=reps)
             row["kernels_path"] = lib.last_path()

@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
             print(f"CUDA error {code}", file=sys.stderr)
             return 1
     torch.cuda.synchronize()
-    print(f"{name} {mode}: path {lib.kernel_path(params)}")
+    print(f"{name} {mode}: path {lib.last_path()}")
     return 0
 
 

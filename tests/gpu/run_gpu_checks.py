@@ -91,8 +91,8 @@ def correctness_rows() -> list[dict[str, Any]]:
                     params = harness.mode_params(harness.CASES[name], mode, 0.05)
                     if lib.forward_path(params, harness.kernel_dtype(mode)) == "depthwise_mma":
                         rows.append(_checked(runner, name, mode, seed) | {"mma_mode": "on"})
-            if row["path"] == "depthwise_mma":
-                # the table took the tensor cores: the same case on depthwise_rows as well
+            if row["path"] in ("depthwise_mma", "gemm_mma"):
+                # our tensor-core kernels: the same case on the CUDA-core kernels as well
                 with harness.mma_mode(lib, harness.kl.MMA_OFF):
                     rows.append(_checked(runner, name, mode, seed) | {"mma_mode": "off"})
     return rows

@@ -105,15 +105,16 @@ def test_own_kernels_match_reference_with_cudnn_off(library, runner, name: str, 
 
 def test_dispatch_takes_cudnn_for_grouped_float_shapes(library, runner) -> None:
     """Where cuDNN loads, grouped/dense f32 and f16 run on it (f16 with a bias through plans that
-    round once); INT8, depthwise and asymmetric pads never do. depthwise_mma only where the
-    per-shape table takes it (FP16 7x7 stride 1)."""
+    round once); INT8, depthwise and asymmetric pads never do (INT8 grouped/dense: gemm_mma).
+    depthwise_mma only where the per-shape table takes it (FP16 7x7 stride 1)."""
     if library.cudnn_version() == 0:
         pytest.skip("the library found no cuDNN (libcudnn.so.9) in this process")
     for name, mode, expected in [
         ("g2_gemm_k3", "f32", "cudnn"),
         ("g2_gemm_kg48_s2", "f16", "cudnn"),
         ("dense_k3_p1", "f16", "cudnn"),  # f16 with a bias: fused / scratch plans, one rounding
-        ("g2_gemm_k3", "int8_i8", "implicit_gemm"),
+        ("g2_gemm_k3", "int8_i8", "gemm_mma"),  # INT8 grouped/dense: integer tensor cores
+        ("g8_pb_direct", "int8_f32", "gemm_mma"),
         ("dw_k3_s1_p1", "f32", "depthwise_rows"),
         ("dw_k3_s1_p1", "f16", "depthwise_rows"),  # 3x3: depthwise_mma only when forced on
         ("dw_pb_k3", "int8_i8", "depthwise_rows"),
@@ -197,3 +198,83 @@ def test_mma_kernel_on_the_timed_shapes(library) -> None:
                 diff = (outs[0].float() - outs[1].float()).abs()
                 bound = 2.0**-10 * outs[0].float().abs() + 1e-3
                 assert bool((diff <= bound).all()), (name, diff.max().item())
+
+
+INT8_MODES = ("int8_i8", "int8_f32", "int8_tie")
+
+
+@pytest.mark.parametrize("mode", INT8_MODES)
+@pytest.mark.parametrize("name", FALLBACK_NAMES)
+def test_int8_grouped_on_cuda_cores_with_mma_off(library, runner, name: str, mode: str) -> None:
+    """INT8 grouped and dense shapes on our CUDA-core kernels (gemm_mma switched off)."""
+    seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
+    with harness.mma_mode(library, harness.kl.MMA_OFF):
+        row = harness.check_case(runner, name, mode, seed=seed)
+        assert library.last_path() in ("implicit_gemm", "direct")
+    assert row["passed"], row
+
+
+@pytest.mark.parametrize("mode", INT8_MODES)
+@pytest.mark.parametrize("name", FALLBACK_NAMES)
+def test_gemm_mma_flat_kernel_matches_reference(
+    library, runner, monkeypatch, name: str, mode: str
+) -> None:
+    """gemm_mma's flat kernel (im2col copies per tap), which serves the shapes the patch kernel
+    cannot hold; QUANTBENCH_DWCONV_GEMM_PATCH=0 (read per call) forces it."""
+    seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
+    monkeypatch.setenv("QUANTBENCH_DWCONV_GEMM_PATCH", "0")
+    row = harness.check_case(runner, name, mode, seed=seed)
+    assert library.last_path() == "gemm_mma"
+    assert row["passed"], row
+
+
+def _gemm_mma_outputs(library, monkeypatch, spec, mode: str, tensors: tuple, params) -> list:
+    """The forward with gemm_mma off (CUDA cores), on (flat kernel, patch kernel), and on inside
+    a captured CUDA graph (stream-ordered workspace) replayed twice."""
+    import torch
+
+    dtype = torch.float32 if mode == "int8_f32" else torch.int8
+    stream = torch.cuda.current_stream().cuda_stream
+    outs = []
+    for on, patch in (
+        (harness.kl.MMA_OFF, "1"),
+        (harness.kl.MMA_AUTO, "0"),
+        (harness.kl.MMA_AUTO, "1"),
+    ):
+        monkeypatch.setenv("QUANTBENCH_DWCONV_GEMM_PATCH", patch)
+        with harness.mma_mode(library, on):
+            outs.append(torch.empty(spec.output_shape, dtype=dtype, device="cuda"))
+            assert harness.launch(library, mode, tensors, outs[-1], params, stream) == 0
+            assert (library.last_path() == "gemm_mma") == (on == harness.kl.MMA_AUTO)
+    y = torch.zeros_like(outs[0])
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        code = harness.launch(library, mode, tensors, y, params, side.cuda_stream)
+    assert code == 0 and library.last_path() == "gemm_mma"
+    for _ in range(2):
+        graph.replay()
+    torch.cuda.synchronize()
+    return [*outs, y]
+
+
+@pytest.mark.parametrize("mode", INT8_MODES)
+def test_gemm_mma_on_the_timed_shapes(library, monkeypatch, mode: str) -> None:
+    """The grouped and dense timing shapes (N=32): gemm_mma (flat and patch kernels) is
+    bit-identical to the CUDA-core kernels, also replayed from a CUDA graph."""
+    import torch
+
+    for name in ("grouped3x3_g32_resnext", "dense3x3_c128"):
+        spec = harness.BENCH_CASES[name]
+        gen = torch.Generator(device="cuda").manual_seed(13)
+        tensors = harness.device_inputs(spec, mode, gen)
+        params = harness.mode_params(spec, mode, 0.05 if mode == "int8_i8" else 2.0**-5)
+        if mode == "int8_tie":
+            tensors = (tensors[0] >> 4, tensors[1] >> 4, tensors[2])
+        cores, flat, patch, graphed = _gemm_mma_outputs(
+            library, monkeypatch, spec, mode, tensors, params
+        )
+        assert torch.equal(cores, flat), name
+        assert torch.equal(cores, patch), name
+        assert torch.equal(cores, graphed), name

@@ -39,6 +39,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace
@@ -317,11 +318,29 @@ struct StoreI8ToI8
     int32_t fixed_ok;
     int32_t c1_fixed;
     float eps_const;
+    int32_t quick_ok; // fl(1 / output_scale) is normal (host: make_i8_store)
     __device__ int8_t exact(float v) const
     {
         float q = rintf(__fdiv_rn(v, output_scale)); // rintf: round half to even
         q = fminf(fmaxf(q, -128.0F), 127.0F);
         return static_cast<int8_t>(static_cast<int32_t>(q));
+    }
+    // exact(v) without the division where that is safe (gemm_mma). t = fl(v * fl(1 / os)) and
+    // w = fl(v / os) differ by at most 2^-23 |v / os| + 2^-24 |v / os| < 3.5e-5 while |t| < 192,
+    // so where t is at least 2^-14 from every half-integer, no rounding boundary lies between them
+    // and w is no tie: rint(t) = rint(w). Near a tie, for |t| >= 192 (both clamp alike) aside, for
+    // NaN, and when 1 / os is not normal, the exact division decides.
+    __device__ int32_t quick(float v) const
+    {
+        float const t = __fmul_rn(v, inv_output_scale);
+        float q = rintf(t);
+        bool const safe = quick_ok != 0 && (fabsf(t) >= 192.0F || fabsf(fabsf(t - q) - 0.5F) >= 0x1p-14F);
+        if (!safe)
+        {
+            q = rintf(__fdiv_rn(v, output_scale));
+        }
+        q = fminf(fmaxf(q, -128.0F), 127.0F);
+        return static_cast<int32_t>(q);
     }
     __device__ void operator()(int64_t i, int32_t acc, float bias) const
     {
@@ -2046,6 +2065,597 @@ __global__ void __launch_bounds__(kMaxThreads) implicit_gemm_kernel(TIn const* _
             if (p < pixels)
             {
                 store(ybase + p, acc[i][j], bias);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Path 6: grouped and dense INT8 on the integer tensor cores (gemm_mma)
+// ---------------------------------------------------------------------------------------------
+//
+// Per (n, group): y[k, p] = sum_r Wt[k, r] * im2col(x)[r, p] with mma.sync m16n8k32 s8 (int32
+// accumulation: exact, as on the CUDA cores). The reduction index is r = tap * Cp + c (Cp: the
+// group's channels padded to a multiple of 8), so that 32 consecutive reduction bytes are four
+// runs of 8 channels at one tap each, i.e. four 8-byte copies (one 32-byte run when Cp % 32 == 0)
+// of one pixel's channels. Small groups are merged: S consecutive groups become one of S * Cg
+// channels whose filters are block-diagonal (zeros between the groups), so that a ResNeXt group of
+// 8 channels fills whole 32-byte steps (S x more products on the tensor cores, far fewer steps).
+// Two packing kernels first write, into a workspace,
+//   xt [N][G'][H][W][Cp]   the input with a (merged) group's channels innermost, zeros past them,
+//   wt [NW][G'][Kp][Rp]    the filters in r order (zeros past Kg', outside the diagonal blocks and
+//                          past kH * kW taps),
+// then each block computes BM = 16 * MT output channels x 128 pixels of one image and (merged)
+// group: 4 warps of BM x 32 pixels, KC 32-byte reduction chunks per stage, stages copied by
+// cp.async three deep (zero-fill for taps outside the image), fragments read with ldmatrix from
+// shared rows of 32 * KC + 16 bytes (conflict-free). The epilogue rounds exactly as every path
+// (StoreI8ToI8::quick falls back to the exact division near a rounding tie).
+
+constexpr int kGmmaWarps = 4;
+constexpr int kGmmaBN = 32 * kGmmaWarps; // output pixels per block (one per thread in the copies)
+constexpr int kGmmaStages = 3;
+
+struct GmmaShape
+{
+    int32_t merge;  // S: original groups per merged group
+    int32_t Cp;     // channels per merged group, rounded up to 8
+    int32_t runs;   // Cp / 8: 8-byte channel runs per tap
+    int32_t taps;   // kH * kW
+    int32_t Rp;     // reduction bytes per filter row: taps * Cp rounded up to 32 * KC
+    int32_t Kp;     // output channels per merged group, rounded up to BM
+    int32_t steps;  // Rp / (32 * KC)
+    int32_t mtiles; // Kp / BM
+    // The patch kernel (gemm_mma_patch_kernel; halo != 0): Cp a multiple of 32, r ordered
+    // (chunk of 32 channels, tap, channel), whole output rows per block.
+    int32_t halo;
+    int32_t rows;   // output rows per block (rows * Wo <= 128)
+    int32_t pr, pc; // input patch rows and columns those rows read
+    int32_t chunks; // Cp / 32
+};
+
+// cp.async of LB bytes that reads `bytes` (LB or 0) and zero-fills the rest.
+template <int LB>
+__device__ inline void cp_async_zfill(uint32_t saddr, void const* gmem, uint32_t bytes)
+{
+    if constexpr (LB == 16)
+    {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(gmem), "r"(bytes) : "memory");
+    }
+    else
+    {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(saddr), "l"(gmem), "n"(LB), "r"(bytes)
+                     : "memory");
+    }
+}
+
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t saddr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(saddr));
+}
+
+// xt[n][g][h][w][c] = x[n][g * Cg + c][h][w] (0 for c >= Cg; m: the merged shape), 8 channels
+// (one run) of PX pixels per thread. PX = 4 reads words (H * W % 4 == 0 and x 4-byte aligned) and
+// transposes them with byte permutes. Lanes: RL = min(runs, 4) consecutive threads take
+// consecutive runs of the same pixels, so that a warp reads whole 32-byte sectors of each channel
+// plane and writes whole 32-byte sectors of xt.
+template <int PX>
+__device__ inline void gmma_pack_x(int8_t const* __restrict__ x, int8_t* __restrict__ xt, ConvShape const& m,
+    GmmaShape const& gs, int64_t i)
+{
+    int64_t const hw = static_cast<int64_t>(m.H) * m.W;
+    int64_t const spans = hw / PX;
+    int32_t const rl_count = min(gs.runs, 4);
+    int32_t const rgroups = (gs.runs + 3) / 4;
+    int32_t const rl = static_cast<int32_t>(i % rl_count);
+    int64_t rest = i / rl_count;
+    int64_t const pix = (rest % spans) * PX;
+    rest /= spans;
+    int32_t const run = static_cast<int32_t>(rest % rgroups) * 4 + rl;
+    int64_t const ng = rest / rgroups; // n * group + g
+    if (run >= gs.runs)
+    {
+        return;
+    }
+    int32_t const g = static_cast<int32_t>(ng % m.group);
+    int64_t const n = ng / m.group;
+    int32_t const c0 = run * 8;
+    int8_t const* const src = x + (n * m.C + static_cast<int64_t>(g) * m.Cg + c0) * hw + pix;
+    int8_t* const dst = xt + (ng * hw + pix) * gs.Cp + c0;
+    if constexpr (PX == 1)
+    {
+        uint32_t word[2] = {0U, 0U};
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+        {
+            if (c0 + j < m.Cg)
+            {
+                word[j / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(src[j * hw])) << (8 * (j % 4));
+            }
+        }
+        *reinterpret_cast<uint2*>(dst) = make_uint2(word[0], word[1]);
+    }
+    else
+    {
+        uint32_t v[8]; // channel c0 + j at pixels pix .. pix + 3
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+        {
+            v[j] = c0 + j < m.Cg ? __ldg(reinterpret_cast<uint32_t const*>(src + j * hw)) : 0U;
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+        {
+            // bytes q of v[0..3] and of v[4..7]: pixel pix + q's 8 channels
+            uint32_t const sel = static_cast<uint32_t>(q) | (static_cast<uint32_t>(q + 4) << 4);
+            uint32_t const lo = __byte_perm(__byte_perm(v[0], v[1], sel), __byte_perm(v[2], v[3], sel), 0x5410);
+            uint32_t const hi = __byte_perm(__byte_perm(v[4], v[5], sel), __byte_perm(v[6], v[7], sel), 0x5410);
+            *reinterpret_cast<uint2*>(dst + q * gs.Cp) = make_uint2(lo, hi);
+        }
+    }
+}
+
+// wt[nw][g][k][r] = w[nw][g * Kg' + k][c % Cg][tap], r = tap * Cp + c (the patch kernel: r = (c / 32)
+// * taps * 32 + tap * 32 + c % 32), where output channel k and input
+// channel c belong to the same original group (k / Kg == c / Cg), else 0 (and 0 outside Kg',
+// Cg', taps): 4 bytes of wt per thread. so: the original shape.
+__device__ inline void gmma_pack_w(int8_t const* __restrict__ w, int8_t* __restrict__ wt, ConvShape const& so,
+    GmmaShape const& gs, int64_t i)
+{
+    int32_t const row_words = gs.Rp / 4;
+    int32_t const r0 = static_cast<int32_t>(i % row_words) * 4;
+    int64_t rest = i / row_words;
+    int32_t const k = static_cast<int32_t>(rest % gs.Kp); // in the merged group
+    rest /= gs.Kp;
+    int32_t const groups = so.group / gs.merge;
+    int32_t const g = static_cast<int32_t>(rest % groups);
+    int64_t const nw = rest / groups;
+    int32_t const kg_merged = so.Kg * gs.merge;
+    uint32_t v = 0U;
+    if (k < kg_merged)
+    {
+        int32_t const sub = k / so.Kg; // the original group within the merged one
+        int8_t const* const filt = w + ((nw * so.K + static_cast<int64_t>(g) * kg_merged + k) * so.Cg) * gs.taps;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+        {
+            int32_t const r = r0 + j;
+            int32_t const chunk = gs.halo != 0 ? r / (gs.taps * 32) : 0;
+            int32_t const tap = gs.halo != 0 ? (r / 32) % gs.taps : r / gs.Cp;
+            int32_t const c = (gs.halo != 0 ? chunk * 32 + r % 32 : r - tap * gs.Cp) - sub * so.Cg;
+            if (tap < gs.taps && c >= 0 && c < so.Cg)
+            {
+                v |= static_cast<uint32_t>(static_cast<uint8_t>(filt[static_cast<int64_t>(c) * gs.taps + tap])) << (8 * j);
+            }
+        }
+    }
+    reinterpret_cast<uint32_t*>(wt)[i] = v;
+}
+
+// Both packings in one launch: the first xthreads threads pack x, the next wwords pack w.
+template <int PX>
+__global__ void gmma_pack_kernel(int8_t const* __restrict__ x, int8_t const* __restrict__ w, int8_t* __restrict__ xt,
+    int8_t* __restrict__ wt, ConvShape so, ConvShape m, GmmaShape gs, int64_t xthreads, int64_t wwords)
+{
+    int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < xthreads)
+    {
+        gmma_pack_x<PX>(x, xt, m, gs, i);
+    }
+    else if (i - xthreads < wwords)
+    {
+        gmma_pack_w(w, wt, so, gs, i - xthreads);
+    }
+}
+
+// Two adjacent outputs i, i + 1 (both: i + 1 is in the row too), one store where aligned.
+__device__ inline void gmma_store2(StoreI8ToI8 const& st, int64_t i, int32_t a0, int32_t a1, float bias, bool both)
+{
+    int32_t const q0 = st.quick(__fadd_rn(__fmul_rn(__int2float_rn(a0), st.acc_scale), bias));
+    if (!both)
+    {
+        st.y[i] = static_cast<int8_t>(q0);
+        return;
+    }
+    int32_t const q1 = st.quick(__fadd_rn(__fmul_rn(__int2float_rn(a1), st.acc_scale), bias));
+    if ((reinterpret_cast<uintptr_t>(st.y + i) & 1) == 0)
+    {
+        *reinterpret_cast<uint16_t*>(st.y + i) = static_cast<uint16_t>((q0 & 0xFF) | ((q1 & 0xFF) << 8));
+    }
+    else
+    {
+        st.y[i] = static_cast<int8_t>(q0);
+        st.y[i + 1] = static_cast<int8_t>(q1);
+    }
+}
+
+__device__ inline void gmma_store2(StoreI8ToF32 const& st, int64_t i, int32_t a0, int32_t a1, float bias, bool both)
+{
+    float const v0 = __fadd_rn(__fmul_rn(__int2float_rn(a0), st.acc_scale), bias);
+    if (!both)
+    {
+        st.y[i] = v0;
+        return;
+    }
+    float const v1 = __fadd_rn(__fmul_rn(__int2float_rn(a1), st.acc_scale), bias);
+    if ((reinterpret_cast<uintptr_t>(st.y + i) & 7) == 0)
+    {
+        *reinterpret_cast<float2*>(st.y + i) = make_float2(v0, v1);
+    }
+    else
+    {
+        st.y[i] = v0;
+        st.y[i + 1] = v1;
+    }
+}
+
+// MT m16 tiles of output channels per block (BM = 16 * MT), KC 32-byte chunks per stage; WIDE:
+// Cp % 32 == 0, so a chunk's four channel runs are one tap's 32 contiguous bytes. s: the merged
+// shape (groups of S * Cg channels).
+template <int MT, int KC, bool WIDE, class Store>
+__global__ void __launch_bounds__(kGmmaWarps * 32) gemm_mma_kernel(int8_t const* __restrict__ xt,
+    int8_t const* __restrict__ wt, float const* __restrict__ b, Store store, ConvShape s, GmmaShape gs)
+{
+    constexpr int BM = 16 * MT;
+    constexpr int kThreads = kGmmaWarps * 32;
+    constexpr int kPitch = 32 * KC + 16; // 16-byte segments per row odd: conflict-free ldmatrix
+    constexpr uint32_t kASlot = BM * kPitch;
+    constexpr uint32_t kBSlot = kGmmaBN * kPitch;
+    extern __shared__ __align__(16) unsigned char gmma_smem[];
+
+    int32_t const ptile = static_cast<int32_t>(blockIdx.x);
+    int32_t const n = static_cast<int32_t>(blockIdx.y);
+    int32_t const g = static_cast<int32_t>(blockIdx.z) / gs.mtiles;
+    int32_t const mtile = static_cast<int32_t>(blockIdx.z) - g * gs.mtiles;
+    int32_t const tid = static_cast<int32_t>(threadIdx.x);
+    int32_t const lane = tid & 31;
+    int32_t const warp = tid >> 5;
+    int32_t const pixels = s.Ho * s.Wo;
+
+    int8_t const* const wblk = wt
+        + ((static_cast<int64_t>(s.weight_per_batch ? n : 0) * s.group + g) * gs.Kp + static_cast<int64_t>(mtile) * BM)
+            * gs.Rp;
+
+    // The pixel whose reduction bytes this thread copies, and its input corner in xt.
+    int32_t const p = ptile * kGmmaBN + tid;
+    bool const p_ok = p < pixels;
+    int32_t const oh = p_ok ? p / s.Wo : 0;
+    int32_t const ow = p_ok ? p - oh * s.Wo : 0;
+    int32_t const ih0 = oh * s.sh - s.pt;
+    int32_t const iw0 = ow * s.sw - s.pl;
+    int8_t const* const xcorner = xt
+        + ((static_cast<int64_t>(n) * s.group + g) * s.H * s.W + static_cast<int64_t>(ih0) * s.W + iw0) * gs.Cp;
+    uint32_t const a_smem = static_cast<uint32_t>(__cvta_generic_to_shared(gmma_smem));
+    uint32_t const b_smem = a_smem + kGmmaStages * kASlot;
+    uint32_t const b_mine = b_smem + tid * kPitch;
+
+    // The copy cursor: the tap (row, column) and channel run of the next 8-byte run of the
+    // reduction; stages are issued in order, so it only moves forward (no division per copy).
+    int32_t cur_kh = 0;
+    int32_t cur_kw = 0;
+    int32_t cur_run = 0;
+    auto const issue = [&](int32_t step, int32_t slot) {
+        constexpr int kACopies = BM * 2 * KC; // 16-byte copies of the filter rows
+        for (int32_t e = tid; e < kACopies; e += kThreads)
+        {
+            int32_t const row = e / (2 * KC);
+            int32_t const seg = e - row * (2 * KC);
+            cp_async_s<16>(a_smem + slot * kASlot + row * kPitch + seg * 16,
+                wblk + static_cast<int64_t>(row) * gs.Rp + step * (32 * KC) + seg * 16);
+        }
+        uint32_t const dst = b_mine + slot * kBSlot;
+#pragma unroll
+        for (int kc = 0; kc < KC; ++kc)
+        {
+#pragma unroll
+            for (int j = 0; j < (WIDE ? 1 : 4); ++j)
+            {
+                // a padding tap (past kH rows) fails the row test
+                int32_t const dy = cur_kh < s.kH ? cur_kh * s.dh : s.H - ih0;
+                int32_t const dx = cur_kw * s.dw;
+                bool const ok = p_ok && static_cast<uint32_t>(ih0 + dy) < static_cast<uint32_t>(s.H)
+                    && static_cast<uint32_t>(iw0 + dx) < static_cast<uint32_t>(s.W);
+                int8_t const* const src = ok ? xcorner + (static_cast<int64_t>(dy) * s.W + dx) * gs.Cp + cur_run * 8 : xt;
+                cur_run += WIDE ? 4 : 1;
+                if (cur_run == gs.runs)
+                {
+                    cur_run = 0;
+                    cur_kw += 1;
+                    if (cur_kw == s.kW)
+                    {
+                        cur_kw = 0;
+                        cur_kh += 1;
+                    }
+                }
+                if constexpr (WIDE)
+                {
+                    cp_async_zfill<16>(dst + kc * 32, src, ok ? 16U : 0U);
+                    cp_async_zfill<16>(dst + kc * 32 + 16, ok ? src + 16 : xt, ok ? 16U : 0U);
+                }
+                else
+                {
+                    cp_async_zfill<8>(dst + kc * 32 + 8 * j, src, ok ? 8U : 0U);
+                }
+            }
+        }
+    };
+
+    int32_t acc[MT][4][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+    {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+        {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+            {
+                acc[mt][nt][j] = 0;
+            }
+        }
+    }
+
+#pragma unroll
+    for (int st = 0; st < kGmmaStages - 1; ++st)
+    {
+        if (st < gs.steps)
+        {
+            issue(st, st);
+        }
+        cp_async_commit();
+    }
+    // ldmatrix row addresses: A (16 rows x 32 bytes per m16 tile): matrices rows 0-7 / 8-15 x
+    // bytes 0-15 / 16-31 in fragment order a0..a3; B (two n8 tiles x 32 bytes): tile nt bytes
+    // 0-15, 16-31, then tile nt + 1.
+    uint32_t const a_lane = static_cast<uint32_t>(((lane & 7) + ((lane >> 3) & 1) * 8) * kPitch + (lane >> 4) * 16);
+    uint32_t const b_lane
+        = static_cast<uint32_t>((warp * 32 + (lane & 7) + (lane >> 4) * 8) * kPitch + ((lane >> 3) & 1) * 16);
+    for (int32_t step = 0; step < gs.steps; ++step)
+    {
+        cp_async_wait<kGmmaStages - 2>();
+        __syncthreads(); // this step's copies have landed everywhere; the slot refilled below is free
+        int32_t const ahead = step + kGmmaStages - 1;
+        if (ahead < gs.steps)
+        {
+            issue(ahead, ahead % kGmmaStages);
+        }
+        cp_async_commit();
+        int32_t const slot = step % kGmmaStages;
+#pragma unroll
+        for (int kc = 0; kc < KC; ++kc)
+        {
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+            {
+                ldmatrix_x4(af[mt], a_smem + slot * kASlot + a_lane + mt * 16 * kPitch + kc * 32);
+            }
+#pragma unroll
+            for (int np = 0; np < 2; ++np)
+            {
+                uint32_t bf[4];
+                ldmatrix_x4(bf, b_smem + slot * kBSlot + b_lane + np * 16 * kPitch + kc * 32);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+                {
+                    mma_tile(acc[mt][2 * np], af[mt], bf[0], bf[1]);
+                    mma_tile(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // Accumulator fragment: [0], [1] at row gq, columns 2 tq and 2 tq + 1; [2], [3] at row gq + 8.
+    int32_t const gq = lane >> 2;
+    int32_t const p0 = ptile * kGmmaBN + warp * 32 + 2 * (lane & 3);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+    {
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+        {
+            int32_t const kl = mtile * BM + mt * 16 + half * 8 + gq;
+            if (kl >= s.Kg)
+            {
+                continue;
+            }
+            int32_t const k = g * s.Kg + kl;
+            float const bias = load_bias(b, s, n, k);
+            int64_t const ybase = (static_cast<int64_t>(n) * s.K + k) * pixels;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+            {
+                int32_t const pp = p0 + nt * 8;
+                if (pp < pixels)
+                {
+                    gmma_store2(store, ybase + pp, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], bias,
+                        pp + 1 < pixels);
+                }
+            }
+        }
+    }
+}
+
+// The patch kernel: a block computes BM output channels of `rows` whole output rows (rows * Wo
+// <= 128 pixels, 4 warps of 32) of one image and (merged) group. Per chunk of 32 channels it
+// stages, by cp.async two deep, the filters of all taps (BM rows of taps * 32 bytes) and the
+// input patch those rows read (pr x pc pixels of 32 bytes, pitch 48, zero-filled outside the
+// image), and computes every tap from them: a lane's ldmatrix row address is its pixel's corner in
+// the patch plus the tap's offset, so each input byte comes from L2 once per block instead of
+// once per tap. Results and epilogue as gemm_mma_kernel.
+constexpr int kPatchPitch = 48; // bytes per patch pixel: 32 channels, padded (conflict-free ldmatrix at stride 1)
+
+template <int MT, class Store>
+__global__ void __launch_bounds__(kGmmaWarps * 32) gemm_mma_patch_kernel(int8_t const* __restrict__ xt,
+    int8_t const* __restrict__ wt, float const* __restrict__ b, Store store, ConvShape s, GmmaShape gs)
+{
+    constexpr int BM = 16 * MT;
+    constexpr int kThreads = kGmmaWarps * 32;
+    extern __shared__ __align__(16) unsigned char gmma_smem[];
+    int32_t const a_pitch = gs.taps * 32 + 16; // odd number of 16-byte segments: conflict-free
+    uint32_t const a_bytes = static_cast<uint32_t>(BM * a_pitch);
+    uint32_t const stage = a_bytes + static_cast<uint32_t>(gs.pr * gs.pc * kPatchPitch);
+
+    int32_t const oh0 = static_cast<int32_t>(blockIdx.x) * gs.rows;
+    int32_t const n = static_cast<int32_t>(blockIdx.y);
+    int32_t const g = static_cast<int32_t>(blockIdx.z) / gs.mtiles;
+    int32_t const mtile = static_cast<int32_t>(blockIdx.z) - g * gs.mtiles;
+    int32_t const tid = static_cast<int32_t>(threadIdx.x);
+    int32_t const lane = tid & 31;
+    int32_t const warp = tid >> 5;
+
+    int8_t const* const wblk = wt
+        + ((static_cast<int64_t>(s.weight_per_batch ? n : 0) * s.group + g) * gs.Kp + static_cast<int64_t>(mtile) * BM)
+            * gs.Rp;
+    int8_t const* const xg = xt + (static_cast<int64_t>(n) * s.group + g) * s.H * s.W * gs.Cp;
+    int32_t const ih_first = oh0 * s.sh - s.pt;
+    uint32_t const smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(gmma_smem));
+
+    // This thread's copies, walked without division: filter segments tid, tid + 128, ... of
+    // BM rows x 2 * taps segments, and patch pixels tid / 2, tid / 2 + 64, ... (half tid % 2).
+    int32_t const asegs = gs.taps * 2;
+    int32_t const a_drow = kThreads / asegs;
+    int32_t const a_dseg = kThreads - a_drow * asegs;
+    int32_t const p_drow = (kThreads / 2) / gs.pc;
+    int32_t const p_dcol = (kThreads / 2) - p_drow * gs.pc;
+    int32_t const half = tid & 1;
+    auto const issue = [&](int32_t chunk, int32_t slot) {
+        uint32_t const sa = smem0 + static_cast<uint32_t>(slot) * stage;
+        uint32_t const sp = sa + a_bytes;
+        int32_t row = tid / asegs;
+        int32_t seg = tid - row * asegs;
+        int8_t const* const wchunk = wblk + chunk * gs.taps * 32;
+        while (row < BM)
+        {
+            cp_async_s<16>(sa + row * a_pitch + seg * 16, wchunk + static_cast<int64_t>(row) * gs.Rp + seg * 16);
+            row += a_drow;
+            seg += a_dseg;
+            if (seg >= asegs)
+            {
+                seg -= asegs;
+                row += 1;
+            }
+        }
+        int32_t pix = tid >> 1;
+        int32_t prow = pix / gs.pc;
+        int32_t pcol = pix - prow * gs.pc;
+        int8_t const* const xchunk = xg + chunk * 32 + half * 16;
+        while (prow < gs.pr)
+        {
+            int32_t const ih = ih_first + prow;
+            int32_t const iw = pcol - s.pl;
+            bool const ok = static_cast<uint32_t>(ih) < static_cast<uint32_t>(s.H)
+                && static_cast<uint32_t>(iw) < static_cast<uint32_t>(s.W);
+            int8_t const* const src = ok ? xchunk + (static_cast<int64_t>(ih) * s.W + iw) * gs.Cp : xt;
+            cp_async_zfill<16>(sp + (prow * gs.pc + pcol) * kPatchPitch + half * 16, src, ok ? 16U : 0U);
+            prow += p_drow;
+            pcol += p_dcol;
+            if (pcol >= gs.pc)
+            {
+                pcol -= gs.pc;
+                prow += 1;
+            }
+        }
+    };
+
+    int32_t acc[MT][4][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+    {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+        {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+            {
+                acc[mt][nt][j] = 0;
+            }
+        }
+    }
+    // ldmatrix rows. A as in gemm_mma_kernel. B: lane's pixel (block-local, rows x Wo flattened)
+    // in each n8 tile pair; a pixel past the block's rows reads pixel 0's corner (discarded).
+    uint32_t const a_lane = static_cast<uint32_t>(((lane & 7) + ((lane >> 3) & 1) * 8) * a_pitch + (lane >> 4) * 16);
+    int32_t const valid = min(gs.rows, s.Ho - oh0) * s.Wo;
+    uint32_t b_lane[2];
+#pragma unroll
+    for (int np = 0; np < 2; ++np)
+    {
+        int32_t const pl = warp * 32 + np * 16 + (lane & 7) + (lane >> 4) * 8;
+        int32_t const r = pl < valid ? pl / s.Wo : 0;
+        int32_t const c = pl < valid ? pl - r * s.Wo : 0;
+        b_lane[np] = static_cast<uint32_t>((r * s.sh * gs.pc + c * s.sw) * kPatchPitch + ((lane >> 3) & 1) * 16);
+    }
+
+    issue(0, 0);
+    cp_async_commit();
+    for (int32_t chunk = 0; chunk < gs.chunks; ++chunk)
+    {
+        if (chunk + 1 < gs.chunks)
+        {
+            issue(chunk + 1, (chunk + 1) & 1);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads(); // this chunk's filters and patch have landed everywhere
+        uint32_t const sa = smem0 + static_cast<uint32_t>(chunk & 1) * stage;
+        uint32_t const sp = sa + a_bytes;
+        for (int32_t kh = 0; kh < s.kH; ++kh)
+        {
+            for (int32_t kw = 0; kw < s.kW; ++kw)
+            {
+                int32_t const tap = kh * s.kW + kw;
+                uint32_t const toff = static_cast<uint32_t>((kh * s.dh * gs.pc + kw * s.dw) * kPatchPitch);
+                uint32_t af[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+                {
+                    ldmatrix_x4(af[mt], sa + a_lane + mt * 16 * a_pitch + tap * 32);
+                }
+#pragma unroll
+                for (int np = 0; np < 2; ++np)
+                {
+                    uint32_t bf[4];
+                    ldmatrix_x4(bf, sp + b_lane[np] + toff);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+                    {
+                        mma_tile(acc[mt][2 * np], af[mt], bf[0], bf[1]);
+                        mma_tile(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads(); // everyone is done with this slot before it is refilled
+    }
+
+    int32_t const gq = lane >> 2;
+    int32_t const pbase = oh0 * s.Wo;
+    int32_t const p0 = warp * 32 + 2 * (lane & 3); // block-local
+    int32_t const pixels = s.Ho * s.Wo;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+    {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+        {
+            int32_t const kl = mtile * BM + mt * 16 + hf * 8 + gq;
+            if (kl >= s.Kg)
+            {
+                continue;
+            }
+            int32_t const k = g * s.Kg + kl;
+            float const bias = load_bias(b, s, n, k);
+            int64_t const ybase = (static_cast<int64_t>(n) * s.K + k) * pixels + pbase;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+            {
+                int32_t const pp = p0 + nt * 8;
+                if (pp < valid)
+                {
+                    gmma_store2(store, ybase + pp, acc[mt][nt][2 * hf], acc[mt][nt][2 * hf + 1], bias, pp + 1 < valid);
+                }
             }
         }
     }
@@ -3877,6 +4487,245 @@ bool mma_wanted(ConvShape const& s, int elem)
     return m == DWCONV2D_MMA_ON || (m == DWCONV2D_MMA_AUTO && mma_table_picks(s, elem));
 }
 
+// gemm_mma (INT8 grouped and dense on the tensor cores): group merging, output-channel tiles per
+// block, packed shapes, whether it serves a shape, and the launch.
+constexpr int kGmmaKC = 2; // 32-byte reduction chunks per stage
+
+// Original groups per merged group: the most that keep S * Cg <= 32 channels and S * Kg <= 64
+// output channels (one block's tile), so groups of few channels fill the 32-byte MMA steps.
+int32_t gmma_merge(ConvShape const& s)
+{
+    int32_t best = 1;
+    for (int32_t m = 2; m * s.Cg <= 32 && m * s.Kg <= 64 && m <= s.group; ++m)
+    {
+        if (s.group % m == 0)
+        {
+            best = m;
+        }
+    }
+    return best;
+}
+
+// The shape with S groups merged into one (block-diagonal filters, see gmma_pack_w).
+ConvShape gmma_merged(ConvShape const& s, int32_t merge)
+{
+    ConvShape m = s;
+    m.group = s.group / merge;
+    m.Cg = s.Cg * merge;
+    m.Kg = s.Kg * merge;
+    return m;
+}
+
+int gmma_mt(int32_t kg)
+{
+    return kg > 32 ? 4 : kg > 16 ? 2 : 1;
+}
+
+// The flat kernel's plan (gemm_mma_kernel), or with smem_optin > 0 the patch kernel's
+// (gemm_mma_patch_kernel) where its two stages fit in min(smem_optin, kPatchSmemMax) bytes of
+// shared memory and a block holds at least one whole output row (Wo <= 128); else halo = 0.
+constexpr int64_t kPatchSmemMax = 160 * 1024;
+
+GmmaShape gmma_shape(ConvShape const& s, int64_t smem_optin = 0)
+{
+    GmmaShape gs{};
+    gs.merge = gmma_merge(s);
+    ConvShape const m = gmma_merged(s, gs.merge);
+    int32_t const bm = 16 * gmma_mt(m.Kg);
+    gs.taps = s.kH * s.kW;
+    gs.Kp = static_cast<int32_t>(round_up(m.Kg, bm));
+    gs.mtiles = gs.Kp / bm;
+    int64_t const limit = std::min(smem_optin, kPatchSmemMax);
+    if (limit > 0 && m.Wo <= kGmmaBN)
+    {
+        int64_t const pc = static_cast<int64_t>(m.Wo - 1) * m.sw + static_cast<int64_t>(m.kW - 1) * m.dw + 1;
+        for (int32_t rows = std::min(kGmmaBN / m.Wo, m.Ho); rows >= 1; --rows)
+        {
+            int64_t const pr = static_cast<int64_t>(rows - 1) * m.sh + static_cast<int64_t>(m.kH - 1) * m.dh + 1;
+            int64_t const stage = static_cast<int64_t>(bm) * (gs.taps * 32 + 16) + pr * pc * kPatchPitch;
+            if (2 * stage <= limit)
+            {
+                gs.halo = 1;
+                gs.rows = rows;
+                gs.pr = static_cast<int32_t>(pr);
+                gs.pc = static_cast<int32_t>(pc);
+                gs.Cp = static_cast<int32_t>(round_up(m.Cg, 32));
+                gs.chunks = gs.Cp / 32;
+                gs.runs = gs.Cp / 8;
+                gs.Rp = gs.chunks * gs.taps * 32;
+                return gs;
+            }
+        }
+    }
+    gs.Cp = static_cast<int32_t>(round_up(m.Cg, 8));
+    gs.runs = gs.Cp / 8;
+    gs.Rp = static_cast<int32_t>(round_up(static_cast<int64_t>(gs.taps) * gs.Cp, 32 * kGmmaKC));
+    gs.steps = gs.Rp / (32 * kGmmaKC);
+    return gs;
+}
+
+size_t gmma_patch_smem(GmmaShape const& gs, int mt)
+{
+    return 2 * (static_cast<size_t>(16 * mt) * (gs.taps * 32 + 16) + static_cast<size_t>(gs.pr) * gs.pc * kPatchPitch);
+}
+
+// Workspace bytes: the packed input and the packed filters, each rounded to 256.
+struct GmmaBytes
+{
+    size_t x, w;
+};
+GmmaBytes gmma_bytes(ConvShape const& s, GmmaShape const& gs)
+{
+    size_t const x = static_cast<size_t>(s.N) * (s.group / gs.merge) * s.H * s.W * gs.Cp;
+    size_t const w = static_cast<size_t>(s.weight_per_batch ? s.N : 1) * (s.group / gs.merge) * gs.Kp * gs.Rp;
+    return {cudnn::round256(x), cudnn::round256(w)};
+}
+
+// INT8 grouped or dense (C/group > 1), its grid within CUDA's limits (batch and group x channel
+// tiles on y and z) and its workspace within kCudnnMaxWorkspace. (The device must also be sm_80
+// or newer: launch_gemm_mma checks that.)
+bool gmma_serves(ConvShape const& s)
+{
+    if (s.Cg < 2)
+    {
+        return false;
+    }
+    GmmaShape const gs = gmma_shape(s);
+    GmmaBytes const nb = gmma_bytes(s, gs);
+    return s.N <= 65535 && static_cast<int64_t>(s.group / gs.merge) * gs.mtiles <= 65535
+        && nb.x + nb.w <= kCudnnMaxWorkspace;
+}
+
+// Whether an INT8 forward of this shape takes gemm_mma (DWCONV2D_MMA_OFF keeps it on our CUDA-core
+// kernels, as for depthwise_mma).
+bool gmma_wanted(ConvShape const& s)
+{
+    return mma_mode() != DWCONV2D_MMA_OFF && gmma_serves(s);
+}
+
+template <int MT, class Store>
+cudaError_t launch_gmma_tiles(int8_t const* xt, int8_t const* wt, float const* b, Store store,
+    ConvShape const& m, GmmaShape const& gs, cudaStream_t stream)
+{
+    if (gs.halo != 0)
+    {
+        dim3 const grid(static_cast<unsigned>(ceil_div(m.Ho, gs.rows)), static_cast<unsigned>(m.N),
+            static_cast<unsigned>(m.group * gs.mtiles));
+        size_t const bytes = gmma_patch_smem(gs, MT);
+        cudaError_t const e = cudaFuncSetAttribute(
+            gemm_mma_patch_kernel<MT, Store>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+        if (e != cudaSuccess)
+        {
+            return e;
+        }
+        gemm_mma_patch_kernel<MT, Store><<<grid, kGmmaWarps * 32, bytes, stream>>>(xt, wt, b, store, m, gs);
+        return cudaGetLastError();
+    }
+    dim3 const grid(static_cast<unsigned>(ceil_div(static_cast<int64_t>(m.Ho) * m.Wo, kGmmaBN)),
+        static_cast<unsigned>(m.N), static_cast<unsigned>(m.group * gs.mtiles));
+    size_t const smem = static_cast<size_t>(kGmmaStages) * (16 * MT + kGmmaBN) * (32 * kGmmaKC + 16);
+    static_assert(kGmmaStages * (16 * 4 + kGmmaBN) * (32 * kGmmaKC + 16) <= 48 * 1024, "no opt-in needed");
+    if (gs.Cp % 32 == 0)
+    {
+        gemm_mma_kernel<MT, kGmmaKC, true, Store>
+            <<<grid, kGmmaWarps * 32, smem, stream>>>(xt, wt, b, store, m, gs);
+    }
+    else
+    {
+        gemm_mma_kernel<MT, kGmmaKC, false, Store>
+            <<<grid, kGmmaWarps * 32, smem, stream>>>(xt, wt, b, store, m, gs);
+    }
+    return cudaGetLastError();
+}
+
+// Packs x and w into the workspace and runs gemm_mma_kernel; false (nothing launched) where it
+// does not apply: not wanted, a device older than sm_80, or no workspace (the caller then takes
+// our CUDA-core kernels, same results). Workspace: the per-thread, device and stream cache of the
+// cuDNN path; while the stream is being captured, a stream-ordered allocation freed after use.
+template <class Store>
+bool launch_gemm_mma(int8_t const* x, int8_t const* w, float const* b, Store store, ConvShape const& s,
+    cudaStream_t stream, int* status)
+{
+    if (!gmma_wanted(s))
+    {
+        return false;
+    }
+    int device = 0;
+    int major = 0;
+    int optin = 0;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    bool const ready = cudaGetDevice(&device) == cudaSuccess
+        && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 8
+        && cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess
+        && cudaStreamIsCapturing(stream, &capture) == cudaSuccess;
+    (void) cudaGetLastError();
+    if (!ready)
+    {
+        return false;
+    }
+    // The patch kernel where it fits (and its workspace, channels padded to 32, is within the cap);
+    // $QUANTBENCH_DWCONV_GEMM_PATCH=0 keeps the flat kernel (read per call: tests and A/B timing).
+    char const* const patch_env = std::getenv("QUANTBENCH_DWCONV_GEMM_PATCH");
+    bool const patch_off = patch_env != nullptr && std::string(patch_env) == "0";
+    GmmaShape gs = gmma_shape(s, patch_off ? 0 : optin);
+    if (gs.halo != 0 && gmma_bytes(s, gs).x + gmma_bytes(s, gs).w > kCudnnMaxWorkspace)
+    {
+        gs = gmma_shape(s);
+    }
+    ConvShape const m = gmma_merged(s, gs.merge);
+    GmmaBytes const nb = gmma_bytes(s, gs);
+    size_t const total = nb.x + nb.w;
+    bool const capturing = capture != cudaStreamCaptureStatusNone;
+    void* base = nullptr;
+    if (capturing)
+    {
+        if (cudaMallocAsync(&base, total, stream) != cudaSuccess)
+        {
+            (void) cudaGetLastError();
+            return false;
+        }
+    }
+    else
+    {
+        base = cudnn::thread_workspace(device, stream, total, true);
+        if (base == nullptr)
+        {
+            return false;
+        }
+    }
+    auto* const xt = static_cast<int8_t*>(base);
+    int8_t* const wt = xt + nb.x;
+    constexpr int kPackThreads = 256;
+    int64_t const hw = static_cast<int64_t>(s.H) * s.W;
+    bool const quads = hw % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 4 == 0;
+    int64_t const xthreads = static_cast<int64_t>(s.N) * m.group * ((gs.runs + 3) / 4) * std::min(gs.runs, 4)
+        * (quads ? hw / 4 : hw);
+    int64_t const wwords = static_cast<int64_t>(s.weight_per_batch ? s.N : 1) * m.group * gs.Kp * gs.Rp / 4;
+    auto const blocks = static_cast<unsigned>(ceil_div(xthreads + wwords, kPackThreads));
+    if (quads)
+    {
+        gmma_pack_kernel<4><<<blocks, kPackThreads, 0, stream>>>(x, w, xt, wt, s, m, gs, xthreads, wwords);
+    }
+    else
+    {
+        gmma_pack_kernel<1><<<blocks, kPackThreads, 0, stream>>>(x, w, xt, wt, s, m, gs, xthreads, wwords);
+    }
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+    {
+        int const mt = gmma_mt(m.Kg);
+        e = mt == 4 ? launch_gmma_tiles<4>(xt, wt, b, store, m, gs, stream)
+            : mt == 2 ? launch_gmma_tiles<2>(xt, wt, b, store, m, gs, stream)
+                      : launch_gmma_tiles<1>(xt, wt, b, store, m, gs, stream);
+    }
+    if (capturing)
+    {
+        cudaFreeAsync(base, stream);
+    }
+    *status = static_cast<int>(e);
+    return true;
+}
+
 template <class TIn, class TB, class Store>
 int run(TIn const* x, TIn const* w, TB const* b, Store store, void const* y, int out_elem,
     DWConv2DParams const& p, cudaStream_t stream)
@@ -3909,6 +4758,15 @@ int run(TIn const* x, TIn const* w, TB const* b, Store store, void const* y, int
         bool const tiled = plan_depthwise(s, &plan);
         g_last_path = tiled ? DWCONV2D_PATH_DEPTHWISE_TILED : DWCONV2D_PATH_DIRECT;
         return tiled ? launch_depthwise(x, w, b, store, s, stream) : launch_direct(x, w, b, store, s, stream);
+    }
+    if constexpr (std::is_same_v<TIn, int8_t>)
+    {
+        int status = 0;
+        if (launch_gemm_mma(x, w, b, store, s, stream, &status))
+        {
+            g_last_path = DWCONV2D_PATH_GEMM_MMA;
+            return status;
+        }
     }
     switch (path)
     {
@@ -3949,6 +4807,7 @@ StoreI8ToI8 make_i8_store(DWConv2DParams const& p, int8_t* y, float acc_scale)
     bool const ok = std::isnormal(inv) && inv < 0x1p100F && inv > 0x1p-100F && c1_fixed <= INT32_MAX
         && eps <= 0x1p-5;
     st.fixed_ok = ok ? 1 : 0;
+    st.quick_ok = std::isnormal(inv) ? 1 : 0;
     st.c1_fixed = ok ? static_cast<int32_t>(c1_fixed) : 0;
     // Rounded up: the float must not be below the double bound.
     float const eps_f = static_cast<float>(eps);
@@ -4004,6 +4863,10 @@ int dwconv2d_forward_path(DWConv2DParams const* params, int dtype)
         return DWCONV2D_PATH_CUDNN;
     }
     int const elem = dtype == DWCONV2D_DTYPE_F32 ? 4 : dtype == DWCONV2D_DTYPE_F16 ? 2 : 1;
+    if (path != DWCONV2D_PATH_INVALID && elem == 1 && gmma_wanted(make_shape(*params)))
+    {
+        return DWCONV2D_PATH_GEMM_MMA; // as run() decides it on an sm_80 or newer device
+    }
     if (path == DWCONV2D_PATH_DEPTHWISE_ROWS && mma_wanted(make_shape(*params), elem))
     {
         // As run() decides it for 16-byte aligned tensors (CUDA allocations are).

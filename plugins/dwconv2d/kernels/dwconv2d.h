@@ -74,6 +74,10 @@ extern "C" {
                                            where the per-shape table picks it (or when forced on,
                                            dwconv2d_set_mma_mode); reported by
                                            dwconv2d_forward_path()/_last_path() only */
+#define DWCONV2D_PATH_GEMM_MMA 6        /* INT8 grouped and dense (C/group > 1): implicit GEMM on the
+                                           integer tensor cores (sm_80+), after packing x and w
+                                           into a workspace; unless dwconv2d_set_mma_mode(OFF);
+                                           reported by dwconv2d_forward_path()/_last_path() only */
 
 /* Element types, for dwconv2d_forward_path(). */
 #define DWCONV2D_DTYPE_F32 0
@@ -146,11 +150,12 @@ DWCONV2D_API int dwconv2d_last_path(void);
  * before the call. */
 DWCONV2D_API int dwconv2d_set_cudnn_mode(int mode);
 
-/* depthwise_mma (tensor cores for FP16/INT8 depthwise) for the process: DWCONV2D_MMA_AUTO (the
- * default: a small per-shape table, from H200 timings, picks it where it was measured faster than
- * depthwise_rows, i.e. FP16 7x7 stride 1), DWCONV2D_MMA_ON (wherever the plane fits) or DWCONV2D_MMA_OFF
- * (never: depthwise_rows). Other values only query. $QUANTBENCH_DWCONV_MMA=1/on or 0/off sets
- * the mode at start. Returns the mode before the call. */
+/* Our tensor-core kernels for the process. depthwise_mma (FP16/INT8 depthwise): DWCONV2D_MMA_AUTO
+ * (the default: a small per-shape table, from H200 timings, picks it where it was measured faster
+ * than depthwise_rows, i.e. FP16 7x7 stride 1), DWCONV2D_MMA_ON (wherever the plane fits) or
+ * DWCONV2D_MMA_OFF (never: depthwise_rows). gemm_mma (INT8 grouped/dense): taken under AUTO and ON,
+ * never under OFF (our CUDA-core kernels). Other values only query. $QUANTBENCH_DWCONV_MMA=1/on
+ * or 0/off sets the mode at start. Returns the mode before the call. */
 #define DWCONV2D_MMA_OFF 0
 #define DWCONV2D_MMA_ON 1
 #define DWCONV2D_MMA_AUTO 2
