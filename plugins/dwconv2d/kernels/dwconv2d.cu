@@ -2290,6 +2290,94 @@ __device__ inline void gmma_store2(StoreI8ToF32 const& st, int64_t i, int32_t a0
     }
 }
 
+// One warp's accumulators in both gemm_mma kernels: MT m16 tiles x 4 n8 tiles (32 pixels).
+template <int MT>
+struct GmmaAcc
+{
+    int32_t v[MT][4][4];
+};
+
+template <int MT>
+__device__ inline void gmma_zero(GmmaAcc<MT>& acc)
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+    {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+        {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+            {
+                acc.v[mt][nt][j] = 0;
+            }
+        }
+    }
+}
+
+// One 32-byte reduction step: the A fragments of MT m16 tiles (this lane's ldmatrix row at a_addr,
+// rows a_pitch bytes apart) times the B fragments of two n8 tile pairs (this lane's rows at b0, b1).
+template <int MT>
+__device__ inline void gmma_step(GmmaAcc<MT>& acc, uint32_t a_addr, int32_t a_pitch, uint32_t b0, uint32_t b1)
+{
+    uint32_t af[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+    {
+        ldmatrix_x4(af[mt], a_addr + mt * 16 * a_pitch);
+    }
+#pragma unroll
+    for (int np = 0; np < 2; ++np)
+    {
+        uint32_t bf[4];
+        ldmatrix_x4(bf, np == 0 ? b0 : b1);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+        {
+            mma_tile(acc.v[mt][2 * np], af[mt], bf[0], bf[1]);
+            mma_tile(acc.v[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+        }
+    }
+}
+
+// Stores a warp's accumulators: output channels g * Kg + kfirst + (0 .. 16 MT) (those < Kg), the
+// block's pixels first + (0 .. 128) of image n (those below count). Fragment: [0], [1] at row gq,
+// columns 2 tq and 2 tq + 1; [2], [3] at row gq + 8.
+template <int MT, class Store>
+__device__ inline void gmma_epilogue(GmmaAcc<MT> const& acc, Store const& store, float const* __restrict__ b,
+    ConvShape const& s, int32_t n, int32_t g, int32_t kfirst, int32_t first, int32_t count)
+{
+    int32_t const lane = static_cast<int32_t>(threadIdx.x) & 31;
+    int32_t const gq = lane >> 2;
+    int32_t const p0 = (static_cast<int32_t>(threadIdx.x) >> 5) * 32 + 2 * (lane & 3); // block-local
+    int64_t const pixels = static_cast<int64_t>(s.Ho) * s.Wo;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+    {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+        {
+            int32_t const kl = kfirst + mt * 16 + hf * 8 + gq;
+            if (kl >= s.Kg)
+            {
+                continue;
+            }
+            int32_t const k = g * s.Kg + kl;
+            float const bias = load_bias(b, s, n, k);
+            int64_t const ybase = (static_cast<int64_t>(n) * s.K + k) * pixels + first;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+            {
+                int32_t const pp = p0 + nt * 8;
+                if (pp < count)
+                {
+                    gmma_store2(store, ybase + pp, acc.v[mt][nt][2 * hf], acc.v[mt][nt][2 * hf + 1], bias, pp + 1 < count);
+                }
+            }
+        }
+    }
+}
+
 // MT m16 tiles of output channels per block (BM = 16 * MT), KC 32-byte chunks per stage; WIDE:
 // Cp % 32 == 0, so a chunk's four channel runs are one tap's 32 contiguous bytes. s: the merged
 // shape (groups of S * Cg channels).
@@ -2381,20 +2469,8 @@ __global__ void __launch_bounds__(kGmmaWarps * 32) gemm_mma_kernel(int8_t const*
         }
     };
 
-    int32_t acc[MT][4][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-    {
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-        {
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-            {
-                acc[mt][nt][j] = 0;
-            }
-        }
-    }
+    GmmaAcc<MT> acc;
+    gmma_zero(acc);
 
 #pragma unroll
     for (int st = 0; st < kGmmaStages - 1; ++st)
@@ -2425,57 +2501,13 @@ __global__ void __launch_bounds__(kGmmaWarps * 32) gemm_mma_kernel(int8_t const*
 #pragma unroll
         for (int kc = 0; kc < KC; ++kc)
         {
-            uint32_t af[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-            {
-                ldmatrix_x4(af[mt], a_smem + slot * kASlot + a_lane + mt * 16 * kPitch + kc * 32);
-            }
-#pragma unroll
-            for (int np = 0; np < 2; ++np)
-            {
-                uint32_t bf[4];
-                ldmatrix_x4(bf, b_smem + slot * kBSlot + b_lane + np * 16 * kPitch + kc * 32);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-                {
-                    mma_tile(acc[mt][2 * np], af[mt], bf[0], bf[1]);
-                    mma_tile(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
-                }
-            }
+            gmma_step(acc, a_smem + slot * kASlot + a_lane + kc * 32, kPitch,
+                b_smem + slot * kBSlot + b_lane + kc * 32, b_smem + slot * kBSlot + b_lane + 16 * kPitch + kc * 32);
         }
     }
     cp_async_wait<0>();
-
-    // Accumulator fragment: [0], [1] at row gq, columns 2 tq and 2 tq + 1; [2], [3] at row gq + 8.
-    int32_t const gq = lane >> 2;
-    int32_t const p0 = ptile * kGmmaBN + warp * 32 + 2 * (lane & 3);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-    {
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-        {
-            int32_t const kl = mtile * BM + mt * 16 + half * 8 + gq;
-            if (kl >= s.Kg)
-            {
-                continue;
-            }
-            int32_t const k = g * s.Kg + kl;
-            float const bias = load_bias(b, s, n, k);
-            int64_t const ybase = (static_cast<int64_t>(n) * s.K + k) * pixels;
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-            {
-                int32_t const pp = p0 + nt * 8;
-                if (pp < pixels)
-                {
-                    gmma_store2(store, ybase + pp, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], bias,
-                        pp + 1 < pixels);
-                }
-            }
-        }
-    }
+    int32_t const first = ptile * kGmmaBN;
+    gmma_epilogue(acc, store, b, s, n, g, mtile * BM, first, pixels - first);
 }
 
 // The patch kernel: a block computes BM output channels of `rows` whole output rows (rows * Wo
@@ -2560,20 +2592,8 @@ __global__ void __launch_bounds__(kGmmaWarps * 32) gemm_mma_patch_kernel(int8_t 
         }
     };
 
-    int32_t acc[MT][4][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-    {
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-        {
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-            {
-                acc[mt][nt][j] = 0;
-            }
-        }
-    }
+    GmmaAcc<MT> acc;
+    gmma_zero(acc);
     // ldmatrix rows. A as in gemm_mma_kernel. B: lane's pixel (block-local, rows x Wo flattened)
     // in each n8 tile pair; a pixel past the block's rows reads pixel 0's corner (discarded).
     uint32_t const a_lane = static_cast<uint32_t>(((lane & 7) + ((lane >> 3) & 1) * 8) * a_pitch + (lane >> 4) * 16);
@@ -2607,58 +2627,13 @@ __global__ void __launch_bounds__(kGmmaWarps * 32) gemm_mma_patch_kernel(int8_t 
             {
                 int32_t const tap = kh * s.kW + kw;
                 uint32_t const toff = static_cast<uint32_t>((kh * s.dh * gs.pc + kw * s.dw) * kPatchPitch);
-                uint32_t af[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-                {
-                    ldmatrix_x4(af[mt], sa + a_lane + mt * 16 * a_pitch + tap * 32);
-                }
-#pragma unroll
-                for (int np = 0; np < 2; ++np)
-                {
-                    uint32_t bf[4];
-                    ldmatrix_x4(bf, sp + b_lane[np] + toff);
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt)
-                    {
-                        mma_tile(acc[mt][2 * np], af[mt], bf[0], bf[1]);
-                        mma_tile(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
-                    }
-                }
+                gmma_step(acc, sa + a_lane + tap * 32, a_pitch, sp + b_lane[0] + toff, sp + b_lane[1] + toff);
             }
         }
         __syncthreads(); // everyone is done with this slot before it is refilled
     }
 
-    int32_t const gq = lane >> 2;
-    int32_t const pbase = oh0 * s.Wo;
-    int32_t const p0 = warp * 32 + 2 * (lane & 3); // block-local
-    int32_t const pixels = s.Ho * s.Wo;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-    {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-        {
-            int32_t const kl = mtile * BM + mt * 16 + hf * 8 + gq;
-            if (kl >= s.Kg)
-            {
-                continue;
-            }
-            int32_t const k = g * s.Kg + kl;
-            float const bias = load_bias(b, s, n, k);
-            int64_t const ybase = (static_cast<int64_t>(n) * s.K + k) * pixels + pbase;
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-            {
-                int32_t const pp = p0 + nt * 8;
-                if (pp < valid)
-                {
-                    gmma_store2(store, ybase + pp, acc[mt][nt][2 * hf], acc[mt][nt][2 * hf + 1], bias, pp + 1 < valid);
-                }
-            }
-        }
-    }
+    gmma_epilogue(acc, store, b, s, n, g, mtile * BM, oh0 * s.Wo, valid);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3638,6 +3613,26 @@ void* thread_workspace(int device, cudaStream_t stream, size_t bytes, bool may_a
     return ptr;
 }
 
+// Workspace for one forward on `stream`: the per-thread cache above, or, while the stream is
+// being captured into a CUDA graph, a stream-ordered allocation (a graph memory node; *async is
+// set and the caller frees it with cudaFreeAsync after its launches). nullptr if allocation fails.
+void* forward_workspace(int device, cudaStream_t stream, size_t bytes, bool capturing, bool* async)
+{
+    *async = false;
+    if (!capturing)
+    {
+        return thread_workspace(device, stream, bytes, true);
+    }
+    void* ptr = nullptr;
+    if (cudaMallocAsync(&ptr, bytes, stream) != cudaSuccess)
+    {
+        (void) cudaGetLastError();
+        return nullptr;
+    }
+    *async = true;
+    return ptr;
+}
+
 // Backend (graph) API constants (cudnn_graph.h / cudnn_backend.h of cuDNN 8.x and 9.x).
 enum : int
 {
@@ -4374,24 +4369,10 @@ bool try_cudnn(T const* x, T const* w, T const* b, T* y, DWConv2DParams const& p
     bool base_async = false;
     if (total > 0)
     {
-        if (capturing)
+        base = static_cast<unsigned char*>(cudnn::forward_workspace(device, stream, total, capturing, &base_async));
+        if (base == nullptr)
         {
-            void* ptr = nullptr;
-            if (cudaMallocAsync(&ptr, total, stream) != cudaSuccess)
-            {
-                cudaGetLastError();
-                return why_not("cudaMallocAsync of the workspace failed");
-            }
-            base = static_cast<unsigned char*>(ptr);
-            base_async = true;
-        }
-        else
-        {
-            base = static_cast<unsigned char*>(cudnn::thread_workspace(device, stream, total, true));
-            if (base == nullptr)
-            {
-                return why_not("workspace allocation failed");
-            }
+            return why_not(capturing ? "cudaMallocAsync of the workspace failed" : "workspace allocation failed");
         }
     }
     void* const ws = plan.workspace > 0 ? base : nullptr;
@@ -4668,30 +4649,20 @@ bool launch_gemm_mma(int8_t const* x, int8_t const* w, float const* b, Store sto
     char const* const patch_env = std::getenv("QUANTBENCH_DWCONV_GEMM_PATCH");
     bool const patch_off = patch_env != nullptr && std::string(patch_env) == "0";
     GmmaShape gs = gmma_shape(s, patch_off ? 0 : optin);
-    if (gs.halo != 0 && gmma_bytes(s, gs).x + gmma_bytes(s, gs).w > kCudnnMaxWorkspace)
+    GmmaBytes nb = gmma_bytes(s, gs);
+    if (gs.halo != 0 && nb.x + nb.w > kCudnnMaxWorkspace)
     {
         gs = gmma_shape(s);
+        nb = gmma_bytes(s, gs);
     }
     ConvShape const m = gmma_merged(s, gs.merge);
-    GmmaBytes const nb = gmma_bytes(s, gs);
     size_t const total = nb.x + nb.w;
     bool const capturing = capture != cudaStreamCaptureStatusNone;
-    void* base = nullptr;
-    if (capturing)
+    bool async = false;
+    void* const base = cudnn::forward_workspace(device, stream, total, capturing, &async);
+    if (base == nullptr)
     {
-        if (cudaMallocAsync(&base, total, stream) != cudaSuccess)
-        {
-            (void) cudaGetLastError();
-            return false;
-        }
-    }
-    else
-    {
-        base = cudnn::thread_workspace(device, stream, total, true);
-        if (base == nullptr)
-        {
-            return false;
-        }
+        return false;
     }
     auto* const xt = static_cast<int8_t*>(base);
     int8_t* const wt = xt + nb.x;
@@ -4718,7 +4689,7 @@ bool launch_gemm_mma(int8_t const* x, int8_t const* w, float const* b, Store sto
             : mt == 2 ? launch_gmma_tiles<2>(xt, wt, b, store, m, gs, stream)
                       : launch_gmma_tiles<1>(xt, wt, b, store, m, gs, stream);
     }
-    if (capturing)
+    if (async)
     {
         cudaFreeAsync(base, stream);
     }
