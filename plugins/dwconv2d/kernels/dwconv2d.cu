@@ -2290,6 +2290,27 @@ __device__ inline void gmma_store2(StoreI8ToF32 const& st, int64_t i, int32_t a0
     }
 }
 
+// The image, (merged) group and output-channel tile of a gemm_mma block (blockIdx.y, blockIdx.z)
+// and its filter rows in wt.
+struct GmmaBlock
+{
+    int32_t n, g, mtile;
+    int8_t const* wblk;
+};
+
+__device__ inline GmmaBlock gmma_block(ConvShape const& s, GmmaShape const& gs, int32_t bm, int8_t const* wt)
+{
+    GmmaBlock blk{};
+    blk.n = static_cast<int32_t>(blockIdx.y);
+    blk.g = static_cast<int32_t>(blockIdx.z) / gs.mtiles;
+    blk.mtile = static_cast<int32_t>(blockIdx.z) - blk.g * gs.mtiles;
+    blk.wblk = wt
+        + ((static_cast<int64_t>(s.weight_per_batch ? blk.n : 0) * s.group + blk.g) * gs.Kp
+              + static_cast<int64_t>(blk.mtile) * bm)
+            * gs.Rp;
+    return blk;
+}
+
 // One warp's accumulators in both gemm_mma kernels: MT m16 tiles x 4 n8 tiles (32 pixels).
 template <int MT>
 struct GmmaAcc
@@ -2393,17 +2414,16 @@ __global__ void __launch_bounds__(kGmmaWarps * 32) gemm_mma_kernel(int8_t const*
     extern __shared__ __align__(16) unsigned char gmma_smem[];
 
     int32_t const ptile = static_cast<int32_t>(blockIdx.x);
-    int32_t const n = static_cast<int32_t>(blockIdx.y);
-    int32_t const g = static_cast<int32_t>(blockIdx.z) / gs.mtiles;
-    int32_t const mtile = static_cast<int32_t>(blockIdx.z) - g * gs.mtiles;
+    GmmaBlock const blk = gmma_block(s, gs, BM, wt);
+    int32_t const n = blk.n;
+    int32_t const g = blk.g;
+    int32_t const mtile = blk.mtile;
     int32_t const tid = static_cast<int32_t>(threadIdx.x);
     int32_t const lane = tid & 31;
     int32_t const warp = tid >> 5;
     int32_t const pixels = s.Ho * s.Wo;
 
-    int8_t const* const wblk = wt
-        + ((static_cast<int64_t>(s.weight_per_batch ? n : 0) * s.group + g) * gs.Kp + static_cast<int64_t>(mtile) * BM)
-            * gs.Rp;
+    int8_t const* const wblk = blk.wblk;
 
     // The pixel whose reduction bytes this thread copies, and its input corner in xt.
     int32_t const p = ptile * kGmmaBN + tid;
@@ -2531,16 +2551,15 @@ __global__ void __launch_bounds__(kGmmaWarps * 32) gemm_mma_patch_kernel(int8_t 
     uint32_t const stage = a_bytes + static_cast<uint32_t>(gs.pr * gs.pc * kPatchPitch);
 
     int32_t const oh0 = static_cast<int32_t>(blockIdx.x) * gs.rows;
-    int32_t const n = static_cast<int32_t>(blockIdx.y);
-    int32_t const g = static_cast<int32_t>(blockIdx.z) / gs.mtiles;
-    int32_t const mtile = static_cast<int32_t>(blockIdx.z) - g * gs.mtiles;
+    GmmaBlock const blk = gmma_block(s, gs, BM, wt);
+    int32_t const n = blk.n;
+    int32_t const g = blk.g;
+    int32_t const mtile = blk.mtile;
     int32_t const tid = static_cast<int32_t>(threadIdx.x);
     int32_t const lane = tid & 31;
     int32_t const warp = tid >> 5;
 
-    int8_t const* const wblk = wt
-        + ((static_cast<int64_t>(s.weight_per_batch ? n : 0) * s.group + g) * gs.Kp + static_cast<int64_t>(mtile) * BM)
-            * gs.Rp;
+    int8_t const* const wblk = blk.wblk;
     int8_t const* const xg = xt + (static_cast<int64_t>(n) * s.group + g) * s.H * s.W * gs.Cp;
     int32_t const ih_first = oh0 * s.sh - s.pt;
     uint32_t const smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(gmma_smem));
