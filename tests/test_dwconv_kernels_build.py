@@ -241,7 +241,7 @@ DISPATCH_CASES = [
     (ConvSpec(2, 64, 14, 14, 64, (3, 3), pads=(1,) * 4, weight_per_batch=True), "f16", "cudnn"),
     # INT8 grouped/dense: gemm_mma (integer tensor cores) whether or not cuDNN loads
     (ConvSpec(2, 64, 16, 16, 64, (3, 3), pads=(1,) * 4, group=8), "int8", "gemm_mma"),
-    (ConvSpec(2, 32, 16, 16, 32, (3, 3), pads=(1,) * 4, group=32), "f32", "depthwise_rows"),
+    (ConvSpec(2, 32, 16, 16, 32, (3, 3), pads=(1,) * 4, group=32), "f32", "depthwise_global"),
     (ConvSpec(2, 64, 16, 16, 64, (3, 3), pads=(1, 0, 1, 2), group=8), "f16", "direct"),
     # f16 with a bias: cuDNN's fused / float-scratch plans (one FP16 rounding)
     (
@@ -267,7 +267,7 @@ def test_forward_path_follows_the_dispatch_table(
 ) -> None:
     """cuDNN only where the table picks it and it loads; our kernels otherwise (no cuDNN here)."""
     params = spec.to_params()
-    ours = "gemm_mma" if with_cudnn == "gemm_mma" else lib.kernel_path(params)
+    ours = with_cudnn if with_cudnn in ("gemm_mma", "depthwise_global") else lib.kernel_path(params)
     expected = with_cudnn if lib.cudnn_version() > 0 else ours
     assert lib.forward_path(params, dtype) == expected
     previous = lib.set_cudnn_mode(kernel_lib.CUDNN_OFF)
@@ -338,9 +338,9 @@ MMA_CASES = [
         "int8",
         "depthwise_mma",
     ),
-    (ConvSpec(2, 32, 16, 16, 32, (3, 3), pads=(1,) * 4, group=32), "f32", "depthwise_rows"),
-    # a 1000-wide plane does not fit one warp's shared memory: depthwise_rows
-    (ConvSpec(1, 2, 1000, 1000, 2, (3, 3), pads=(1,) * 4, group=2), "f16", "depthwise_rows"),
+    # FP32 never, and a 1000-wide plane does not fit one warp's shared memory: depthwise_global
+    (ConvSpec(2, 32, 16, 16, 32, (3, 3), pads=(1,) * 4, group=32), "f32", "depthwise_global"),
+    (ConvSpec(1, 2, 1000, 1000, 2, (3, 3), pads=(1,) * 4, group=2), "f16", "depthwise_global"),
     (ConvSpec(1, 8, 15, 15, 8, (3, 3), pads=(1,) * 4, group=8), "int8", "depthwise_tiled"),
 ]
 
@@ -355,7 +355,9 @@ def test_depthwise_mma_dispatch(lib: KernelLibrary, spec: ConvSpec, dtype: str, 
     try:
         assert lib.forward_path(params, dtype) == path
         lib.set_mma_mode(kernel_lib.MMA_OFF)
-        assert lib.forward_path(params, dtype) == lib.kernel_path(params)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("QUANTBENCH_DWCONV_GLOBAL", "0")  # and depthwise_global off
+            assert lib.forward_path(params, dtype) == lib.kernel_path(params)
     finally:
         lib.set_mma_mode(previous)
 
@@ -377,14 +379,17 @@ def test_mma_mode_default_query_and_bad_values(lib: KernelLibrary) -> None:
 # The per-shape table (MMA_AUTO, the default): depthwise_mma only where it was measured faster
 # than depthwise_rows on the H200 (README.md: FP16 7x7 stride 1, 34.9 vs 38.1 us); INT8 7x7
 # (31.5 us on depthwise_rows vs 34.0), 3x3 and 5x5 stride 2 (measured slower), the unmeasured
-# kernels/strides and FP32 keep depthwise_rows, and so does a plane that does not fit a warp.
+# kernels/strides and FP32 keep the CUDA-core kernels, and so does a plane that does not fit a
+# warp. Of those, depthwise_global takes every shape whose output rows split into whole
+# segments of V outputs (V = 8 for FP16/INT8 3x3, else 4; Wo % V == 0 and Wo * stride <= W);
+# depthwise_rows the others.
 _DW7 = ConvSpec(32, 384, 28, 28, 384, (7, 7), pads=(3,) * 4, group=384)
 _DW3 = ConvSpec(32, 256, 56, 56, 256, (3, 3), pads=(1,) * 4, group=256)
 _DW5S2 = ConvSpec(32, 240, 56, 56, 240, (5, 5), (2, 2), (2,) * 4, group=240)
 AUTO_CASES = [
     (_DW7, "f16", "depthwise_mma"),
-    (_DW7, "int8", "depthwise_rows"),
-    (_DW7, "f32", "depthwise_rows"),
+    (_DW7, "int8", "depthwise_global"),
+    (_DW7, "f32", "depthwise_global"),
     (
         ConvSpec(3, 1, 12, 12, 1, (7, 7), pads=(3,) * 4, weight_per_batch=True),
         "f16",
@@ -393,21 +398,29 @@ AUTO_CASES = [
     (
         ConvSpec(3, 1, 12, 12, 1, (7, 7), pads=(3,) * 4, weight_per_batch=True),
         "int8",
-        "depthwise_rows",
+        "depthwise_global",
     ),
     (ConvSpec(1, 8, 28, 28, 8, (7, 7), pads=(3, 3, 0, 5), group=8), "f16", "depthwise_mma"),
-    (ConvSpec(1, 2, 200, 200, 2, (7, 7), pads=(3,) * 4, group=2), "f16", "depthwise_rows"),
+    (ConvSpec(1, 2, 200, 200, 2, (7, 7), pads=(3,) * 4, group=2), "f16", "depthwise_global"),
+    # Wo = 18 is not a multiple of 4: depthwise_rows
     (ConvSpec(2, 8, 40, 36, 8, (7, 7), (2, 2), (3,) * 4, group=8), "int8", "depthwise_rows"),
-    (_DW3, "f16", "depthwise_rows"),
-    (_DW3, "int8", "depthwise_rows"),
+    (_DW3, "f16", "depthwise_global"),
+    (_DW3, "int8", "depthwise_global"),
+    (_DW3, "f32", "depthwise_global"),
     (
         ConvSpec(32, 256, 56, 56, 256, (3, 3), pads=(1,) * 4, group=256, weight_per_batch=True),
         "int8",
-        "depthwise_rows",
+        "depthwise_global",
     ),
-    (_DW5S2, "f16", "depthwise_rows"),
-    (_DW5S2, "int8", "depthwise_rows"),
-    (ConvSpec(2, 16, 28, 28, 16, (5, 5), pads=(2,) * 4, group=16), "int8", "depthwise_rows"),
+    (_DW5S2, "f16", "depthwise_global"),
+    (_DW5S2, "int8", "depthwise_global"),
+    (ConvSpec(2, 16, 28, 28, 16, (5, 5), pads=(2,) * 4, group=16), "int8", "depthwise_global"),
+    # 3x3 INT8/FP16 take 8 outputs per thread: Wo = 28 is not a multiple of 8 (FP32 takes 4)
+    (ConvSpec(2, 16, 28, 28, 16, (3, 3), pads=(1,) * 4, group=16), "int8", "depthwise_rows"),
+    (ConvSpec(2, 16, 28, 28, 16, (3, 3), pads=(1,) * 4, group=16), "f16", "depthwise_rows"),
+    (ConvSpec(2, 16, 28, 28, 16, (3, 3), pads=(1,) * 4, group=16), "f32", "depthwise_global"),
+    # a right pad of 5 makes Wo = 20 > W = 16: depthwise_rows
+    (ConvSpec(1, 8, 16, 16, 8, (3, 3), pads=(1, 1, 1, 5), group=8), "f32", "depthwise_rows"),
 ]
 
 
@@ -419,6 +432,28 @@ def test_depthwise_mma_per_shape_table(
     previous = lib.set_mma_mode(kernel_lib.MMA_AUTO)
     try:
         assert lib.forward_path(params, dtype) == path
+    finally:
+        lib.set_mma_mode(previous)
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        ("0", "depthwise_rows"),
+        ("off", "depthwise_rows"),
+        ("1", "depthwise_global"),
+        ("", "depthwise_global"),
+    ],
+)
+def test_global_mode_from_the_environment(
+    lib: KernelLibrary, monkeypatch: pytest.MonkeyPatch, value: str, path: str
+) -> None:
+    """$QUANTBENCH_DWCONV_GLOBAL=0/off (read per forward) keeps depthwise_rows; else the
+    depthwise_global kernel wherever it applies."""
+    monkeypatch.setenv("QUANTBENCH_DWCONV_GLOBAL", value)
+    previous = lib.set_mma_mode(kernel_lib.MMA_AUTO)
+    try:
+        assert lib.forward_path(_DW3.to_params(), "int8") == path
     finally:
         lib.set_mma_mode(previous)
 
@@ -436,13 +471,17 @@ def test_mma_mode_from_the_environment(built_library: Path) -> None:
     expected = {
         "1": "1 depthwise_mma depthwise_mma",
         "on": "1 depthwise_mma depthwise_mma",
-        "0": "0 depthwise_rows depthwise_rows",
-        "off": "0 depthwise_rows depthwise_rows",
-        "": "2 depthwise_rows depthwise_mma",
-        None: "2 depthwise_rows depthwise_mma",
+        "0": "0 depthwise_global depthwise_global",
+        "off": "0 depthwise_global depthwise_global",
+        "": "2 depthwise_global depthwise_mma",
+        None: "2 depthwise_global depthwise_mma",
     }
     for value, want in expected.items():
-        env = {k: v for k, v in os.environ.items() if k != "QUANTBENCH_DWCONV_MMA"}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("QUANTBENCH_DWCONV_MMA", "QUANTBENCH_DWCONV_GLOBAL")
+        }
         if value is not None:
             env["QUANTBENCH_DWCONV_MMA"] = value
         out = subprocess.run(

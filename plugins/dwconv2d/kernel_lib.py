@@ -67,6 +67,7 @@ KERNEL_PATHS = {
     4: "cudnn",
     5: "depthwise_mma",
     6: "gemm_mma",
+    7: "depthwise_global",
 }
 DTYPES = {"f32": 0, "f16": 1, "int8": 2}  # DWCONV2D_DTYPE_*
 CUDNN_OFF = 0  # DWCONV2D_CUDNN_OFF: our kernels only

@@ -151,6 +151,17 @@ CASES: dict[str, Any] = {
     ),
     "dws_k7_w20_h9_pb": ConvSpec(5, 7, 9, 20, 7, (7, 7), (1, 1), (2, 3, 4, 3), (1, 1), 7, True, S),
     "dws_k3_s2_w28_h29": ConvSpec(2, 10, 29, 28, 10, (3, 3), (2, 2), (0, 1, 1, 1), group=10),
+    # depthwise_global (rows read straight from global memory, whole V-wide row segments): 3x3
+    # and 7x7 stride 2 with the last thread's rows past the image (Ho = 15, 11), a top pad of 0
+    # with per-batch weights and bias (Ho = 9), a channel multiplier of 3 on rows of one segment
+    # (W = 8: no quad either side), and a top pad of 2 (a thread's first two rows above the image).
+    "dwg_k3_s2_h31": ConvSpec(
+        2, 10, 31, 32, 10, (3, 3), (2, 2), (1, 1, 0, 1), group=10, bias_mode=S
+    ),
+    "dwg_k7_s2_h23": ConvSpec(2, 6, 23, 24, 6, (7, 7), (2, 2), (3, 3, 2, 3), group=6),
+    "dwg_k5_pb_top0": ConvSpec(3, 5, 13, 16, 5, (5, 5), (1, 1), (0, 2, 0, 2), (1, 1), 5, True, PB),
+    "dwg_mult3_w8": ConvSpec(2, 4, 10, 8, 12, (3, 3), pads=(1,) * 4, group=4, bias_mode=S),
+    "dwg_k3_top2": ConvSpec(1, 6, 12, 24, 6, (3, 3), (1, 1), (2, 1, 0, 1), group=6),
 }
 MODES = ("f32", "f16", "int8_i8", "int8_f32", "int8_tie")
 

@@ -115,12 +115,14 @@ def test_dispatch_takes_cudnn_for_grouped_float_shapes(library, runner) -> None:
         ("dense_k3_p1", "f16", "cudnn"),  # f16 with a bias: fused / scratch plans, one rounding
         ("g2_gemm_k3", "int8_i8", "gemm_mma"),  # INT8 grouped/dense: integer tensor cores
         ("g8_pb_direct", "int8_f32", "gemm_mma"),
-        ("dw_k3_s1_p1", "f32", "depthwise_rows"),
-        ("dw_k3_s1_p1", "f16", "depthwise_rows"),  # 3x3: depthwise_mma only when forced on
-        ("dw_pb_k3", "int8_i8", "depthwise_rows"),
+        # whole 4- (FP32, 5x5, 7x7) or 8-output (FP16/INT8 3x3) row segments: depthwise_global
+        ("dw_k3_s1_p1", "f32", "depthwise_global"),
+        ("dw_k3_s1_p1", "f16", "depthwise_global"),  # 3x3: depthwise_mma only when forced on
+        ("dw_pb_k3", "int8_i8", "depthwise_global"),
         ("dw_k7_s1_p3_c256", "f16", "depthwise_mma"),  # FP16 7x7 stride 1: the table's choice
-        ("dw_k7_s1_p3_c256", "int8_i8", "depthwise_rows"),  # INT8 7x7: depthwise_rows was faster
-        ("dw_k7_s1_p3_c256", "f32", "depthwise_rows"),
+        ("dw_k7_s1_p3_c256", "int8_i8", "depthwise_global"),  # INT8 7x7: CUDA cores faster
+        ("dw_k7_s1_p3_c256", "f32", "depthwise_global"),
+        ("dws_k3_pb_w52_h13", "int8_i8", "depthwise_rows"),  # Wo = 52: not whole 8-wide segments
         ("g4_k5_s2_asym", "f32", "direct"),  # asymmetric pads: legacy cuDNN cannot express them
     ]:
         row = harness.check_case(runner, name, mode, seed=5)
@@ -155,7 +157,8 @@ def test_rows_kernel_matches_reference_where_the_table_takes_mma(
 ) -> None:
     """The cases the table sends to depthwise_mma, on depthwise_rows (MMA off) as well."""
     seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
-    with harness.mma_mode(library, harness.kl.MMA_OFF):
+    with harness.mma_mode(library, harness.kl.MMA_OFF), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QUANTBENCH_DWCONV_GLOBAL", "0")
         row = harness.check_case(runner, name, mode, seed=seed)
         assert library.last_path() == "depthwise_rows"
     assert row["passed"], row
@@ -185,7 +188,8 @@ def test_mma_kernel_on_the_timed_shapes(library) -> None:
             params = harness.mode_params(spec, mode, 0.05)
             outs = []
             for on in (harness.kl.MMA_OFF, harness.kl.MMA_ON):
-                with harness.mma_mode(library, on):
+                with harness.mma_mode(library, on), pytest.MonkeyPatch.context() as mp:
+                    mp.setenv("QUANTBENCH_DWCONV_GLOBAL", "0")
                     y = harness.device_forward(library, spec, mode, (x, w, b), params)
                     assert library.last_path() == (
                         "depthwise_mma" if on == harness.kl.MMA_ON else "depthwise_rows"
@@ -198,6 +202,74 @@ def test_mma_kernel_on_the_timed_shapes(library) -> None:
                 diff = (outs[0].float() - outs[1].float()).abs()
                 bound = 2.0**-10 * outs[0].float().abs() + 1e-3
                 assert bool((diff <= bound).all()), (name, diff.max().item())
+
+
+def _global_names() -> list[str]:
+    """The grid's cases that depthwise_global serves by default in some type (GPU runs only)."""
+    if REASON is not None:
+        return []
+    lib = harness.get_library()
+    return [
+        n
+        for n in CASE_NAMES
+        if any(
+            lib.forward_path(harness.CASES[n].to_params(), t) == "depthwise_global"
+            for t in ("f32", "f16", "int8")
+        )
+    ]
+
+
+GLOBAL_NAMES = _global_names()
+
+
+@pytest.mark.parametrize("mode", harness.MODES)
+@pytest.mark.parametrize("name", GLOBAL_NAMES)
+def test_rows_kernel_matches_reference_with_global_off(
+    library, runner, monkeypatch, name: str, mode: str
+) -> None:
+    """The cases depthwise_global takes by default, on depthwise_rows (global switched off)."""
+    monkeypatch.setenv("QUANTBENCH_DWCONV_GLOBAL", "0")
+    seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
+    with harness.mma_mode(library, harness.kl.MMA_OFF):
+        row = harness.check_case(runner, name, mode, seed=seed)
+        assert library.last_path() != "depthwise_global"
+    assert row["passed"], row
+
+
+@pytest.mark.parametrize("mode", ["f32", "f16", "int8_i8", "int8_f32"])
+def test_global_equals_rows_on_the_timed_shapes(library, monkeypatch, mode: str) -> None:
+    """The timing shapes (N=32): depthwise_global and depthwise_rows give the same bits in every
+    type (INT8: both exact; float: the same products summed in the same order), and so does a
+    replay of depthwise_global from a CUDA graph."""
+    import torch
+
+    stream = torch.cuda.current_stream().cuda_stream
+    for name in ("dw3x3_s1_mobilenet", "dw5x5_s2", "dw7x7_convnext", "dw3x3_per_batch_w"):
+        spec = harness.BENCH_CASES[name]
+        gen = torch.Generator(device="cuda").manual_seed(13)
+        tensors = harness.device_inputs(spec, mode, gen)
+        params = harness.mode_params(spec, mode, 0.05)
+        dtype = torch.float32 if mode == "int8_f32" else tensors[0].dtype
+        outs = []
+        with harness.mma_mode(library, harness.kl.MMA_OFF):
+            for value in ("1", "0"):
+                monkeypatch.setenv("QUANTBENCH_DWCONV_GLOBAL", value)
+                outs.append(torch.empty(spec.output_shape, dtype=dtype, device="cuda"))
+                assert harness.launch(library, mode, tensors, outs[-1], params, stream) == 0
+                want = "depthwise_global" if value == "1" else "depthwise_rows"
+                assert library.last_path() == want, (name, mode)
+            monkeypatch.setenv("QUANTBENCH_DWCONV_GLOBAL", "1")
+            y = torch.zeros_like(outs[0])
+            graph = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+                code = harness.launch(library, mode, tensors, y, params, side.cuda_stream)
+            assert code == 0 and library.last_path() == "depthwise_global"
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0], outs[1]), (name, mode)
+        assert torch.equal(y, outs[0]), (name, mode)
 
 
 INT8_MODES = ("int8_i8", "int8_f32", "int8_tie")

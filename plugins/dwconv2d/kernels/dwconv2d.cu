@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -917,9 +918,15 @@ inline void rows_div_magic(int64_t d, uint32_t* m, int32_t* sh)
     *m = static_cast<uint32_t>(((uint64_t{1} << (31 + l)) + static_cast<uint64_t>(d) - 1) / static_cast<uint64_t>(d));
 }
 
+// floor(v / d) for 0 <= v < 2^31 from (m, s) = rows_div_magic(d).
+__device__ inline int32_t div_magic(int32_t v, uint32_t m, int32_t s)
+{
+    return static_cast<int32_t>((static_cast<uint64_t>(static_cast<uint32_t>(v)) * m) >> s);
+}
+
 __device__ inline int32_t rows_div(int32_t v, RowsPlan const& pl)
 {
-    return static_cast<int32_t>((static_cast<uint64_t>(static_cast<uint32_t>(v)) * pl.kdiv_m) >> pl.kdiv_s);
+    return div_magic(v, pl.kdiv_m, pl.kdiv_s);
 }
 
 template <int LB>
@@ -1085,6 +1092,112 @@ __device__ __noinline__ Words<NFW> rows_filter_edge(uint32_t const* w32, int32_t
     return out;
 }
 
+// INT8 filters as packed 4-tap words (depthwise_rows, depthwise_global): the NFW aligned words
+// that hold a filter's KS * KS bytes are fetched (i8_filter_fetch), then packed once per plane
+// into KS * G words, row kh / group g holding taps 4 g .. 4 g + 3 of filter row kh (zero past KS).
+__host__ __device__ constexpr int i8_filter_groups(int ks)
+{
+    return (ks + 3) / 4;
+}
+// Words fetched: the last group's window starts at byte sh0 + KS (KS - 1) + 4 (G - 1) and reads
+// the word after the one holding that byte.
+__host__ __device__ constexpr int i8_filter_words(int ks)
+{
+    return (ks * (ks - 1) + 4 * (i8_filter_groups(ks) - 1)) / 4 + 3;
+}
+
+template <int KS>
+struct I8Filter
+{
+    uint32_t raw[i8_filter_words(KS)];
+    int32_t sh0; // byte offset of the filter in raw[0]
+};
+
+// The aligned words that hold the filter at wp (zero when !ok). They are read whole when they all
+// lie inside the weight tensor [w_lo, w_hi) (every filter but, at most, the first and the last;
+// their bytes outside the filter are those of its neighbours, which i8_filter_pack masks off).
+// Otherwise only words that lie wholly inside the filter are read as words and the (at most two)
+// words that straddle its ends are assembled from the filter's own bytes (zero elsewhere), so no
+// byte outside the weight tensor (past its end, or before its start when w is not 4-byte
+// aligned) is ever read.
+template <int KS>
+__device__ inline void i8_filter_fetch(int8_t const* wp, bool ok, uintptr_t w_lo, uintptr_t w_hi, I8Filter<KS>& f)
+{
+    constexpr int NFW = i8_filter_words(KS);
+    auto const addr = reinterpret_cast<uintptr_t>(wp);
+    uint32_t const* const w32 = reinterpret_cast<uint32_t const*>(addr & ~uintptr_t{3});
+    f.sh0 = static_cast<int32_t>(addr & 3U);
+    int32_t const end = f.sh0 + KS * KS; // one past the filter's last byte, from w32
+    auto const a0 = addr & ~uintptr_t{3};
+    bool const inside = a0 >= w_lo && a0 + 4 * static_cast<uintptr_t>((end + 3) / 4) <= w_hi;
+    if (!ok || inside)
+    {
+        // the common case: whole words, predicated loads, no branch per word
+#pragma unroll
+        for (int i = 0; i < NFW; ++i)
+        {
+            f.raw[i] = ok && 4 * i < end ? __ldg(w32 + i) : 0U;
+        }
+    }
+    else
+    {
+        // at most the first and the last filter of the tensor: out of line (rare; its per-byte
+        // branches would otherwise sit in every plane's fetch)
+        Words<NFW> const e = rows_filter_edge<NFW>(w32, f.sh0, end);
+#pragma unroll
+        for (int i = 0; i < NFW; ++i)
+        {
+            f.raw[i] = e.w[i];
+        }
+    }
+}
+
+// The filter rows packed into 4-tap words (zero taps past KS): the bytes of row kh, group g start
+// at byte c = kh * KS + 4 g of the filter, i.e. at byte sh0 + c of raw[]. raw[] is first shifted
+// down by sh0 bytes (al[i]: filter bytes 4 i .. 4 i + 3, one funnel shift each), so that every
+// word is then one byte permute with a constant selector (none where c % 4 == 0) plus the mask of
+// its zero taps: about 2 instructions a word instead of 5 (two selects on sh0, a funnel shift, the
+// mask), 9 words per plane and thread at 3x3.
+template <int KS>
+__device__ inline void i8_filter_pack(I8Filter<KS> const& f, uint32_t (&wk)[KS * i8_filter_groups(KS)])
+{
+    constexpr int G = i8_filter_groups(KS);
+    constexpr int NAL = (KS * (KS - 1) + 4 * (G - 1)) / 4 + 2; // < NFW: raw[i + 1] exists
+    uint32_t al[NAL];
+#pragma unroll
+    for (int i = 0; i < NAL; ++i)
+    {
+        al[i] = __funnelshift_r(f.raw[i], f.raw[i + 1], 8 * f.sh0);
+    }
+#pragma unroll
+    for (int kh = 0; kh < KS; ++kh)
+    {
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+        {
+            constexpr uint32_t kAll = 0xFFFFFFFFU;
+            int const c = kh * KS + 4 * g;
+            uint32_t const word = c % 4 == 0
+                ? al[c / 4]
+                : __byte_perm(al[c / 4], al[c / 4 + 1], 0x3210U + 0x1111U * static_cast<uint32_t>(c % 4));
+            int const valid = KS - 4 * g;
+            wk[kh * G + g] = valid >= 4 ? word : word & (kAll >> (32 - 8 * valid));
+        }
+    }
+}
+
+// The 4-byte window of packed INT8 input that starts at byte o of a row held as words wd[] (word
+// a holding bytes 4 (a - A0) .. of the row, A0 = the word of byte 0): one byte permute, or the
+// word itself when o is word aligned. Past the last word, zero bytes (their taps are zero).
+template <int NW, int A0>
+__device__ __forceinline__ uint32_t i8_window(uint32_t const (&wd)[NW], int o)
+{
+    int const a = floor_div4(o) + A0;
+    int const sh = o - 4 * floor_div4(o);
+    uint32_t const next = a + 1 < NW ? wd[a + 1] : 0U;
+    return sh == 0 ? wd[a] : __byte_perm(wd[a], next, 0x3210U + 0x1111U * static_cast<uint32_t>(sh));
+}
+
 template <int KS, int S, class TIn, class TB, class Store>
 __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn)), KS),
     rows_min_blocks(static_cast<int>(sizeof(TIn)), KS))
@@ -1176,15 +1289,14 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
     // FP16 3x3) so that their latency hides behind the current group's work, or at the start of
     // the group's iteration (float, whose 3x3 kernel has no registers to spare; FP16 5x5/7x7,
     // whose filters are too many registers). INT8 keeps the aligned words that hold the filter's
-    // bytes (a word read holds at least one of them) and packs them when they are used.
+    // bytes (i8_filter_fetch) and packs them when they are used.
     constexpr bool kAhead = kInt8 || (sizeof(TIn) == 2 && KS == 3);
-    // INT8: words fetched; the last group's window starts at byte sh0 + KS (KS - 1) + 4 (G - 1)
-    // and reads the word after the one holding that byte.
-    constexpr int NFW = (KS * (KS - 1) + 4 * (G - 1)) / 4 + 3;
+    struct NoI8Filter
+    {
+    };
     struct Fetched
     {
-        uint32_t raw[kInt8 ? NFW : 1];
-        int32_t sh0; // byte offset of the filter in raw[0]
+        std::conditional_t<kInt8, I8Filter<KS>, NoI8Filter> i8;
         TIn wt[kInt8 ? 1 : KS * KS];
         float bias;
     };
@@ -1202,39 +1314,7 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
             + static_cast<int64_t>(k) * (KS * KS);
         if constexpr (kInt8)
         {
-            auto const addr = reinterpret_cast<uintptr_t>(wp);
-            uint32_t const* const w32 = reinterpret_cast<uint32_t const*>(addr & ~uintptr_t{3});
-            f.sh0 = static_cast<int32_t>(addr & 3U);
-            int32_t const end = f.sh0 + KS * KS; // one past the filter's last byte, from w32
-            // The aligned words that hold the filter's bytes are read whole when they all lie
-            // inside the weight tensor (every filter but, at most, the first and the last; their
-            // bytes outside the filter are those of its neighbours, which the packing below
-            // masks off). Otherwise only words that lie wholly inside the filter are read as
-            // words and the (at most two) words that straddle its ends are assembled from the
-            // filter's own bytes (zero elsewhere), so no byte outside the weight tensor (past its
-            // end, or before its start when w is not 4-byte aligned) is ever read.
-            auto const a0 = addr & ~uintptr_t{3};
-            bool const inside = a0 >= w_lo && a0 + 4 * static_cast<uintptr_t>((end + 3) / 4) <= w_hi;
-            if (!ok || inside)
-            {
-                // the common case: whole words, predicated loads, no branch per word
-#pragma unroll
-                for (int i = 0; i < NFW; ++i)
-                {
-                    f.raw[i] = ok && 4 * i < end ? __ldg(w32 + i) : 0U;
-                }
-            }
-            else
-            {
-                // at most the first and the last filter of the tensor: out of line (rare; its
-                // per-byte branches would otherwise sit in every plane's fetch)
-                Words<NFW> const e = rows_filter_edge<NFW>(w32, f.sh0, end);
-#pragma unroll
-                for (int i = 0; i < NFW; ++i)
-                {
-                    f.raw[i] = e.w[i];
-                }
-            }
+            i8_filter_fetch<KS>(wp, ok, w_lo, w_hi, f.i8);
         }
         else
         {
@@ -1314,36 +1394,8 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
             __syncthreads();
             if (active)
             {
-                // The filter rows packed into 4-tap words (zero taps past KS): the bytes of
-                // row kh, group g start at byte c = kh * KS + 4 g of the filter, i.e. at byte
-                // sh0 + c of raw[]. raw[] is first shifted down by sh0 bytes (al[i]: filter bytes
-                // 4 i .. 4 i + 3, one funnel shift each), so that every word is then one byte
-                // permute with a constant selector (none where c % 4 == 0) plus the mask of its
-                // zero taps: about 2 instructions a word instead of 5 (two selects on sh0, a
-                // funnel shift, the mask), 9 words per plane and thread at 3x3.
-                constexpr int NAL = (KS * (KS - 1) + 4 * (G - 1)) / 4 + 2; // < NFW: raw[i + 1] exists
-                uint32_t al[NAL];
-#pragma unroll
-                for (int i = 0; i < NAL; ++i)
-                {
-                    al[i] = __funnelshift_r(cur.raw[i], cur.raw[i + 1], 8 * cur.sh0);
-                }
                 uint32_t wk[KS * G];
-#pragma unroll
-                for (int kh = 0; kh < KS; ++kh)
-                {
-#pragma unroll
-                    for (int g = 0; g < G; ++g)
-                    {
-                        constexpr uint32_t kAll = 0xFFFFFFFFU;
-                        int const c = kh * KS + 4 * g;
-                        uint32_t const word = c % 4 == 0
-                            ? al[c / 4]
-                            : __byte_perm(al[c / 4], al[c / 4 + 1], 0x3210U + 0x1111U * static_cast<uint32_t>(c % 4));
-                        int const valid = KS - 4 * g;
-                        wk[kh * G + g] = valid >= 4 ? word : word & (kAll >> (32 - 8 * valid));
-                    }
-                }
+                i8_filter_pack<KS>(cur.i8, wk);
                 unsigned char const* const base
                     = reinterpret_cast<unsigned char const*>(tile) + (ty * R * S) * pl.P + LPAD + col0 * S;
                 [[maybe_unused]] auto const ctx = store.rows_plane(cur.bias);
@@ -1389,11 +1441,7 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
 #pragma unroll
                         for (int g = 0; g < G; ++g)
                         {
-                            int const o = j * S - PAD + 4 * g; // first byte of the window
-                            int const a = floor_div4(o) - WLO;
-                            int const sh = o - 4 * floor_div4(o);
-                            uint32_t const win
-                                = sh == 0 ? wd[a] : __byte_perm(wd[a], wd[a + 1], 0x3210U + 0x1111U * sh);
+                            uint32_t const win = i8_window<NW, -WLO>(wd, j * S - PAD + 4 * g);
 #pragma unroll
                             for (int i = 0; i < R; ++i)
                             {
@@ -1491,6 +1539,296 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
         }
     }
     cp_async_wait<0>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Path 1d: depthwise_global (depthwise_rows shapes whose output rows split into whole segments)
+// ---------------------------------------------------------------------------------------------
+//
+// No shared memory, no block barriers, no persistent loop: one thread per V adjacent outputs of R
+// output rows of one plane, which reads its (R - 1) * S + KS input rows straight from global
+// memory (each row: its segment of V * S elements plus one 4-element quad either side, aligned
+// vector loads; rows and quads outside the image read as zero) and keeps only the accumulators of
+// the rows still being summed, storing each output row as soon as its last input row is summed.
+// Few registers, so many warps per multiprocessor hide the loads' latency, and neighbouring
+// threads' overlapping rows and quads come from L1/L2, not DRAM. INT8 keeps the packed 4-tap
+// windows and dp4a of depthwise_rows (same filter packing, same Store functors: identical
+// results, bit for bit for INT8).
+//
+// It serves every depthwise_rows shape whose output rows split into whole segments (see
+// global_shape_ok; measured faster than depthwise_rows on every timed shape and type, README "What
+// has been verified"); QUANTBENCH_DWCONV_GLOBAL=0 (read per forward) keeps depthwise_rows.
+// Compile-time knobs (tuning; defaults = the measured best): DWCONV2D_GLOBAL_R3 / _R (output rows
+// per thread at 3x3 / larger), DWCONV2D_GLOBAL_THREADS (per block), DWCONV2D_GLOBAL_AHEAD (input
+// rows read ahead), DWCONV2D_GLOBAL_MIN_BLOCKS_F16 (__launch_bounds__ of FP16 3x3 / 5x5: 64
+// registers, measured faster there; 1 elsewhere, where it spills).
+#ifndef DWCONV2D_GLOBAL_R3
+#define DWCONV2D_GLOBAL_R3 8
+#endif
+#ifndef DWCONV2D_GLOBAL_R
+#define DWCONV2D_GLOBAL_R 7
+#endif
+#ifndef DWCONV2D_GLOBAL_THREADS
+#define DWCONV2D_GLOBAL_THREADS 128
+#endif
+#ifndef DWCONV2D_GLOBAL_AHEAD
+#define DWCONV2D_GLOBAL_AHEAD 1
+#endif
+#ifndef DWCONV2D_GLOBAL_MIN_BLOCKS_F16
+#define DWCONV2D_GLOBAL_MIN_BLOCKS_F16 8
+#endif
+constexpr int kGlobalThreads = DWCONV2D_GLOBAL_THREADS;
+constexpr int kGlobalAhead = DWCONV2D_GLOBAL_AHEAD; // input rows read ahead of the one summed
+
+__host__ __device__ constexpr int global_min_blocks(int elem, int ks)
+{
+    return elem == 2 && ks <= 5 ? DWCONV2D_GLOBAL_MIN_BLOCKS_F16 : 1;
+}
+// Outputs per thread along W (8 for the narrow types' 3x3, else 4) and output rows per thread.
+__host__ __device__ constexpr int global_v(int elem, int ks)
+{
+    return ks == 3 && elem != 4 ? 8 : 4;
+}
+__host__ __device__ constexpr int global_r(int ks)
+{
+    return ks == 3 ? DWCONV2D_GLOBAL_R3 : DWCONV2D_GLOBAL_R;
+}
+
+struct GlobalPlan
+{
+    int32_t total;           // threads
+    int32_t per_plane;       // threads per plane: chunks * tx
+    int32_t tx;              // threads along W (Wo / V)
+    uint32_t plane_m;        // thread / per_plane, see div_magic
+    int32_t plane_s;
+    uint32_t tx_m;           // (thread % per_plane) / tx
+    int32_t tx_s;
+    uint32_t k_m;            // plane / K
+    int32_t k_s;
+    int32_t out_chunk;       // see store_row_bytes
+};
+
+// NB bytes (4, 8 or 16; p aligned to them) as NB / 4 words, through the read-only cache.
+template <int NB>
+__device__ __forceinline__ void ldg_words(void const* p, uint32_t* d)
+{
+    if constexpr (NB == 16)
+    {
+        uint4 const v = __ldg(reinterpret_cast<uint4 const*>(p));
+        d[0] = v.x;
+        d[1] = v.y;
+        d[2] = v.z;
+        d[3] = v.w;
+    }
+    else if constexpr (NB == 8)
+    {
+        uint2 const v = __ldg(reinterpret_cast<uint2 const*>(p));
+        d[0] = v.x;
+        d[1] = v.y;
+    }
+    else
+    {
+        d[0] = __ldg(reinterpret_cast<unsigned int const*>(p));
+    }
+}
+
+// Element e of an input row (float or half) held as words, widened to float.
+template <class TIn, int NW>
+__device__ __forceinline__ float row_elem(uint32_t const (&wd)[NW], int e)
+{
+    if constexpr (sizeof(TIn) == 4)
+    {
+        return __uint_as_float(wd[e]);
+    }
+    else
+    {
+        __half2 const h = *reinterpret_cast<__half2 const*>(&wd[e / 2]);
+        return e % 2 == 0 ? __low2float(h) : __high2float(h);
+    }
+}
+
+template <int KS, int S, class TIn, class TB, class Store>
+__global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<int>(sizeof(TIn)), KS))
+    depthwise_global_kernel(TIn const* __restrict__ x,
+    TIn const* __restrict__ w, TB const* __restrict__ b, Store store, ConvShape s, GlobalPlan pl)
+{
+    using Acc = typename Traits<TIn>::Acc;
+    constexpr int E = static_cast<int>(sizeof(TIn));
+    constexpr bool kInt8 = E == 1;
+    constexpr int V = global_v(E, KS);
+    constexpr int R = global_r(KS);
+    constexpr int PAD = KS / 2;
+    constexpr int G = i8_filter_groups(KS);
+    constexpr int NR = (R - 1) * S + KS; // input rows per thread
+    constexpr int NQ = V * S / 4;        // 4-element quads of a thread's row segment
+    constexpr int QB = 4 * E;            // bytes per quad
+    constexpr int NW = (NQ + 2) * E;     // words per input row: a quad left, the segment, a quad right
+    constexpr int MB = NQ * QB;          // segment bytes
+    constexpr int LB = MB < 16 ? MB : 16;
+    constexpr int kOutChunk = rows_wide_chunk(V * static_cast<int>(sizeof(*store.y)));
+
+    int32_t const t = static_cast<int32_t>(blockIdx.x) * kGlobalThreads + static_cast<int32_t>(threadIdx.x);
+    if (t >= pl.total)
+    {
+        return;
+    }
+    int32_t const plane = div_magic(t, pl.plane_m, pl.plane_s);
+    int32_t const in_plane = t - plane * pl.per_plane;
+    int32_t const chunk = div_magic(in_plane, pl.tx_m, pl.tx_s);
+    int32_t const cx = in_plane - chunk * pl.tx;
+    int32_t const n = div_magic(plane, pl.k_m, pl.k_s);
+    int32_t const k = plane - n * s.K;
+    int32_t const c = s.Kg == 1 ? k : k / s.Kg;
+    int32_t const oh0 = chunk * R;
+    int32_t const col0 = cx * V;
+    int32_t const ih0 = oh0 * S - s.pt;
+    bool const left_ok = col0 > 0;                // the quad before the segment is inside the row
+    bool const right_ok = (col0 + V) * S < s.W;   // the quad after it
+    // Row r's segment starts at xrow + r * pitch (as an address: rows above the image are never
+    // read, see load_row).
+    int64_t const pitch = static_cast<int64_t>(s.W) * E;
+    uintptr_t xrow = reinterpret_cast<uintptr_t>(x)
+        + static_cast<uintptr_t>(((static_cast<int64_t>(n) * s.C + c) * s.H + ih0) * pitch
+            + static_cast<int64_t>(col0) * S * E);
+    TIn const* const wp = w + (s.weight_per_batch ? static_cast<int64_t>(n) * s.K * (KS * KS) : 0)
+        + static_cast<int64_t>(k) * (KS * KS);
+    float const bias = load_bias(b, s, n, k);
+
+    // A row of the plane inside the image (the first of this thread's rows that is, or the last
+    // row): rows outside the image load from it and read as zero, so that every load is
+    // unconditional and can be issued rows ahead (no branch around it).
+    int32_t const ih_safe = min(max(ih0, 0), s.H - 1);
+    uintptr_t const xsafe = xrow + static_cast<uintptr_t>(static_cast<int64_t>(ih_safe - ih0) * pitch);
+    // Input row r of this thread (image row ih0 + r) as words: quad -1, the segment, quad NQ;
+    // zero outside the image. Rows come in order (xrow advances).
+    auto load_row = [&](int r, uint32_t(&wd)[NW]) {
+        bool const row_ok = static_cast<uint32_t>(ih0 + r) < static_cast<uint32_t>(s.H);
+        auto const* const p = reinterpret_cast<unsigned char const*>(row_ok ? xrow : xsafe);
+        xrow += static_cast<uintptr_t>(pitch);
+        ldg_words<QB>(left_ok ? p - QB : p, wd);
+#pragma unroll
+        for (int m = 0; m < MB / LB; ++m)
+        {
+            ldg_words<LB>(p + m * LB, wd + E + m * (LB / 4));
+        }
+        ldg_words<QB>(right_ok ? p + MB : p, wd + E + NQ * E);
+#pragma unroll
+        for (int i = 0; i < NW; ++i)
+        {
+            bool const keep = row_ok && (i >= E || left_ok) && (i < E + NQ * E || right_ok);
+            wd[i] = keep ? wd[i] : 0U;
+        }
+    };
+    // Rows are read kGlobalAhead rows before they are summed (a ring of row buffers), so that
+    // their loads' latency hides behind the rows in between.
+    constexpr int AH = kGlobalAhead < NR ? kGlobalAhead : NR - 1;
+    uint32_t ring[AH + 1][NW];
+#pragma unroll
+    for (int r = 0; r < AH; ++r)
+    {
+        load_row(r, ring[r]);
+    }
+    auto next_row = [&](int r) -> uint32_t const(&)[NW] {
+        if (r + AH < NR)
+        {
+            load_row(r + AH, ring[(r + AH) % (AH + 1)]);
+        }
+        return ring[r % (AH + 1)];
+    };
+
+    Acc acc[R][V];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+    {
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+        {
+            acc[i][j] = Acc(Store::kAccBias); // see StoreI8ToI8::kAccBias (0 for the others)
+        }
+    }
+    int64_t yrow = (static_cast<int64_t>(plane) * s.Ho + oh0) * s.Wo + col0;
+    auto const ctx = store.rows_plane(bias);
+    // Output row i, once summed (rows in order); rows past the image store nothing (count 0), with
+    // no branch. Every row is whole V-output segments stored at once (plan_global).
+    auto store_row = [&](int i) {
+        int const count = oh0 + i < s.Ho ? V : 0;
+        store.template rows_store<V>(yrow, acc[i], ctx, kOutChunk, count);
+        yrow += s.Wo;
+    };
+    auto row_done = [](int r) { return r >= KS - 1 && (r - (KS - 1)) % S == 0; };
+
+    if constexpr (kInt8)
+    {
+        auto const w_lo = reinterpret_cast<uintptr_t>(w);
+        auto const w_hi = w_lo
+            + static_cast<uintptr_t>((s.weight_per_batch ? static_cast<int64_t>(s.N) : int64_t{1}) * s.K * (KS * KS));
+        I8Filter<KS> f;
+        i8_filter_fetch<KS>(reinterpret_cast<int8_t const*>(wp), true, w_lo, w_hi, f);
+        uint32_t wk[KS * G];
+        i8_filter_pack<KS>(f, wk);
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+        {
+            uint32_t const(&wd)[NW] = next_row(r);
+#pragma unroll
+            for (int j = 0; j < V; ++j)
+            {
+#pragma unroll
+                for (int g = 0; g < G; ++g)
+                {
+                    uint32_t const win = i8_window<NW, 1>(wd, j * S - PAD + 4 * g);
+#pragma unroll
+                    for (int i = 0; i < R; ++i)
+                    {
+                        int const kh = r - i * S;
+                        if (kh >= 0 && kh < KS)
+                        {
+                            acc[i][j] = __dp4a(static_cast<int>(win), static_cast<int>(wk[kh * G + g]), acc[i][j]);
+                        }
+                    }
+                }
+            }
+            if (row_done(r))
+            {
+                store_row((r - (KS - 1)) / S);
+            }
+        }
+    }
+    else
+    {
+        float wr[KS * KS];
+#pragma unroll
+        for (int i = 0; i < KS * KS; ++i)
+        {
+            wr[i] = Traits<TIn>::load(wp[i]);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+        {
+            uint32_t const(&wd)[NW] = next_row(r);
+#pragma unroll
+            for (int i = 0; i < R; ++i)
+            {
+                int const kh = r - i * S;
+                if (kh >= 0 && kh < KS)
+                {
+#pragma unroll
+                    for (int j = 0; j < V; ++j)
+                    {
+#pragma unroll
+                        for (int q = 0; q < KS; ++q)
+                        {
+                            acc[i][j] = fmaf(row_elem<TIn, NW>(wd, 4 + j * S + q - PAD), wr[kh * KS + q], acc[i][j]);
+                        }
+                    }
+                }
+            }
+            if (row_done(r))
+            {
+                store_row((r - (KS - 1)) / S);
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3125,6 +3463,76 @@ bool launch_rows(TIn const* x, TIn const* w, TB const* b, Store store, void cons
     });
 }
 
+// depthwise_global: whether it serves a shape with elements of `elem` bytes: a depthwise_rows shape
+// whose output rows split into whole V-wide segments within the input row (Wo % V == 0,
+// Wo * S <= W), whose row pitch allows the segment loads, and whose threads fit int32.
+// QUANTBENCH_DWCONV_GLOBAL=0 (read per call) turns it off.
+bool global_shape_ok(ConvShape const& s, int elem)
+{
+    char const* const env = std::getenv("QUANTBENCH_DWCONV_GLOBAL");
+    if (env != nullptr && (std::strcmp(env, "0") == 0 || std::strcmp(env, "off") == 0))
+    {
+        return false;
+    }
+    int64_t const planes = rows_planes(s);
+    int const v = global_v(elem, s.kH);
+    int const lb = std::min(v * s.sh * elem, 16); // the segment's loads
+    if (planes == 0 || s.Wo % v != 0 || static_cast<int64_t>(s.Wo) * s.sh > s.W
+        || (static_cast<int64_t>(s.W) * elem) % lb != 0)
+    {
+        return false;
+    }
+    int64_t const chunks = ceil_div(static_cast<int64_t>(s.Ho), int64_t{global_r(s.kH)});
+    return planes * chunks * (s.Wo / v) <= INT32_MAX - kGlobalThreads;
+}
+
+// The plan for these pointers; false when the shape is not served (global_shape_ok), x is not
+// aligned for the segment and quad loads, or y not for one store per segment.
+bool plan_global(ConvShape const& s, int elem, void const* x, void const* y, int out_elem, GlobalPlan* out)
+{
+    int const v = global_v(elem, s.kH);
+    auto const xa = reinterpret_cast<uintptr_t>(x);
+    if (!global_shape_ok(s, elem) || xa % std::min(v * s.sh * elem, 16) != 0 || xa % std::min(4 * elem, 16) != 0)
+    {
+        return false;
+    }
+    int64_t const chunks = ceil_div(static_cast<int64_t>(s.Ho), int64_t{global_r(s.kH)});
+    int64_t const tx = s.Wo / v;
+    GlobalPlan pl{};
+    pl.total = static_cast<int32_t>(rows_planes(s) * chunks * tx);
+    pl.per_plane = static_cast<int32_t>(chunks * tx);
+    pl.tx = static_cast<int32_t>(tx);
+    rows_div_magic(pl.per_plane, &pl.plane_m, &pl.plane_s);
+    rows_div_magic(pl.tx, &pl.tx_m, &pl.tx_s);
+    rows_div_magic(s.K, &pl.k_m, &pl.k_s);
+    pl.out_chunk = rows_out_chunk(v * out_elem, out_elem, s.Wo, y);
+    if (pl.out_chunk != rows_wide_chunk(v * out_elem))
+    {
+        return false; // the kernel stores whole segments at once
+    }
+    *out = pl;
+    return true;
+}
+
+// Plans and launches depthwise_global for these pointers; false (nothing launched) when it does
+// not apply, and the caller takes depthwise_rows.
+template <class TIn, class TB, class Store>
+bool launch_global(TIn const* x, TIn const* w, TB const* b, Store store, void const* y, int out_elem,
+    ConvShape const& s, cudaStream_t stream, int* status)
+{
+    GlobalPlan pl{};
+    if (!plan_global(s, static_cast<int>(sizeof(TIn)), x, y, out_elem, &pl))
+    {
+        return false;
+    }
+    auto const blocks = static_cast<unsigned>(ceil_div(static_cast<int64_t>(pl.total), int64_t{kGlobalThreads}));
+    return dispatch_ks_stride(s, [&](auto ks, auto st) {
+        depthwise_global_kernel<decltype(ks)::value, decltype(st)::value, TIn, TB, Store>
+            <<<blocks, kGlobalThreads, 0, stream>>>(x, w, b, store, s, pl);
+        *status = static_cast<int>(cudaGetLastError());
+    });
+}
+
 // depthwise_mma: the plan for element size `elem` (2 or 1) with `load_bytes` copies; false when
 // the shape is not a depthwise_rows shape or a plane does not fit kMmaMaxSlot.
 bool plan_mma(ConvShape const& s, int elem, int load_bytes, MmaPlan* out)
@@ -4739,6 +5147,11 @@ int run(TIn const* x, TIn const* w, TB const* b, Store store, void const* y, int
             g_last_path = DWCONV2D_PATH_DEPTHWISE_MMA;
             return status;
         }
+        if (launch_global(x, w, b, store, y, out_elem, s, stream, &status))
+        {
+            g_last_path = DWCONV2D_PATH_DEPTHWISE_GLOBAL;
+            return status;
+        }
         if (launch_rows(x, w, b, store, y, out_elem, s, stream, &status))
         {
             return status;
@@ -4867,6 +5280,10 @@ int dwconv2d_forward_path(DWConv2DParams const* params, int dtype)
         {
             return DWCONV2D_PATH_DEPTHWISE_MMA;
         }
+    }
+    if (path == DWCONV2D_PATH_DEPTHWISE_ROWS && global_shape_ok(make_shape(*params), elem))
+    {
+        return DWCONV2D_PATH_DEPTHWISE_GLOBAL; // as run() decides it for 16-byte aligned tensors
     }
     return path;
 }

@@ -78,6 +78,11 @@ extern "C" {
                                            integer tensor cores (sm_80+), after packing x and w
                                            into a workspace; unless dwconv2d_set_mma_mode(OFF);
                                            reported by dwconv2d_forward_path()/_last_path() only */
+#define DWCONV2D_PATH_DEPTHWISE_GLOBAL 7 /* depthwise_rows shapes whose output rows split into whole
+                                           8- or 4-wide segments (Wo % V == 0, Wo * stride <= W):
+                                           rows read straight from global memory, no shared memory;
+                                           unless QUANTBENCH_DWCONV_GLOBAL=0; reported by
+                                           dwconv2d_forward_path()/_last_path() only */
 
 /* Element types, for dwconv2d_forward_path(). */
 #define DWCONV2D_DTYPE_F32 0
