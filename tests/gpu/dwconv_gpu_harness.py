@@ -698,11 +698,30 @@ def mma_mode(lib: Any, mode: int) -> AbstractContextManager[None]:
     return _switched(lib.set_mma_mode, mode)
 
 
+GLOBAL_ENV = "QUANTBENCH_DWCONV_GLOBAL"  # "0": depthwise_rows instead of depthwise_global
+
+
+@contextmanager
+def global_off() -> Iterator[None]:
+    """``with global_off():`` runs the block with depthwise_global switched off (the library
+    reads $QUANTBENCH_DWCONV_GLOBAL at every forward): depthwise_rows takes its shapes."""
+    previous = os.environ.get(GLOBAL_ENV)
+    os.environ[GLOBAL_ENV] = "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[GLOBAL_ENV]
+        else:
+            os.environ[GLOBAL_ENV] = previous
+
+
 def bench_case(
     lib: Any, name: str, reps: int = 30, cudnn: bool = True, other: bool = True
 ) -> list[dict[str, Any]]:
     """Ours (f32, f16, int8) against cuDNN (f32 without TF32, f16) on one shape; ``other``: also
-    our other kernel for the shape (cuDNN off, or depthwise_mma against depthwise_rows)."""
+    our other kernel for the shape (cuDNN off, depthwise_mma against depthwise_rows, depthwise_rows
+    against depthwise_global)."""
     import torch
 
     torch.backends.cudnn.benchmark = True
@@ -770,6 +789,10 @@ def _bench_mode(
             if lib.forward_path(params, dtype) == "depthwise_mma":
                 row["kernels_us"] = time_cuda(ours, reps=reps)
                 row["kernels_path"] = lib.last_path()
+    if other and path == "depthwise_global":  # the shared-memory kernel it replaced
+        with global_off():
+            row["kernels_us"] = time_cuda(ours, reps=reps)
+            row["kernels_path"] = lib.last_path()
     if other and path in ("depthwise_mma", "gemm_mma"):  # tensor cores: the CUDA-core kernel
         with mma_mode(lib, kl.MMA_OFF):
             row["kernels_us"] = time_cuda(ours, reps=reps)

@@ -84,13 +84,20 @@ def correctness_rows() -> list[dict[str, Any]]:
                 with harness.cudnn_mode(harness.get_library(), harness.kl.CUDNN_OFF):
                     rows.append(_checked(runner, name, mode, seed) | {"cudnn_mode": "off"})
             lib = harness.get_library()
-            if row["path"] == "depthwise_rows" and mode != "f32" and lib.has_mma:
+            if (
+                row["path"] in ("depthwise_rows", "depthwise_global")
+                and mode != "f32"
+                and lib.has_mma
+            ):
                 # the same case on the tensor-core kernel (where the per-shape table does not
                 # take depthwise_mma but the plane fits it)
                 with harness.mma_mode(lib, harness.kl.MMA_ON):
                     params = harness.mode_params(harness.CASES[name], mode, 0.05)
                     if lib.forward_path(params, harness.kernel_dtype(mode)) == "depthwise_mma":
                         rows.append(_checked(runner, name, mode, seed) | {"mma_mode": "on"})
+            if row["path"] == "depthwise_global":  # the same case on depthwise_rows
+                with harness.global_off():
+                    rows.append(_checked(runner, name, mode, seed) | {"global_mode": "off"})
             if row["path"] in ("depthwise_mma", "gemm_mma"):
                 # our tensor-core kernels: the same case on the CUDA-core kernels as well
                 with harness.mma_mode(lib, harness.kl.MMA_OFF):
@@ -149,7 +156,8 @@ def markdown(env: dict[str, Any], rows: list[dict[str, Any]], bench: list[dict[s
             f"| {r['case']} | {r['mode']} | {r.get('path')}"
             f"{' (cuDNN off)' if r.get('cudnn_mode') == 'off' else ''}"
             f"{' (MMA on)' if r.get('mma_mode') == 'on' else ''}"
-            f"{' (MMA off)' if r.get('mma_mode') == 'off' else ''} "
+            f"{' (MMA off)' if r.get('mma_mode') == 'off' else ''}"
+            f"{' (global off)' if r.get('global_mode') == 'off' else ''} "
             f"| {r['input']} | {r['weight']} "
             f"| {_fmt(err)} | {_fmt(r.get('ort_max_err_over_max_ref'))} "
             f"| {_fmt(r.get('exact_fraction'), 6)} | {_fmt(r.get('max_lsb_diff'))} "
@@ -165,7 +173,8 @@ def markdown(env: dict[str, Any], rows: list[dict[str, Any]], bench: list[dict[s
         "own (rotated, 4x the L2 in all); launches replayed from a CUDA graph.",
         "",
         "| case | mode | path | ours us | ours GB/s | % of peak | x vs our f32 | cuDNN us "
-        "| cuDNN / ours | diff vs cuDNN | our other kernel us (cuDNN off / MMA on / MMA off) |",
+        "| cuDNN / ours | diff vs cuDNN "
+        "| our other kernel us (cuDNN off / MMA on / MMA off / global off) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     f32_us = {r["case"]: r["ours_us"] for r in bench if r.get("mode") == "f32"}

@@ -1558,12 +1558,15 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
 // It serves every depthwise_rows shape whose output rows split into whole segments (see
 // global_shape_ok; measured faster than depthwise_rows on every timed shape and type, README "What
 // has been verified"); QUANTBENCH_DWCONV_GLOBAL=0 (read per forward) keeps depthwise_rows.
-// Compile-time knobs (tuning; defaults = the measured best): DWCONV2D_GLOBAL_R3 / _R (output rows
-// per thread at 3x3 / larger), DWCONV2D_GLOBAL_THREADS (per block), DWCONV2D_GLOBAL_AHEAD (input
+// Compile-time knobs (tuning; defaults = the measured best): DWCONV2D_GLOBAL_R3 / _R5_F16 / _R
+// (output rows per thread at 3x3 / FP16 5x5 / else), DWCONV2D_GLOBAL_THREADS (per block), DWCONV2D_GLOBAL_AHEAD (input
 // rows read ahead), DWCONV2D_GLOBAL_MIN_BLOCKS_F16 (__launch_bounds__ of FP16 3x3 / 5x5: 64
 // registers, measured faster there; 1 elsewhere, where it spills).
 #ifndef DWCONV2D_GLOBAL_R3
-#define DWCONV2D_GLOBAL_R3 8
+#define DWCONV2D_GLOBAL_R3 4
+#endif
+#ifndef DWCONV2D_GLOBAL_R5_F16
+#define DWCONV2D_GLOBAL_R5_F16 4
 #endif
 #ifndef DWCONV2D_GLOBAL_R
 #define DWCONV2D_GLOBAL_R 7
@@ -1584,14 +1587,15 @@ __host__ __device__ constexpr int global_min_blocks(int elem, int ks)
 {
     return elem == 2 && ks <= 5 ? DWCONV2D_GLOBAL_MIN_BLOCKS_F16 : 1;
 }
-// Outputs per thread along W (8 for the narrow types' 3x3, else 4) and output rows per thread.
+// Outputs per thread along W (8 for the narrow types' 3x3, else 4) and output rows per thread
+// (4 at 3x3 and for FP16 5x5, else 7: each measured best of 4, 7/8 and 14 on the timed shapes).
 __host__ __device__ constexpr int global_v(int elem, int ks)
 {
     return ks == 3 && elem != 4 ? 8 : 4;
 }
-__host__ __device__ constexpr int global_r(int ks)
+__host__ __device__ constexpr int global_r(int elem, int ks)
 {
-    return ks == 3 ? DWCONV2D_GLOBAL_R3 : DWCONV2D_GLOBAL_R;
+    return ks == 3 ? DWCONV2D_GLOBAL_R3 : elem == 2 && ks == 5 ? DWCONV2D_GLOBAL_R5_F16 : DWCONV2D_GLOBAL_R;
 }
 
 struct GlobalPlan
@@ -1656,7 +1660,7 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
     constexpr int E = static_cast<int>(sizeof(TIn));
     constexpr bool kInt8 = E == 1;
     constexpr int V = global_v(E, KS);
-    constexpr int R = global_r(KS);
+    constexpr int R = global_r(E, KS);
     constexpr int PAD = KS / 2;
     constexpr int G = i8_filter_groups(KS);
     constexpr int NR = (R - 1) * S + KS; // input rows per thread
@@ -3482,7 +3486,7 @@ bool global_shape_ok(ConvShape const& s, int elem)
     {
         return false;
     }
-    int64_t const chunks = ceil_div(static_cast<int64_t>(s.Ho), int64_t{global_r(s.kH)});
+    int64_t const chunks = ceil_div(static_cast<int64_t>(s.Ho), int64_t{global_r(elem, s.kH)});
     return planes * chunks * (s.Wo / v) <= INT32_MAX - kGlobalThreads;
 }
 
@@ -3496,7 +3500,7 @@ bool plan_global(ConvShape const& s, int elem, void const* x, void const* y, int
     {
         return false;
     }
-    int64_t const chunks = ceil_div(static_cast<int64_t>(s.Ho), int64_t{global_r(s.kH)});
+    int64_t const chunks = ceil_div(static_cast<int64_t>(s.Ho), int64_t{global_r(elem, s.kH)});
     int64_t const tx = s.Wo / v;
     GlobalPlan pl{};
     pl.total = static_cast<int32_t>(rows_planes(s) * chunks * tx);
