@@ -259,15 +259,7 @@ def test_global_equals_rows_on_the_timed_shapes(library, monkeypatch, mode: str)
                 want = "depthwise_global" if value == "1" else "depthwise_rows"
                 assert library.last_path() == want, (name, mode)
             monkeypatch.setenv("QUANTBENCH_DWCONV_GLOBAL", "1")
-            y = torch.zeros_like(outs[0])
-            graph = torch.cuda.CUDAGraph()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
-                code = harness.launch(library, mode, tensors, y, params, side.cuda_stream)
-            assert code == 0 and library.last_path() == "depthwise_global"
-            graph.replay()
-        torch.cuda.synchronize()
+            y = _graph_replayed(library, mode, tensors, outs[0], params, "depthwise_global", 1)
         assert torch.equal(outs[0], outs[1]), (name, mode)
         assert torch.equal(y, outs[0]), (name, mode)
 
@@ -318,17 +310,26 @@ def _gemm_mma_outputs(library, monkeypatch, spec, mode: str, tensors: tuple, par
             outs.append(torch.empty(spec.output_shape, dtype=dtype, device="cuda"))
             assert harness.launch(library, mode, tensors, outs[-1], params, stream) == 0
             assert (library.last_path() == "gemm_mma") == (on == harness.kl.MMA_AUTO)
-    y = torch.zeros_like(outs[0])
+    y = _graph_replayed(library, mode, tensors, outs[0], params, "gemm_mma", replays=2)
+    return [*outs, y]
+
+
+def _graph_replayed(library, mode: str, tensors: tuple, like, params, path: str, replays: int):
+    """The forward captured in a CUDA graph on a side stream (where it must take ``path``) and
+    replayed ``replays`` times; its output (synchronized)."""
+    import torch
+
+    y = torch.zeros_like(like)
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
         code = harness.launch(library, mode, tensors, y, params, side.cuda_stream)
-    assert code == 0 and library.last_path() == "gemm_mma"
-    for _ in range(2):
+    assert code == 0 and library.last_path() == path
+    for _ in range(replays):
         graph.replay()
     torch.cuda.synchronize()
-    return [*outs, y]
+    return y
 
 
 @pytest.mark.parametrize("mode", INT8_MODES)

@@ -1198,6 +1198,32 @@ __device__ __forceinline__ uint32_t i8_window(uint32_t const (&wd)[NW], int o)
     return sh == 0 ? wd[a] : __byte_perm(wd[a], next, 0x3210U + 0x1111U * static_cast<uint32_t>(sh));
 }
 
+// acc[i][j] += the products of one input row r and filter row kh = r - i * S, for each output row
+// i of the thread that row reaches (float and half depthwise rows, the accumulators float):
+// at(e) is the row's element e columns right of output column j's first tap, e = j * S + q - PAD.
+template <int KS, int S, int R, int V, class At>
+__device__ __forceinline__ void rows_fma(float (&acc)[R][V], int r, float const (&wr)[KS * KS], At const& at)
+{
+    constexpr int PAD = KS / 2;
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+    {
+        int const kh = r - i * S;
+        if (kh >= 0 && kh < KS)
+        {
+#pragma unroll
+            for (int j = 0; j < V; ++j)
+            {
+#pragma unroll
+                for (int q = 0; q < KS; ++q)
+                {
+                    acc[i][j] = fmaf(at(j * S + q - PAD), wr[kh * KS + q], acc[i][j]);
+                }
+            }
+        }
+    }
+}
+
 template <int KS, int S, class TIn, class TB, class Store>
 __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn)), KS),
     rows_min_blocks(static_cast<int>(sizeof(TIn)), KS))
@@ -1491,23 +1517,7 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
                     {
                         load4(rw + 4 * i, f + 4 * i);
                     }
-#pragma unroll
-                    for (int i = 0; i < R; ++i)
-                    {
-                        int const kh = r - i * S;
-                        if (kh >= 0 && kh < KS)
-                        {
-#pragma unroll
-                            for (int j = 0; j < V; ++j)
-                            {
-#pragma unroll
-                                for (int q = 0; q < KS; ++q)
-                                {
-                                    acc[i][j] = fmaf(f[j * S + q - PAD - 4 * CLO], wr[kh * KS + q], acc[i][j]);
-                                }
-                            }
-                        }
-                    }
+                    rows_fma<KS, S, R, V>(acc, r, wr, [&](int e) { return f[e - 4 * CLO]; });
                     if constexpr (kStream)
                     {
                         if (row_done(r))
@@ -1810,23 +1820,7 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
         for (int r = 0; r < NR; ++r)
         {
             uint32_t const(&wd)[NW] = next_row(r);
-#pragma unroll
-            for (int i = 0; i < R; ++i)
-            {
-                int const kh = r - i * S;
-                if (kh >= 0 && kh < KS)
-                {
-#pragma unroll
-                    for (int j = 0; j < V; ++j)
-                    {
-#pragma unroll
-                        for (int q = 0; q < KS; ++q)
-                        {
-                            acc[i][j] = fmaf(row_elem<TIn, NW>(wd, 4 + j * S + q - PAD), wr[kh * KS + q], acc[i][j]);
-                        }
-                    }
-                }
-            }
+            rows_fma<KS, S, R, V>(acc, r, wr, [&](int e) { return row_elem<TIn, NW>(wd, 4 + e); });
             if (row_done(r))
             {
                 store_row((r - (KS - 1)) / S);
