@@ -1198,6 +1198,22 @@ __device__ __forceinline__ uint32_t i8_window(uint32_t const (&wd)[NW], int o)
     return sh == 0 ? wd[a] : __byte_perm(wd[a], next, 0x3210U + 0x1111U * static_cast<uint32_t>(sh));
 }
 
+// Every accumulator of a thread's rows at Store::kAccBias (see StoreI8ToI8::kAccBias; 0 for the
+// other epilogues), where depthwise_rows and depthwise_global start their sums.
+template <class Store, class Acc, int R, int V>
+__device__ __forceinline__ void rows_acc_init(Acc (&acc)[R][V])
+{
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+    {
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+        {
+            acc[i][j] = Acc(Store::kAccBias);
+        }
+    }
+}
+
 // acc[i][j] += the products of one input row r and filter row kh = r - i * S, for each output row
 // i of the thread that row reaches (float and half depthwise rows, the accumulators float):
 // at(e) is the row's element e columns right of output column j's first tap, e = j * S + q - PAD.
@@ -1383,15 +1399,7 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
         TIn const* const tile = reinterpret_cast<TIn const*>(smem_raw + buf * buf_bytes + p * pl.slice_bytes);
 
         Acc acc[R][V];
-#pragma unroll
-        for (int i = 0; i < R; ++i)
-        {
-#pragma unroll
-            for (int j = 0; j < V; ++j)
-            {
-                acc[i][j] = Acc(Store::kAccBias); // see StoreI8ToI8::kAccBias (0 for the others)
-            }
-        }
+        rows_acc_init<Store>(acc);
         // Output row i of this thread, once summed (rows_stream(): inside the row loop below, as
         // soon as input row i * S + KS - 1 is done; else all rows after it).
         int64_t const y0 = (static_cast<int64_t>(plane) * s.Ho + orow0) * s.Wo + col0;
@@ -1813,15 +1821,7 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
     };
 
     Acc acc[R][V];
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-    {
-#pragma unroll
-        for (int j = 0; j < V; ++j)
-        {
-            acc[i][j] = Acc(Store::kAccBias); // see StoreI8ToI8::kAccBias (0 for the others)
-        }
-    }
+    rows_acc_init<Store>(acc);
     int64_t yrow = (static_cast<int64_t>(plane) * s.Ho + oh0) * s.Wo + col0;
     auto const ctx = store.rows_plane(bias);
     // Output row i, once summed (rows in order); rows past the image store nothing (count 0), with
