@@ -1577,15 +1577,15 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
 // It serves every depthwise_rows shape whose output rows split into whole segments (see
 // global_shape_ok; measured faster than depthwise_rows on every timed shape and type, README "What
 // has been verified"); QUANTBENCH_DWCONV_GLOBAL=0 (read per forward) keeps depthwise_rows.
-// Compile-time knobs (tuning; defaults = the measured best): DWCONV2D_GLOBAL_R3 / _R5_F16 / _R
-// (output rows per thread at 3x3 / FP16 5x5 / else), DWCONV2D_GLOBAL_THREADS (per block), DWCONV2D_GLOBAL_AHEAD (input
+// Compile-time knobs (tuning; defaults = the measured best): DWCONV2D_GLOBAL_R3 / _R5_NARROW / _R
+// (output rows per thread at 3x3 / FP16 and INT8 5x5 / else), DWCONV2D_GLOBAL_THREADS (per block), DWCONV2D_GLOBAL_AHEAD (input
 // rows read ahead), DWCONV2D_GLOBAL_MIN_BLOCKS_F16 (__launch_bounds__ of FP16 3x3 / 5x5: 64
 // registers, measured faster there; 1 elsewhere, where it spills).
 #ifndef DWCONV2D_GLOBAL_R3
 #define DWCONV2D_GLOBAL_R3 4
 #endif
-#ifndef DWCONV2D_GLOBAL_R5_F16
-#define DWCONV2D_GLOBAL_R5_F16 4
+#ifndef DWCONV2D_GLOBAL_R5_NARROW
+#define DWCONV2D_GLOBAL_R5_NARROW 4
 #endif
 #ifndef DWCONV2D_GLOBAL_R
 #define DWCONV2D_GLOBAL_R 7
@@ -1623,14 +1623,15 @@ __host__ __device__ constexpr int global_min_blocks(int elem, int ks)
     return elem == 2 && ks <= 5 ? DWCONV2D_GLOBAL_MIN_BLOCKS_F16 : 1;
 }
 // Outputs per thread along W (8 for the narrow types' 3x3, else 4) and output rows per thread
-// (4 at 3x3 and for FP16 5x5, else 7: each measured best of 4, 7/8 and 14 on the timed shapes).
+// (4 at 3x3 and for FP16 / INT8 5x5, else 7: each measured best of 2, 4, 7/8 and 14 on the timed
+// shapes).
 __host__ __device__ constexpr int global_v(int elem, int ks)
 {
     return ks == 3 && elem != 4 ? 8 : 4;
 }
 __host__ __device__ constexpr int global_r(int elem, int ks)
 {
-    return ks == 3 ? DWCONV2D_GLOBAL_R3 : elem == 2 && ks == 5 ? DWCONV2D_GLOBAL_R5_F16 : DWCONV2D_GLOBAL_R;
+    return ks == 3 ? DWCONV2D_GLOBAL_R3 : ks == 5 && elem != 4 ? DWCONV2D_GLOBAL_R5_NARROW : DWCONV2D_GLOBAL_R;
 }
 
 struct GlobalPlan
