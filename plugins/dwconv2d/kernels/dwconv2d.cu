@@ -1240,6 +1240,43 @@ __device__ __forceinline__ void rows_fma(float (&acc)[R][V], int r, float const 
     }
 }
 
+// acc[i][j] += the packed INT8 products of one input row r, held as words wd[] (word A0 holding
+// the byte of output column 0's segment start), and filter row kh = r - i * S (wk, packed by
+// i8_filter_pack), for each output row i of the thread that row reaches: one byte window per
+// output and 4-tap group (i8_window), one dp4a per output row it feeds.
+template <int KS, int S, int R, int V, int A0, int NW>
+__device__ __forceinline__ void rows_dp4a(
+    int32_t (&acc)[R][V], int r, uint32_t const (&wd)[NW], uint32_t const (&wk)[KS * i8_filter_groups(KS)])
+{
+    constexpr int PAD = KS / 2;
+    constexpr int G = i8_filter_groups(KS);
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+    {
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+        {
+            uint32_t const win = i8_window<NW, A0>(wd, j * S - PAD + 4 * g);
+#pragma unroll
+            for (int i = 0; i < R; ++i)
+            {
+                int const kh = r - i * S;
+                if (kh >= 0 && kh < KS)
+                {
+                    acc[i][j] = __dp4a(static_cast<int>(win), static_cast<int>(wk[kh * G + g]), acc[i][j]);
+                }
+            }
+        }
+    }
+}
+
+// Whether input row r of a thread completes one of its output rows (row (r - (KS - 1)) / S).
+template <int KS, int S>
+__host__ __device__ constexpr bool rows_row_done(int r)
+{
+    return r >= KS - 1 && (r - (KS - 1)) % S == 0;
+}
+
 template <int KS, int S, class TIn, class TB, class Store>
 __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn)), KS),
     rows_min_blocks(static_cast<int>(sizeof(TIn)), KS))
@@ -1417,7 +1454,6 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
             }
         };
         // rows_stream(): whether input row r completes an output row (KS - 1 + i * S for row i).
-        auto row_done = [](int r) { return r >= KS - 1 && (r - (KS - 1)) % S == 0; };
 
         if constexpr (kInt8)
         {
@@ -1469,28 +1505,10 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
                     {
                         load_row(r, wd);
                     }
-#pragma unroll
-                    for (int j = 0; j < V; ++j)
-                    {
-#pragma unroll
-                        for (int g = 0; g < G; ++g)
-                        {
-                            uint32_t const win = i8_window<NW, -WLO>(wd, j * S - PAD + 4 * g);
-#pragma unroll
-                            for (int i = 0; i < R; ++i)
-                            {
-                                int const kh = r - i * S;
-                                if (kh >= 0 && kh < KS)
-                                {
-                                    acc[i][j] = __dp4a(
-                                        static_cast<int>(win), static_cast<int>(wk[kh * G + g]), acc[i][j]);
-                                }
-                            }
-                        }
-                    }
+                    rows_dp4a<KS, S, R, V, -WLO>(acc, r, wd, wk);
                     if constexpr (kStream)
                     {
-                        if (row_done(r))
+                        if (rows_row_done<KS, S>(r))
                         {
                             store_row((r - (KS - 1)) / S, ctx);
                         }
@@ -1528,7 +1546,7 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
                     rows_fma<KS, S, R, V>(acc, r, wr, [&](int e) { return f[e - 4 * CLO]; });
                     if constexpr (kStream)
                     {
-                        if (row_done(r))
+                        if (rows_row_done<KS, S>(r))
                         {
                             store_row((r - (KS - 1)) / S, ctx);
                         }
@@ -1566,21 +1584,21 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
 // No shared memory, no block barriers, no persistent loop: one thread per V adjacent outputs of R
 // output rows of one plane, which reads its (R - 1) * S + KS input rows straight from global
 // memory (each row: its segment of V * S elements plus one 4-element quad either side, aligned
-// vector loads, predicated off for rows and quads outside the image, which read as zero) and
-// keeps only the accumulators of the rows still being summed, storing each output row as soon as
-// its last input row is summed.
-// Few registers, so many warps per multiprocessor hide the loads' latency, and neighbouring
-// threads' overlapping rows and quads come from L1/L2, not DRAM. INT8 keeps the packed 4-tap
-// windows and dp4a of depthwise_rows (same filter packing, same Store functors: identical
-// results, bit for bit for INT8).
+// vector loads; rows and quads outside the image read as zero, see global_pred) and keeps only
+// the accumulators of the rows still being summed, storing each output row as soon as its last
+// input row is summed. Few registers, so many warps per multiprocessor hide the loads' latency,
+// and neighbouring threads' overlapping rows and quads come from L1/L2, not DRAM. The arithmetic
+// is depthwise_rows' (rows_dp4a for INT8 with the same filter packing, rows_fma for float, the
+// same Store functors), so the results are identical to it, bit for bit.
 //
 // It serves every depthwise_rows shape whose output rows split into whole segments (see
 // global_shape_ok; measured faster than depthwise_rows on every timed shape and type, README "What
 // has been verified"); QUANTBENCH_DWCONV_GLOBAL=0 (read per forward) keeps depthwise_rows.
 // Compile-time knobs (tuning; defaults = the measured best): DWCONV2D_GLOBAL_R3 / _R5_NARROW / _R
-// (output rows per thread at 3x3 / FP16 and INT8 5x5 / else), DWCONV2D_GLOBAL_THREADS (per block), DWCONV2D_GLOBAL_AHEAD (input
-// rows read ahead), DWCONV2D_GLOBAL_MIN_BLOCKS_F16 (__launch_bounds__ of FP16 3x3 / 5x5: 64
-// registers, measured faster there; 1 elsewhere, where it spills).
+// (output rows per thread at 3x3 / FP16 and INT8 5x5 / else), DWCONV2D_GLOBAL_THREADS (per
+// block), DWCONV2D_GLOBAL_AHEAD (input rows read ahead), DWCONV2D_GLOBAL_MIN_BLOCKS_F16
+// (__launch_bounds__ of FP16 3x3 / 5x5: 64 registers, measured faster there; 1 elsewhere, where
+// it spills), DWCONV2D_GLOBAL_PRED (below).
 #ifndef DWCONV2D_GLOBAL_R3
 #define DWCONV2D_GLOBAL_R3 4
 #endif
@@ -1645,7 +1663,6 @@ struct GlobalPlan
     int32_t tx_s;
     uint32_t k_m;            // plane / K
     int32_t k_s;
-    int32_t out_chunk;       // see store_row_bytes
 };
 
 // NB bytes (4, 8 or 16; p aligned to them) as NB / 4 words, through the read-only cache.
@@ -1725,7 +1742,6 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
     constexpr bool kInt8 = E == 1;
     constexpr int V = global_v(E, KS);
     constexpr int R = global_r(E, KS);
-    constexpr int PAD = KS / 2;
     constexpr int G = i8_filter_groups(KS);
     constexpr int NR = (R - 1) * S + KS; // input rows per thread
     constexpr int NQ = V * S / 4;        // 4-element quads of a thread's row segment
@@ -1832,7 +1848,6 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
         store.template rows_store<V>(yrow, acc[i], ctx, kOutChunk, count);
         yrow += s.Wo;
     };
-    auto row_done = [](int r) { return r >= KS - 1 && (r - (KS - 1)) % S == 0; };
 
     if constexpr (kInt8)
     {
@@ -1846,26 +1861,8 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
 #pragma unroll
         for (int r = 0; r < NR; ++r)
         {
-            uint32_t const(&wd)[NW] = next_row(r);
-#pragma unroll
-            for (int j = 0; j < V; ++j)
-            {
-#pragma unroll
-                for (int g = 0; g < G; ++g)
-                {
-                    uint32_t const win = i8_window<NW, 1>(wd, j * S - PAD + 4 * g);
-#pragma unroll
-                    for (int i = 0; i < R; ++i)
-                    {
-                        int const kh = r - i * S;
-                        if (kh >= 0 && kh < KS)
-                        {
-                            acc[i][j] = __dp4a(static_cast<int>(win), static_cast<int>(wk[kh * G + g]), acc[i][j]);
-                        }
-                    }
-                }
-            }
-            if (row_done(r))
+            rows_dp4a<KS, S, R, V, 1>(acc, r, next_row(r), wk);
+            if (rows_row_done<KS, S>(r))
             {
                 store_row((r - (KS - 1)) / S);
             }
@@ -1884,7 +1881,7 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
         {
             uint32_t const(&wd)[NW] = next_row(r);
             rows_fma<KS, S, R, V>(acc, r, wr, [&](int e) { return row_elem<TIn, NW>(wd, 4 + e); });
-            if (row_done(r))
+            if (rows_row_done<KS, S>(r))
             {
                 store_row((r - (KS - 1)) / S);
             }
@@ -3566,10 +3563,9 @@ bool plan_global(ConvShape const& s, int elem, void const* x, void const* y, int
     rows_div_magic(pl.per_plane, &pl.plane_m, &pl.plane_s);
     rows_div_magic(pl.tx, &pl.tx_m, &pl.tx_s);
     rows_div_magic(s.K, &pl.k_m, &pl.k_s);
-    pl.out_chunk = rows_out_chunk(v * out_elem, out_elem, s.Wo, y);
-    if (pl.out_chunk != rows_wide_chunk(v * out_elem))
+    if (rows_out_chunk(v * out_elem, out_elem, s.Wo, y) != rows_wide_chunk(v * out_elem))
     {
-        return false; // the kernel stores whole segments at once
+        return false; // the kernel stores whole segments at once (rows_wide_chunk, kOutChunk)
     }
     *out = pl;
     return true;
