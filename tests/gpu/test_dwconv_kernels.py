@@ -157,8 +157,7 @@ def test_rows_kernel_matches_reference_where_the_table_takes_mma(
 ) -> None:
     """The cases the table sends to depthwise_mma, on depthwise_rows (MMA off) as well."""
     seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
-    with harness.mma_mode(library, harness.kl.MMA_OFF), pytest.MonkeyPatch.context() as mp:
-        mp.setenv("QUANTBENCH_DWCONV_GLOBAL", "0")
+    with harness.mma_mode(library, harness.kl.MMA_OFF), harness.global_off():
         row = harness.check_case(runner, name, mode, seed=seed)
         assert library.last_path() == "depthwise_rows"
     assert row["passed"], row
@@ -188,8 +187,7 @@ def test_mma_kernel_on_the_timed_shapes(library) -> None:
             params = harness.mode_params(spec, mode, 0.05)
             outs = []
             for on in (harness.kl.MMA_OFF, harness.kl.MMA_ON):
-                with harness.mma_mode(library, on), pytest.MonkeyPatch.context() as mp:
-                    mp.setenv("QUANTBENCH_DWCONV_GLOBAL", "0")
+                with harness.mma_mode(library, on), harness.global_off():
                     y = harness.device_forward(library, spec, mode, (x, w, b), params)
                     assert library.last_path() == (
                         "depthwise_mma" if on == harness.kl.MMA_ON else "depthwise_rows"
@@ -225,12 +223,11 @@ GLOBAL_NAMES = _global_names()
 @pytest.mark.parametrize("mode", harness.MODES)
 @pytest.mark.parametrize("name", GLOBAL_NAMES)
 def test_rows_kernel_matches_reference_with_global_off(
-    library, runner, monkeypatch, name: str, mode: str
+    library, runner, name: str, mode: str
 ) -> None:
     """The cases depthwise_global takes by default, on depthwise_rows (global switched off)."""
-    monkeypatch.setenv("QUANTBENCH_DWCONV_GLOBAL", "0")
     seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
-    with harness.mma_mode(library, harness.kl.MMA_OFF):
+    with harness.mma_mode(library, harness.kl.MMA_OFF), harness.global_off():
         row = harness.check_case(runner, name, mode, seed=seed)
         assert library.last_path() != "depthwise_global"
     assert row["passed"], row
@@ -253,12 +250,12 @@ def test_global_equals_rows_on_the_timed_shapes(library, monkeypatch, mode: str)
         outs = []
         with harness.mma_mode(library, harness.kl.MMA_OFF):
             for value in ("1", "0"):
-                monkeypatch.setenv("QUANTBENCH_DWCONV_GLOBAL", value)
+                monkeypatch.setenv(harness.GLOBAL_ENV, value)
                 outs.append(torch.empty(spec.output_shape, dtype=dtype, device="cuda"))
                 assert harness.launch(library, mode, tensors, outs[-1], params, stream) == 0
                 want = "depthwise_global" if value == "1" else "depthwise_rows"
                 assert library.last_path() == want, (name, mode)
-            monkeypatch.setenv("QUANTBENCH_DWCONV_GLOBAL", "1")
+            monkeypatch.setenv(harness.GLOBAL_ENV, "1")
             y = _graph_replayed(library, mode, tensors, outs[0], params, "depthwise_global", 1)
         assert torch.equal(outs[0], outs[1]), (name, mode)
         assert torch.equal(y, outs[0]), (name, mode)
