@@ -1596,9 +1596,9 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
 // has been verified"); QUANTBENCH_DWCONV_GLOBAL=0 (read per forward) keeps depthwise_rows.
 // Compile-time knobs (tuning; defaults = the measured best): DWCONV2D_GLOBAL_R3 / _R5_NARROW / _R
 // (output rows per thread at 3x3 / FP16 and INT8 5x5 / else), DWCONV2D_GLOBAL_THREADS (per
-// block), DWCONV2D_GLOBAL_AHEAD (input rows read ahead), DWCONV2D_GLOBAL_MIN_BLOCKS_F16
-// (__launch_bounds__ of FP16 3x3 / 5x5: 64 registers, measured faster there; 1 elsewhere, where
-// it spills), DWCONV2D_GLOBAL_PRED (below).
+// block), DWCONV2D_GLOBAL_AHEAD / _AHEAD_I8_3 (input rows read ahead, see global_ahead),
+// DWCONV2D_GLOBAL_MIN_BLOCKS_F16 / _I8 (__launch_bounds__ of FP16 3x3 / 5x5 and INT8 3x3, see
+// global_min_blocks), DWCONV2D_GLOBAL_PRED (below).
 #ifndef DWCONV2D_GLOBAL_R3
 #define DWCONV2D_GLOBAL_R3 4
 #endif
@@ -1614,8 +1614,14 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
 #ifndef DWCONV2D_GLOBAL_AHEAD
 #define DWCONV2D_GLOBAL_AHEAD 1
 #endif
+#ifndef DWCONV2D_GLOBAL_AHEAD_I8_3
+#define DWCONV2D_GLOBAL_AHEAD_I8_3 2
+#endif
 #ifndef DWCONV2D_GLOBAL_MIN_BLOCKS_F16
 #define DWCONV2D_GLOBAL_MIN_BLOCKS_F16 8
+#endif
+#ifndef DWCONV2D_GLOBAL_MIN_BLOCKS_I8
+#define DWCONV2D_GLOBAL_MIN_BLOCKS_I8 7
 #endif
 // Rows and quads outside the image: skipped by predicated loads (1: measured faster, or equal,
 // on every timed shape but the float 7x7 ones, FP32 44.3 against 41.3 us, FP16 42.2 against
@@ -1634,11 +1640,23 @@ __host__ __device__ constexpr bool global_pred(int elem, int ks)
     return (elem != 1 && ks == 7 ? DWCONV2D_GLOBAL_PRED_FLOAT_7X7 : DWCONV2D_GLOBAL_PRED) != 0;
 }
 constexpr int kGlobalThreads = DWCONV2D_GLOBAL_THREADS;
-constexpr int kGlobalAhead = DWCONV2D_GLOBAL_AHEAD; // input rows read ahead of the one summed
 
+// Input rows read ahead of the one summed: 2 for INT8 3x3 (24.7 against 27.0 us with per-batch
+// weights, 23.7-24.7 against 24.4 shared), 1 elsewhere (2 measured no faster for FP16 and FP32 3x3
+// and INT8 5x5 / 7x7, and 49.6 against 41.1 us for FP32 7x7).
+__host__ __device__ constexpr int global_ahead(int elem, int ks)
+{
+    return elem == 1 && ks == 3 ? DWCONV2D_GLOBAL_AHEAD_I8_3 : DWCONV2D_GLOBAL_AHEAD;
+}
+
+// __launch_bounds__ minimum blocks per multiprocessor: 8 (64 registers) for FP16 3x3 / 5x5, 7 (72
+// registers, 28 warps instead of 24) for INT8 3x3, none elsewhere (FP32 7x7 spills at 4 or 5: 45.8
+// against 41 us). FP16 at 9 / 10 / 12 and INT8 at 8 were no faster or spilled.
 __host__ __device__ constexpr int global_min_blocks(int elem, int ks)
 {
-    return elem == 2 && ks <= 5 ? DWCONV2D_GLOBAL_MIN_BLOCKS_F16 : 1;
+    return elem == 2 && ks <= 5 ? DWCONV2D_GLOBAL_MIN_BLOCKS_F16
+        : elem == 1 && ks == 3  ? DWCONV2D_GLOBAL_MIN_BLOCKS_I8
+                                : 1;
 }
 // Outputs per thread along W (8 for the narrow types' 3x3, else 4) and output rows per thread
 // (4 at 3x3 and for FP16 / INT8 5x5, else 7: each measured best of 2, 4, 7/8 and 14 on the timed
@@ -1820,9 +1838,9 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
             }
         }
     };
-    // Rows are read kGlobalAhead rows before they are summed (a ring of row buffers), so that
+    // Rows are read global_ahead() rows before they are summed (a ring of row buffers), so that
     // their loads' latency hides behind the rows in between.
-    constexpr int AH = kGlobalAhead < NR ? kGlobalAhead : NR - 1;
+    constexpr int AH = global_ahead(E, KS) < NR ? global_ahead(E, KS) : NR - 1;
     uint32_t ring[AH + 1][NW];
 #pragma unroll
     for (int r = 0; r < AH; ++r)
