@@ -475,6 +475,15 @@ __device__ inline float load_bias(TB const* b, ConvShape const& s, int32_t n, in
     return 0.0F;
 }
 
+// load_bias's value as stored (not widened), with no branch: where nothing waits on it at once,
+// its load need not hold back the loads after it.
+template <class TB>
+__device__ inline TB bias_raw(TB const* b, ConvShape const& s, int32_t n, int32_t k)
+{
+    int64_t const i = s.bias_mode == DWCONV2D_BIAS_PER_BATCH ? static_cast<int64_t>(n) * s.K + k : k;
+    return s.bias_mode != DWCONV2D_BIAS_NONE ? b[i] : static_cast<TB>(0.0F);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Path 1: depthwise, shared-memory tiles
 // ---------------------------------------------------------------------------------------------
@@ -1794,7 +1803,6 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
             + static_cast<int64_t>(col0) * S * E);
     TIn const* const wp = w + (s.weight_per_batch ? static_cast<int64_t>(n) * s.K * (KS * KS) : 0)
         + static_cast<int64_t>(k) * (KS * KS);
-    float const bias = load_bias(b, s, n, k);
 
     // Without predicated loads (global_pred): a row of the plane inside the image (the first of
     // this thread's rows that is, or the last row), which rows outside the image load instead and
@@ -1847,6 +1855,25 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
     {
         load_row(r, ring[r]);
     }
+    // Then the filter and the bias, as loaded: nothing waits on a load before they are all issued.
+    I8Filter<KS> f8;
+    TIn fw[kInt8 ? 1 : KS * KS];
+    if constexpr (kInt8)
+    {
+        auto const w_lo = reinterpret_cast<uintptr_t>(w);
+        auto const w_hi = w_lo
+            + static_cast<uintptr_t>((s.weight_per_batch ? static_cast<int64_t>(s.N) : int64_t{1}) * s.K * (KS * KS));
+        i8_filter_fetch<KS>(reinterpret_cast<int8_t const*>(wp), true, w_lo, w_hi, f8);
+    }
+    else
+    {
+#pragma unroll
+        for (int i = 0; i < KS * KS; ++i)
+        {
+            fw[i] = wp[i];
+        }
+    }
+    float const bias = bias_to_float(bias_raw(b, s, n, k));
     auto next_row = [&](int r) -> uint32_t const(&)[NW] {
         if (r + AH < NR)
         {
@@ -1858,10 +1885,16 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
     Acc acc[R][V];
     rows_acc_init<Store>(acc);
     int64_t yrow = (static_cast<int64_t>(plane) * s.Ho + oh0) * s.Wo + col0;
-    auto const ctx = store.rows_plane(bias);
+    // The epilogue's per-plane constants, from the bias: computed at the first store, so that the
+    // rows' loads issued before it do not wait for the bias (rows_plane branches on it for INT8).
+    decltype(store.rows_plane(bias)) ctx{};
     // Output row i, once summed (rows in order); rows past the image store nothing (count 0), with
     // no branch. Every row is whole V-output segments stored at once (plan_global).
     auto store_row = [&](int i) {
+        if (i == 0)
+        {
+            ctx = store.rows_plane(bias);
+        }
         int const count = oh0 + i < s.Ho ? V : 0;
         store.template rows_store<V>(yrow, acc[i], ctx, kOutChunk, count);
         yrow += s.Wo;
@@ -1869,13 +1902,8 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
 
     if constexpr (kInt8)
     {
-        auto const w_lo = reinterpret_cast<uintptr_t>(w);
-        auto const w_hi = w_lo
-            + static_cast<uintptr_t>((s.weight_per_batch ? static_cast<int64_t>(s.N) : int64_t{1}) * s.K * (KS * KS));
-        I8Filter<KS> f;
-        i8_filter_fetch<KS>(reinterpret_cast<int8_t const*>(wp), true, w_lo, w_hi, f);
         uint32_t wk[KS * G];
-        i8_filter_pack<KS>(f, wk);
+        i8_filter_pack<KS>(f8, wk);
 #pragma unroll
         for (int r = 0; r < NR; ++r)
         {
@@ -1892,7 +1920,7 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
 #pragma unroll
         for (int i = 0; i < KS * KS; ++i)
         {
-            wr[i] = Traits<TIn>::load(wp[i]);
+            wr[i] = Traits<TIn>::load(fw[i]);
         }
 #pragma unroll
         for (int r = 0; r < NR; ++r)
