@@ -461,27 +461,19 @@ struct ConvShape
     int32_t bias_mode;
 };
 
-template <class TB>
-__device__ inline float load_bias(TB const* b, ConvShape const& s, int32_t n, int32_t k)
-{
-    if (s.bias_mode == DWCONV2D_BIAS_SHARED)
-    {
-        return bias_to_float(b[k]);
-    }
-    if (s.bias_mode == DWCONV2D_BIAS_PER_BATCH)
-    {
-        return bias_to_float(b[static_cast<int64_t>(n) * s.K + k]);
-    }
-    return 0.0F;
-}
-
-// load_bias's value as stored (not widened), with no branch: where nothing waits on it at once,
-// its load need not hold back the loads after it.
+// The bias of output channel k of image n (0 without one), as stored (not widened), with no
+// branch: where nothing waits on it at once, its load need not hold back the loads after it.
 template <class TB>
 __device__ inline TB bias_raw(TB const* b, ConvShape const& s, int32_t n, int32_t k)
 {
     int64_t const i = s.bias_mode == DWCONV2D_BIAS_PER_BATCH ? static_cast<int64_t>(n) * s.K + k : k;
     return s.bias_mode != DWCONV2D_BIAS_NONE ? b[i] : static_cast<TB>(0.0F);
+}
+
+template <class TB>
+__device__ inline float load_bias(TB const* b, ConvShape const& s, int32_t n, int32_t k)
+{
+    return bias_to_float(bias_raw(b, s, n, k));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1873,7 +1865,7 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
             fw[i] = wp[i];
         }
     }
-    float const bias = bias_to_float(bias_raw(b, s, n, k));
+    float const bias = load_bias(b, s, n, k); // no branch (bias_raw)
     auto next_row = [&](int r) -> uint32_t const(&)[NW] {
         if (r + AH < NR)
         {
