@@ -476,6 +476,23 @@ __device__ inline float load_bias(TB const* b, ConvShape const& s, int32_t n, in
     return bias_to_float(bias_raw(b, s, n, k));
 }
 
+// Filter k of image n in the weight tensor w (one tensor for the batch, or one per image), `per`
+// elements per filter (the depthwise kernels' filters).
+template <class T>
+__device__ inline T const* filter_at(T const* w, ConvShape const& s, int32_t n, int32_t k, int32_t per)
+{
+    return w + (s.weight_per_batch ? static_cast<int64_t>(n) * s.K * per : 0) + static_cast<int64_t>(k) * per;
+}
+
+// One past the weight tensor's last byte, as an address (INT8 filter reads stay below it).
+template <class T>
+__device__ inline uintptr_t weights_end(T const* w, ConvShape const& s, int32_t per)
+{
+    return reinterpret_cast<uintptr_t>(w)
+        + static_cast<uintptr_t>((s.weight_per_batch ? static_cast<int64_t>(s.N) : int64_t{1}) * s.K * per)
+        * sizeof(T);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Path 1: depthwise, shared-memory tiles
 // ---------------------------------------------------------------------------------------------
@@ -524,8 +541,7 @@ __global__ void __launch_bounds__(kMaxThreads) depthwise_tiled_kernel(TIn const*
     int32_t const k = plane_ok ? plane - n * s.K : 0;
     int32_t const c = s.Kg == 1 ? k : k / s.Kg; // C/group == 1: the group index is the channel
     int32_t const khw = s.kH * s.kW;
-    TIn const* const wp
-        = w + (s.weight_per_batch ? static_cast<int64_t>(n) * s.K * khw : 0) + static_cast<int64_t>(k) * khw;
+    TIn const* const wp = filter_at(w, s, n, k, khw);
 
     int32_t const tile_h = tile / t.tilesW;
     int32_t const oh0 = tile_h * t.TH;
@@ -1382,16 +1398,13 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
     };
     // the weight tensor's bytes (INT8 filter reads stay inside them)
     [[maybe_unused]] auto const w_lo = reinterpret_cast<uintptr_t>(w);
-    [[maybe_unused]] auto const w_hi = w_lo
-        + static_cast<uintptr_t>((s.weight_per_batch ? static_cast<int64_t>(s.N) : int64_t{1}) * s.K * (KS * KS))
-            * sizeof(TIn);
+    [[maybe_unused]] auto const w_hi = weights_end(w, s, KS * KS);
     auto fetch = [&](int32_t group, Fetched& f) {
         int32_t const plane = group * pl.PPB + p;
         bool const ok = group < pl.groups && plane < pl.planes && orow0 < s.Ho;
         int32_t const n = ok ? rows_div(plane, pl) : 0; // plane / s.K
         int32_t const k = ok ? plane - n * s.K : 0;
-        TIn const* const wp = w + (s.weight_per_batch ? static_cast<int64_t>(n) * s.K * (KS * KS) : 0)
-            + static_cast<int64_t>(k) * (KS * KS);
+        TIn const* const wp = filter_at(w, s, n, k, KS * KS);
         if constexpr (kInt8)
         {
             i8_filter_fetch<KS>(wp, ok, w_lo, w_hi, f.i8);
@@ -1454,8 +1467,6 @@ __global__ void __launch_bounds__(rows_max_threads(static_cast<int>(sizeof(TIn))
                 store.template rows_store<V>(y0 + static_cast<int64_t>(i) * s.Wo, acc[i], ctx, pl.out_chunk, count);
             }
         };
-        // rows_stream(): whether input row r completes an output row (KS - 1 + i * S for row i).
-
         if constexpr (kInt8)
         {
             constexpr int WLO = floor_div4(-PAD);
@@ -1793,8 +1804,7 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
     uintptr_t xrow = reinterpret_cast<uintptr_t>(x)
         + static_cast<uintptr_t>(((static_cast<int64_t>(n) * s.C + c) * s.H + ih0) * pitch
             + static_cast<int64_t>(col0) * S * E);
-    TIn const* const wp = w + (s.weight_per_batch ? static_cast<int64_t>(n) * s.K * (KS * KS) : 0)
-        + static_cast<int64_t>(k) * (KS * KS);
+    TIn const* const wp = filter_at(w, s, n, k, KS * KS);
 
     // Without predicated loads (global_pred): a row of the plane inside the image (the first of
     // this thread's rows that is, or the last row), which rows outside the image load instead and
@@ -1852,10 +1862,7 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
     TIn fw[kInt8 ? 1 : KS * KS];
     if constexpr (kInt8)
     {
-        auto const w_lo = reinterpret_cast<uintptr_t>(w);
-        auto const w_hi = w_lo
-            + static_cast<uintptr_t>((s.weight_per_batch ? static_cast<int64_t>(s.N) : int64_t{1}) * s.K * (KS * KS));
-        i8_filter_fetch<KS>(reinterpret_cast<int8_t const*>(wp), true, w_lo, w_hi, f8);
+        i8_filter_fetch<KS>(wp, true, reinterpret_cast<uintptr_t>(w), weights_end(w, s, KS * KS), f8);
     }
     else
     {
@@ -2122,8 +2129,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) depthwise_mma_kernel(TIn const
         bool const ok = q < pl.planes;
         int32_t const n = ok ? q / s.K : 0;
         int32_t const k = ok ? q - n * s.K : 0;
-        TIn const* const wp = w + (s.weight_per_batch ? static_cast<int64_t>(n) * s.K * (KS * KS) : 0)
-            + static_cast<int64_t>(k) * (KS * KS);
+        TIn const* const wp = filter_at(w, s, n, k, KS * KS);
         f.w0 = ok && lane < KS * KS ? wp[lane] : TIn(0);
         f.w1 = ok && lane + 32 < KS * KS ? wp[lane + 32] : TIn(0);
         f.bias = ok ? load_bias(b, s, n, k) : 0.0F;
@@ -3559,6 +3565,16 @@ bool launch_rows(TIn const* x, TIn const* w, TB const* b, Store store, void cons
     });
 }
 
+// depthwise_global's output-row chunks per plane, and the bytes of its segment loads.
+int64_t global_chunks(ConvShape const& s, int elem)
+{
+    return ceil_div(static_cast<int64_t>(s.Ho), int64_t{global_r(elem, s.kH)});
+}
+int global_load_bytes(ConvShape const& s, int elem)
+{
+    return std::min(global_v(elem, s.kH) * s.sh * elem, 16);
+}
+
 // depthwise_global: whether it serves a shape with elements of `elem` bytes: a depthwise_rows shape
 // whose output rows split into whole V-wide segments within the input row (Wo % V == 0,
 // Wo * S <= W), whose row pitch allows the segment loads, and whose threads fit int32.
@@ -3572,14 +3588,12 @@ bool global_shape_ok(ConvShape const& s, int elem)
     }
     int64_t const planes = rows_planes(s);
     int const v = global_v(elem, s.kH);
-    int const lb = std::min(v * s.sh * elem, 16); // the segment's loads
     if (planes == 0 || s.Wo % v != 0 || static_cast<int64_t>(s.Wo) * s.sh > s.W
-        || (static_cast<int64_t>(s.W) * elem) % lb != 0)
+        || (static_cast<int64_t>(s.W) * elem) % global_load_bytes(s, elem) != 0)
     {
         return false;
     }
-    int64_t const chunks = ceil_div(static_cast<int64_t>(s.Ho), int64_t{global_r(elem, s.kH)});
-    return planes * chunks * (s.Wo / v) <= INT32_MAX - kGlobalThreads;
+    return planes * global_chunks(s, elem) * (s.Wo / v) <= INT32_MAX - kGlobalThreads;
 }
 
 // The plan for these pointers; false when the shape is not served (global_shape_ok), x is not
@@ -3588,11 +3602,11 @@ bool plan_global(ConvShape const& s, int elem, void const* x, void const* y, int
 {
     int const v = global_v(elem, s.kH);
     auto const xa = reinterpret_cast<uintptr_t>(x);
-    if (!global_shape_ok(s, elem) || xa % std::min(v * s.sh * elem, 16) != 0 || xa % std::min(4 * elem, 16) != 0)
+    if (!global_shape_ok(s, elem) || xa % global_load_bytes(s, elem) != 0 || xa % std::min(4 * elem, 16) != 0)
     {
         return false;
     }
-    int64_t const chunks = ceil_div(static_cast<int64_t>(s.Ho), int64_t{global_r(elem, s.kH)});
+    int64_t const chunks = global_chunks(s, elem);
     int64_t const tx = s.Wo / v;
     GlobalPlan pl{};
     pl.total = static_cast<int32_t>(rows_planes(s) * chunks * tx);
