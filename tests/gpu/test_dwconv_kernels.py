@@ -22,6 +22,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=REA
 CASE_NAMES = sorted(harness.CASES)
 
 
+def _seed(name: str, mode: str) -> int:
+    """The inputs' seed of one grid case and mode (the same in every test that runs it)."""
+    return CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
+
+
+def _check_on_rows(library, runner, name: str, mode: str) -> tuple[dict, str]:
+    """One grid case with depthwise_mma and depthwise_global switched off: its check and path."""
+    with harness.mma_mode(library, harness.kl.MMA_OFF), harness.global_off():
+        row = harness.check_case(runner, name, mode, seed=_seed(name, mode))
+        return row, library.last_path()
+
+
 @pytest.fixture(scope="module")
 def library():
     return harness.get_library()
@@ -35,7 +47,7 @@ def runner(library):
 @pytest.mark.parametrize("mode", harness.MODES)
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_kernel_matches_reference(runner, name: str, mode: str) -> None:
-    seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
+    seed = _seed(name, mode)
     row = harness.check_case(runner, name, mode, seed=seed)
     assert row["passed"], row
 
@@ -96,7 +108,7 @@ FALLBACK_NAMES = [
 @pytest.mark.parametrize("name", FALLBACK_NAMES)
 def test_own_kernels_match_reference_with_cudnn_off(library, runner, name: str, mode: str) -> None:
     """Grouped and dense shapes on our kernels (what runs when cuDNN is absent)."""
-    seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
+    seed = _seed(name, mode)
     with harness.cudnn_mode(library, harness.kl.CUDNN_OFF):
         row = harness.check_case(runner, name, mode, seed=seed)
         assert library.last_path() != "cudnn"
@@ -156,10 +168,8 @@ def test_rows_kernel_matches_reference_where_the_table_takes_mma(
     library, runner, name: str, mode: str
 ) -> None:
     """The cases the table sends to depthwise_mma, on depthwise_rows (MMA off) as well."""
-    seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
-    with harness.mma_mode(library, harness.kl.MMA_OFF), harness.global_off():
-        row = harness.check_case(runner, name, mode, seed=seed)
-        assert library.last_path() == "depthwise_rows"
+    row, path = _check_on_rows(library, runner, name, mode)
+    assert path == "depthwise_rows"
     assert row["passed"], row
 
 
@@ -167,7 +177,7 @@ def test_rows_kernel_matches_reference_where_the_table_takes_mma(
 @pytest.mark.parametrize("name", MMA_NAMES)
 def test_mma_kernel_matches_reference(library, runner, name: str, mode: str) -> None:
     """Depthwise FP16/INT8 on the tensor-core kernel (depthwise_mma, switched on here)."""
-    seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
+    seed = _seed(name, mode)
     with harness.mma_mode(library, harness.kl.MMA_ON):
         row = harness.check_case(runner, name, mode, seed=seed)
         assert library.last_path() == "depthwise_mma"
@@ -226,10 +236,8 @@ def test_rows_kernel_matches_reference_with_global_off(
     library, runner, name: str, mode: str
 ) -> None:
     """The cases depthwise_global takes by default, on depthwise_rows (global switched off)."""
-    seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
-    with harness.mma_mode(library, harness.kl.MMA_OFF), harness.global_off():
-        row = harness.check_case(runner, name, mode, seed=seed)
-        assert library.last_path() != "depthwise_global"
+    row, path = _check_on_rows(library, runner, name, mode)
+    assert path != "depthwise_global"
     assert row["passed"], row
 
 
@@ -268,7 +276,7 @@ INT8_MODES = ("int8_i8", "int8_f32", "int8_tie")
 @pytest.mark.parametrize("name", FALLBACK_NAMES)
 def test_int8_grouped_on_cuda_cores_with_mma_off(library, runner, name: str, mode: str) -> None:
     """INT8 grouped and dense shapes on our CUDA-core kernels (gemm_mma switched off)."""
-    seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
+    seed = _seed(name, mode)
     with harness.mma_mode(library, harness.kl.MMA_OFF):
         row = harness.check_case(runner, name, mode, seed=seed)
         assert library.last_path() in ("implicit_gemm", "direct")
@@ -282,7 +290,7 @@ def test_gemm_mma_flat_kernel_matches_reference(
 ) -> None:
     """gemm_mma's flat kernel (im2col copies per tap), which serves the shapes the patch kernel
     cannot hold; QUANTBENCH_DWCONV_GEMM_PATCH=0 (read per call) forces it."""
-    seed = CASE_NAMES.index(name) * 10 + harness.MODES.index(mode)
+    seed = _seed(name, mode)
     monkeypatch.setenv("QUANTBENCH_DWCONV_GEMM_PATCH", "0")
     row = harness.check_case(runner, name, mode, seed=seed)
     assert library.last_path() == "gemm_mma"
