@@ -1938,8 +1938,9 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
 // Path 1c: depthwise_mma (INT8 and FP16 on depthwise_rows shapes): tensor cores
 // ---------------------------------------------------------------------------------------------
 //
-// One warp owns one plane at a time (persistent warps; planes warp, warp + warps, ...), copies it
-// whole into its own shared memory with cp.async (stages - 1 planes in flight per warp, zero rows
+// One warp owns one plane at a time (persistent warps, each a contiguous run of planes in
+// channel-major order, so that with shared weights a channel's Toeplitz bands below are built
+// once per run, not per plane), copies it whole into its own shared memory with cp.async (stages - 1 planes in flight per warp, zero rows
 // and columns around the image so that nothing is bounds-checked) and computes it on the tensor
 // cores. Per filter row kh, a 16 x 8 tile of outputs (16 output rows, 8 adjacent output columns)
 // is a matrix product
@@ -1957,7 +1958,8 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
 // through the same Store functors (rows_store<4>) as depthwise_rows: same rounding, same
 // INT8 requantization (bit-exact, ties included). Tiles at the bottom and right edges are moved
 // back to end at the last row / column (they overlap the tile before, whose outputs they do not
-// store again), so no rows or columns past the image are computed or staged.
+// store again), so no rows or columns past the image are computed or staged; the blocks of such a
+// tile that hold only columns the tile before stored are not computed at all (DWCONV2D_MMA_LIVE).
 
 __host__ __device__ constexpr int mma_nb(int st)
 {
@@ -1981,6 +1983,10 @@ constexpr int kMmaWarps = DWCONV2D_MMA_WARPS; // warps per block
 #endif
 constexpr int kMmaAheadBytes = DWCONV2D_MMA_AHEAD_BYTES; // input bytes in flight per warp (if they fit)
 constexpr int kMmaMaxSlot = 24 * 1024; // per plane and stage; larger planes take depthwise_rows
+// Chunk blocks holding only columns the chunk before stored are not computed (1), or are (0).
+#ifndef DWCONV2D_MMA_LIVE
+#define DWCONV2D_MMA_LIVE 1
+#endif
 
 __host__ __device__ constexpr int mma_z(int elem, int ks, int st)
 {
@@ -1994,6 +2000,17 @@ __host__ __device__ constexpr int mma_zrow_bytes(int elem, int ks, int st)
 {
     return (ks * mma_zl(elem, ks, st) * elem + 15) / 16 * 16;
 }
+
+#ifndef DWCONV2D_MMA_RUNS
+#define DWCONV2D_MMA_RUNS 1
+#endif
+// A warp's position in its sequence of planes: the sequence index p and the plane's (n, k).
+struct MmaCursor
+{
+    int32_t p;
+    int32_t n;
+    int32_t k;
+};
 
 struct MmaPlan
 {
@@ -2048,11 +2065,19 @@ __device__ inline void mma_issue(T const* xp, unsigned char* tile, ConvShape con
 {
     constexpr int NE = LB / static_cast<int>(sizeof(T));
     int32_t const rows = min(s.H, pl.NRS - s.pt); // input rows the plane's outputs read
+    // Both addresses advance by a step per copy (the loop was ~21 instructions per copy with them
+    // recomputed from r).
+    int64_t const src_step = static_cast<int64_t>(rstep) * s.W * static_cast<int64_t>(sizeof(T));
+    uint32_t const dst_step = static_cast<uint32_t>(rstep * pl.P);
     for (int32_t v = v0; v < pl.NV; v += 32)
     {
+        auto const* src = reinterpret_cast<unsigned char const*>(xp + static_cast<int64_t>(r0) * s.W + v * NE);
+        unsigned char* dst = tile + (r0 + s.pt) * pl.P + 16 + v * LB;
         for (int32_t r = r0; r < rows; r += rstep)
         {
-            cp_async<LB>(tile + (r + s.pt) * pl.P + 16 + v * LB, xp + static_cast<int64_t>(r) * s.W + v * NE);
+            cp_async<LB>(dst, src);
+            src += src_step;
+            dst += dst_step;
         }
     }
 }
@@ -2099,16 +2124,45 @@ __global__ void __launch_bounds__(kMmaWarps * 32) depthwise_mma_kernel(TIn const
     int32_t const nwarps = static_cast<int32_t>(gridDim.x) * kMmaWarps;
     int32_t const first = static_cast<int32_t>(blockIdx.x) * kMmaWarps + warp;
 
+    // This warp's planes, in order. DWCONV2D_MMA_RUNS: a contiguous run of plane indices p in
+    // channel-major order (p = k * N + n, plane n * K + k), so that consecutive planes mostly share
+    // a channel and, with shared weights, its filter and Toeplitz bands, built once per run of the
+    // channel; else planes first, first + nwarps, ... (each one's bands built).
+#if DWCONV2D_MMA_RUNS
+    int32_t const per = (pl.planes + nwarps - 1) / nwarps;
+    int32_t const p_begin = static_cast<int32_t>(min(int64_t{pl.planes}, int64_t{first} * per));
+    int32_t const p_end = static_cast<int32_t>(min(int64_t{pl.planes}, int64_t{p_begin} + per));
+    auto cursor_at = [&](int32_t i) {
+        int32_t const p = p_begin + i;
+        int32_t const k = p / s.N;
+        return MmaCursor{p, p - k * s.N, k};
+    };
+    auto advance = [&](MmaCursor& c) {
+        ++c.p;
+        if (++c.n == s.N)
+        {
+            c.n = 0;
+            ++c.k;
+        }
+    };
+#else
+    int32_t const p_end = pl.planes;
+    auto cursor_at = [&](int32_t i) {
+        int32_t const p = first + i * nwarps;
+        int32_t const n = p / s.K;
+        return MmaCursor{p, n, p - n * s.K};
+    };
+    auto advance = [&](MmaCursor& c) { c = cursor_at((c.p - first) / nwarps + 1); };
+#endif
+
     int32_t const rstep = max(1, 32 / pl.NV);
     int32_t const r0 = lane < rstep * pl.NV ? lane / pl.NV : INT32_MAX;
     int32_t const v0 = pl.NV >= 32 ? lane : lane - (r0 == INT32_MAX ? 0 : r0) * pl.NV;
-    auto issue = [&](int32_t q, int32_t slot) {
-        if (q < pl.planes && r0 != INT32_MAX)
+    auto issue = [&](MmaCursor const& q, int32_t slot) {
+        if (q.p < p_end && r0 != INT32_MAX)
         {
-            int32_t const n = q / s.K;
-            int32_t const k = q - n * s.K;
-            int32_t const c = s.Kg == 1 ? k : k / s.Kg;
-            TIn const* const xp = x + (static_cast<int64_t>(n) * s.C + c) * (static_cast<int64_t>(s.H) * s.W);
+            int32_t const c = s.Kg == 1 ? q.k : q.k / s.Kg;
+            TIn const* const xp = x + (static_cast<int64_t>(q.n) * s.C + c) * (static_cast<int64_t>(s.H) * s.W);
             unsigned char* const tile = wbase + slot * pl.slot_bytes;
             switch (pl.load_bytes)
             {
@@ -2119,72 +2173,87 @@ __global__ void __launch_bounds__(kMmaWarps * 32) depthwise_mma_kernel(TIn const
         }
         cp_async_commit(); // one group per call in every lane, empty or not
     };
-    // The filter (lane l holds elements l and l + 32) and the bias of plane q.
+    // The filter (lane l holds elements l and l + 32; only where `filter`) and the bias of plane q.
     struct Fetched
     {
         TIn w0, w1;
         float bias;
     };
-    auto fetch = [&](int32_t q, Fetched& f) {
-        bool const ok = q < pl.planes;
-        int32_t const n = ok ? q / s.K : 0;
-        int32_t const k = ok ? q - n * s.K : 0;
+    auto fetch = [&](MmaCursor const& q, bool filter, Fetched& f) {
+        bool const ok = q.p < p_end;
+        int32_t const n = ok ? q.n : 0;
+        int32_t const k = ok ? q.k : 0;
         TIn const* const wp = filter_at(w, s, n, k, KS * KS);
-        f.w0 = ok && lane < KS * KS ? wp[lane] : TIn(0);
-        f.w1 = ok && lane + 32 < KS * KS ? wp[lane + 32] : TIn(0);
+        f.w0 = ok && filter && lane < KS * KS ? wp[lane] : TIn(0);
+        f.w1 = ok && filter && lane + 32 < KS * KS ? wp[lane + 32] : TIn(0);
         f.bias = ok ? load_bias(b, s, n, k) : 0.0F;
     };
 
     int32_t slot = 0;
-    for (int32_t ahead = 0; ahead < pl.stages - 1; ++ahead)
+    MmaCursor ahead = cursor_at(0);
+    for (int32_t i = 0; i < pl.stages - 1; ++i)
     {
-        issue(first + ahead * nwarps, ahead);
+        issue(ahead, i);
+        advance(ahead);
     }
+    MmaCursor q = cursor_at(0);
     Fetched cur;
-    fetch(first, cur);
+    fetch(q, true, cur);
     int32_t const RT = (s.Ho + 15) / 16;
     int32_t const NCH = (s.Wo + CW - 1) / CW;
     int32_t const last_row0 = max(0, s.Ho - 16);
     int32_t const last_col0 = max(0, (s.Wo - CW + 3) & ~3); // a multiple of 4: c0 stays 4-byte aligned
-    for (int32_t q = first; q < pl.planes; q += nwarps)
+    // The Toeplitz bands: lane (g, tq) holds B[k][g] for its k (two 4-byte registers per MMA), of
+    // the filter of channel built_k (-1: none yet).
+    uint32_t bf[KS][NB][KSTEPS][2];
+    int32_t built_k = -1;
+    for (; q.p < p_end; advance(q))
     {
-        issue(q + (pl.stages - 1) * nwarps, slot == 0 ? pl.stages - 1 : slot - 1);
+        issue(ahead, slot == 0 ? pl.stages - 1 : slot - 1);
+        advance(ahead);
+        MmaCursor nq = q;
+        advance(nq);
+        bool const build = s.weight_per_batch || q.k != built_k; // warp-uniform
         Fetched nxt;
-        fetch(q + nwarps, nxt);
-        if (lane < KS * KS)
+        fetch(nq, s.weight_per_batch || nq.k != q.k, nxt);
+        if (build)
         {
-            zrow[(lane / KS) * ZL + Z + lane % KS] = cur.w0;
-        }
-        if (lane + 32 < KS * KS)
-        {
-            zrow[((lane + 32) / KS) * ZL + Z + (lane + 32) % KS] = cur.w1;
+            if (lane < KS * KS)
+            {
+                zrow[(lane / KS) * ZL + Z + lane % KS] = cur.w0;
+            }
+            if (lane + 32 < KS * KS)
+            {
+                zrow[((lane + 32) / KS) * ZL + Z + (lane + 32) % KS] = cur.w1;
+            }
         }
         rows_wait(pl.stages);
         __syncwarp();
-
-        // The Toeplitz bands: lane (g, tq) holds B[k][g] for its k (two 4-byte registers per MMA).
-        uint32_t bf[KS][NB][KSTEPS][2];
-#pragma unroll
-        for (int kh = 0; kh < KS; ++kh)
+        if (build)
         {
+            built_k = q.k;
 #pragma unroll
-            for (int j = 0; j < NB; ++j)
+            for (int kh = 0; kh < KS; ++kh)
             {
 #pragma unroll
-                for (int qs = 0; qs < KSTEPS; ++qs)
+                for (int j = 0; j < NB; ++j)
                 {
 #pragma unroll
-                    for (int h = 0; h < 2; ++h)
+                    for (int qs = 0; qs < KSTEPS; ++qs)
                     {
-                        if (touches(j, qs))
+#pragma unroll
+                        for (int h = 0; h < 2; ++h)
                         {
-                            int32_t const e = qs * KM + (kInt8 ? 4 * tq + 16 * h : 2 * tq + 8 * h) - (8 * j + g) * S
-                                + PAD - OFF + Z;
-                            bf[kh][j][qs][h] = smem_word_at(zbytes + kh * ZL * E, e * E);
-                        }
-                        else
-                        {
-                            bf[kh][j][qs][h] = 0U;
+                            if (touches(j, qs))
+                            {
+                                int32_t const e = qs * KM + (kInt8 ? 4 * tq + 16 * h : 2 * tq + 8 * h)
+                                    - (8 * j + g) * S + PAD - OFF + Z;
+                                bf[kh][j][qs][h] = smem_word_at(zbytes + kh * ZL * E, e * E);
+                            }
+                            else
+                            {
+                                bf[kh][j][qs][h] = 0U;
+                            }
                         }
                     }
                 }
@@ -2193,7 +2262,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) depthwise_mma_kernel(TIn const
 
         unsigned char const* const tile = wbase + slot * pl.slot_bytes;
         auto const ctx = store.rows_plane(cur.bias);
-        int64_t const ybase = static_cast<int64_t>(q) * s.Ho * s.Wo;
+        int64_t const ybase = (static_cast<int64_t>(q.n) * s.K + q.k) * s.Ho * s.Wo;
         for (int32_t rt = 0; rt < RT; ++rt)
         {
             int32_t const oh0 = min(rt * 16, last_row0);
@@ -2206,73 +2275,115 @@ __global__ void __launch_bounds__(kMmaWarps * 32) depthwise_mma_kernel(TIn const
             {
                 int32_t const ow0 = min(ch * CW, last_col0);
                 int32_t const cbyte = (LPAD + ow0 * S - OFF) * E + 4 * tq;
-                Acc acc[NB][4];
+                // One chunk whose blocks below JLO hold only columns the chunk before stored (the
+                // last chunk, moved back to end at the last column): those are not computed.
+                auto chunk = [&](auto jlo_c) {
+                    constexpr int JLO = decltype(jlo_c)::value;
+                    auto live = [&](int j, int qs) { return j >= JLO && touches(j, qs); };
+                    Acc acc[NB][4];
 #pragma unroll
-                for (int j = 0; j < NB; ++j)
-                {
-#pragma unroll
-                    for (int i = 0; i < 4; ++i)
+                    for (int j = 0; j < NB; ++j)
                     {
-                        acc[j][i] = Acc(0);
-                    }
-                }
 #pragma unroll
-                for (int kh = 0; kh < KS; ++kh)
-                {
-#pragma unroll
-                    for (int qs = 0; qs < KSTEPS; ++qs)
-                    {
-                        unsigned char const* const p = tile + kh * pl.P + cbyte + qs * KM * E;
-                        uint32_t a[4];
-                        a[0] = *reinterpret_cast<uint32_t const*>(p + ra);
-                        a[1] = *reinterpret_cast<uint32_t const*>(p + rb);
-                        a[2] = *reinterpret_cast<uint32_t const*>(p + ra + 16);
-                        a[3] = *reinterpret_cast<uint32_t const*>(p + rb + 16);
-#pragma unroll
-                        for (int j = 0; j < NB; ++j)
+                        for (int i = 0; i < 4; ++i)
                         {
-                            if (touches(j, qs))
+                            acc[j][i] = Acc(0);
+                        }
+                    }
+#pragma unroll
+                    for (int kh = 0; kh < KS; ++kh)
+                    {
+#pragma unroll
+                        for (int qs = 0; qs < KSTEPS; ++qs)
+                        {
+                            bool any = false; // folded once unrolled
+#pragma unroll
+                            for (int j = 0; j < NB; ++j)
                             {
-                                mma_tile(acc[j], a, bf[kh][j][qs][0], bf[kh][j][qs][1]);
+                                any = any || live(j, qs);
+                            }
+                            if (any)
+                            {
+                                unsigned char const* const p = tile + kh * pl.P + cbyte + qs * KM * E;
+                                uint32_t a[4];
+                                a[0] = *reinterpret_cast<uint32_t const*>(p + ra);
+                                a[1] = *reinterpret_cast<uint32_t const*>(p + rb);
+                                a[2] = *reinterpret_cast<uint32_t const*>(p + ra + 16);
+                                a[3] = *reinterpret_cast<uint32_t const*>(p + rb + 16);
+#pragma unroll
+                                for (int j = 0; j < NB; ++j)
+                                {
+                                    if (live(j, qs))
+                                    {
+                                        mma_tile(acc[j], a, bf[kh][j][qs][0], bf[kh][j][qs][1]);
+                                    }
+                                }
                             }
                         }
                     }
-                }
-                // Lane pairs (tq even, tq + 1) swap halves: the even lane gets row g, columns
-                // 4 (tq / 2) .. + 3 of each block; the odd lane row g + 8, the same columns.
-                bool const odd = (tq & 1) != 0;
+                    bool const odd = (tq & 1) != 0;
 #pragma unroll
-                for (int j = 0; j < NB; ++j)
-                {
-                    Acc const s0 = odd ? acc[j][0] : acc[j][2];
-                    Acc const s1 = odd ? acc[j][1] : acc[j][3];
-                    Acc const r0 = __shfl_xor_sync(0xFFFFFFFFU, s0, 1);
-                    Acc const r1 = __shfl_xor_sync(0xFFFFFFFFU, s1, 1);
-                    Acc v[4];
-                    v[0] = odd ? r0 : acc[j][0];
-                    v[1] = odd ? r1 : acc[j][1];
-                    v[2] = odd ? acc[j][2] : r0;
-                    v[3] = odd ? acc[j][3] : r1;
-                    if constexpr (Store::kAccBias != 0)
+                    for (int j = JLO; j < NB; ++j)
                     {
-#pragma unroll
-                        for (int q = 0; q < 4; ++q)
+                        // Lane pairs (tq even, tq + 1) swap halves: the even lane gets row g,
+                        // columns 4 (tq / 2) .. + 3 of each block; the odd lane row g + 8, the same.
+                        Acc const s0 = odd ? acc[j][0] : acc[j][2];
+                        Acc const s1 = odd ? acc[j][1] : acc[j][3];
+                        Acc const r0 = __shfl_xor_sync(0xFFFFFFFFU, s0, 1);
+                        Acc const r1 = __shfl_xor_sync(0xFFFFFFFFU, s1, 1);
+                        Acc v[4];
+                        v[0] = odd ? r0 : acc[j][0];
+                        v[1] = odd ? r1 : acc[j][1];
+                        v[2] = odd ? acc[j][2] : r0;
+                        v[3] = odd ? acc[j][3] : r1;
+                        if constexpr (Store::kAccBias != 0)
                         {
-                            v[q] += Store::kAccBias; // rows_store takes biased sums (StoreI8ToI8)
+#pragma unroll
+                            for (int i = 0; i < 4; ++i)
+                            {
+                                v[i] += Store::kAccBias; // rows_store takes biased sums (StoreI8ToI8)
+                            }
+                        }
+                        int32_t const col = ow0 + 8 * j + 4 * (tq >> 1);
+                        if (row_ok && col >= ch * CW && col < s.Wo)
+                        {
+                            store.template rows_store<4>(ybase + static_cast<int64_t>(row) * s.Wo + col, v, ctx,
+                                pl.out_chunk, min(4, s.Wo - col));
                         }
                     }
-                    int32_t const col = ow0 + 8 * j + 4 * (tq >> 1);
-                    if (row_ok && col >= ch * CW && col < s.Wo)
+                };
+                int32_t const jlo = DWCONV2D_MMA_LIVE != 0 ? (ch * CW - ow0) / 8 : 0;
+                if constexpr (NB == 3)
+                {
+                    if (jlo == 0)
                     {
-                        store.template rows_store<4>(
-                            ybase + static_cast<int64_t>(row) * s.Wo + col, v, ctx, pl.out_chunk, min(4, s.Wo - col));
+                        chunk(std::integral_constant<int, 0>{});
                     }
+                    else if (jlo == 1)
+                    {
+                        chunk(std::integral_constant<int, 1>{});
+                    }
+                    else
+                    {
+                        chunk(std::integral_constant<int, 2>{});
+                    }
+                }
+                else
+                {
+                    chunk(std::integral_constant<int, 0>{});
                 }
             }
         }
         __syncwarp(); // every lane is done with this buffer and the filter rows before refills
         slot = slot + 1 == pl.stages ? 0 : slot + 1;
-        cur = nxt;
+        if (s.weight_per_batch || nq.k != q.k)
+        {
+            cur = nxt;
+        }
+        else
+        {
+            cur.bias = nxt.bias; // the filter (staged, not refetched) stays
+        }
     }
     cp_async_wait<0>();
 }
