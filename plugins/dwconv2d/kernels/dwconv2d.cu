@@ -2132,11 +2132,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32) depthwise_mma_kernel(TIn const
     int32_t const per = (pl.planes + nwarps - 1) / nwarps;
     int32_t const p_begin = static_cast<int32_t>(min(int64_t{pl.planes}, int64_t{first} * per));
     int32_t const p_end = static_cast<int32_t>(min(int64_t{pl.planes}, int64_t{p_begin} + per));
-    auto cursor_at = [&](int32_t i) {
-        int32_t const p = p_begin + i;
-        int32_t const k = p / s.N;
-        return MmaCursor{p, p - k * s.N, k};
-    };
+    int32_t const k_begin = p_begin / s.N;
+    MmaCursor const start{p_begin, p_begin - k_begin * s.N, k_begin};
     auto advance = [&](MmaCursor& c) {
         ++c.p;
         if (++c.n == s.N)
@@ -2147,12 +2144,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32) depthwise_mma_kernel(TIn const
     };
 #else
     int32_t const p_end = pl.planes;
-    auto cursor_at = [&](int32_t i) {
-        int32_t const p = first + i * nwarps;
-        int32_t const n = p / s.K;
-        return MmaCursor{p, n, p - n * s.K};
+    MmaCursor const start{first, first / s.K, first - first / s.K * s.K};
+    auto advance = [&](MmaCursor& c) {
+        c.p += nwarps;
+        c.n = c.p / s.K;
+        c.k = c.p - c.n * s.K;
     };
-    auto advance = [&](MmaCursor& c) { c = cursor_at((c.p - first) / nwarps + 1); };
 #endif
 
     int32_t const rstep = max(1, 32 / pl.NV);
@@ -2190,13 +2187,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32) depthwise_mma_kernel(TIn const
     };
 
     int32_t slot = 0;
-    MmaCursor ahead = cursor_at(0);
+    MmaCursor ahead = start;
     for (int32_t i = 0; i < pl.stages - 1; ++i)
     {
         issue(ahead, i);
         advance(ahead);
     }
-    MmaCursor q = cursor_at(0);
+    MmaCursor q = start;
     Fetched cur;
     fetch(q, true, cur);
     int32_t const RT = (s.Ho + 15) / 16;
@@ -2215,6 +2212,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) depthwise_mma_kernel(TIn const
         advance(nq);
         bool const build = s.weight_per_batch || q.k != built_k; // warp-uniform
         Fetched nxt;
+        // The next plane's filter only where it builds its bands (built_k is q.k from here on).
         fetch(nq, s.weight_per_batch || nq.k != q.k, nxt);
         if (build)
         {
@@ -2376,14 +2374,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) depthwise_mma_kernel(TIn const
         }
         __syncwarp(); // every lane is done with this buffer and the filter rows before refills
         slot = slot + 1 == pl.stages ? 0 : slot + 1;
-        if (s.weight_per_batch || nq.k != q.k)
-        {
-            cur = nxt;
-        }
-        else
-        {
-            cur.bias = nxt.bias; // the filter (staged, not refetched) stays
-        }
+        cur = nxt;
     }
     cp_async_wait<0>();
 }
