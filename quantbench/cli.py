@@ -96,7 +96,7 @@ ExecutorOpt = Annotated[
     typer.Option(
         "--executor",
         help="Where calibration shards and candidate evaluations run: local | processes (this "
-        "machine's cores) | ray (a Ray cluster; pip install 'quantbench[ray]').",
+        "machine's cores) | ray (a Ray cluster; pip install 'quantbench\\[ray]').",
     ),
 ]
 WorkersOpt = Annotated[

@@ -126,3 +126,20 @@ def test_the_readme_tensorrt_section_states_facts_about_tensorrt():
     assert extra is not None
     for requirement in re.findall(r'"([^"]+)"', extra[1]):
         assert f"`{requirement}`" in section, requirement
+
+
+@pytest.mark.parametrize("command", ["calibrate", "quantize", "compare", "sensitivity", "recover"])
+def test_bracketed_words_survive_help_rendering(run_cli, monkeypatch, command):
+    """rich read `pip install 'quantbench[ray]'` in --executor's help as a style tag and printed
+    `pip install 'quantbench'`, an install line that does not install Ray."""
+    import typer
+
+    from quantbench.cli import app
+
+    monkeypatch.setenv("COLUMNS", "250")
+    rendered = help_text(run_cli, command)
+    params = typer.main.get_command(app).commands[command].params
+    helps = [getattr(p, "help", "") or "" for p in params]
+    wanted = {m for h in helps for m in re.findall(r"\[[A-Za-z][\w-]*\]", h)}
+    assert "[ray]" in wanted  # the --executor option every one of these commands has
+    assert sorted(w for w in wanted if w not in rendered) == []
