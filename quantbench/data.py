@@ -462,12 +462,15 @@ def open_data(
     if not path.exists():
         raise QuantbenchError(f"{path}: data file or folder not found")
     if path.is_dir():
-        images = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         arrays = sorted(p for p in path.iterdir() if p.suffix in (".npy", ".npz"))
-        if images and not arrays:
+        images = [] if arrays else _image_files(path)
+        if images:
             return _from_images(path, images, inputs, batch_size, max_samples, preset, sample_range)
         if not arrays:
-            raise QuantbenchError(f"{path}: folder holds no .npy, .npz or image files")
+            raise QuantbenchError(
+                f"{path}: folder holds no .npy or .npz files, and no image files (subfolders "
+                "searched too)"
+            )
         return _from_array_files(path, arrays, inputs, batch_size, max_samples, sample_range)
     if path.suffix in (".npz", ".npy"):
         return _from_array_files(path, [path], inputs, batch_size, max_samples, sample_range)
@@ -790,6 +793,20 @@ def _from_script(
 
 # ---- images ------------------------------------------------------------------------------
 
+
+def _image_files(folder: Path) -> list[Path]:
+    """The images under ``folder`` and its subfolders (an ImageNet-style tree of class folders
+    is a calibration set too), in the order of their relative paths; hidden entries skipped."""
+    found = [
+        p
+        for p in folder.rglob("*")
+        if p.suffix.lower() in IMAGE_SUFFIXES
+        and not any(x.startswith(".") for x in p.relative_to(folder).parts)
+        and p.is_file()
+    ]
+    return sorted(found, key=lambda p: p.relative_to(folder).parts)
+
+
 _PRESET_KEYS = (
     "name",
     "layout",
@@ -802,6 +819,9 @@ _PRESET_KEYS = (
     "mean",
     "std",
     "dtype",
+    "keep_aspect",
+    "pad_value",
+    "pad_align",
 )
 _PRESET_DTYPES = ("float32", "float16", "float64", "uint8")
 
@@ -875,18 +895,27 @@ class _Check:
             raise self.fail(key, "a finite non-zero number")
         return float(v)
 
-    def per_channel(self, key: str, default: float, nonzero: bool) -> tuple[float, ...]:
-        v = self.table.get(key, [default] * 3)
-        items = [v] * 3 if _is_number(v) else v
+    def per_channel(
+        self, key: str, default: float, nonzero: bool, channels: int = 3
+    ) -> tuple[float, ...]:
+        v = self.table.get(key, [default] * channels)
+        items = [v] * channels if _is_number(v) else v
         ok = (
             isinstance(items, list)
-            and len(items) == 3
+            and len(items) == channels
             and all(_is_number(x) and math.isfinite(x) and (x != 0 or not nonzero) for x in items)
         )
         if not ok:
             what = "non-zero " if nonzero else ""
-            raise self.fail(key, f"3 finite {what}numbers (one per colour channel) or one")
+            many = f"{channels} finite {what}numbers (one per colour channel) or one"
+            raise self.fail(key, many if channels > 1 else f"one finite {what}number")
         return tuple(float(x) for x in items)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        v = self.table.get(key, default)
+        if not isinstance(v, bool):
+            raise self.fail(key, "true or false")
+        return v
 
 
 def _is_int(v: Any) -> bool:
@@ -897,10 +926,15 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+_PAD_ALIGNS = ("CENTER", "TOP-LEFT")
+
+
 @dataclass
 class Preset:
-    """Image preprocessing from a preset's ``[input]`` table: resize (shorter side, then
-    [h, w]), center crop, colour order, ``x * scale``, ``(x - mean) / std``, layout, dtype."""
+    """Image preprocessing from a preset's ``[input]`` table: colours (RGB, BGR or GRAY),
+    resize (shorter side, then [h, w], or with ``keep_aspect`` into [h, w] and padded: a
+    detector's letterbox, a text line for a recognizer), center crop, ``x * scale``,
+    ``(x - mean) / std``, layout, dtype."""
 
     name: str | None = None
     layout: str = "NCHW"
@@ -912,6 +946,9 @@ class Preset:
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
     dtype: str = "float32"
+    keep_aspect: bool = False
+    pad_value: tuple[float, ...] = (0.0, 0.0, 0.0)  # pixel units, before scale, mean and std
+    pad_align: str = "CENTER"
     source: str = ""
 
     @classmethod
@@ -938,17 +975,29 @@ class Preset:
         if dtype not in _PRESET_DTYPES:
             raise check.fail("dtype", " or ".join(f'"{d}"' for d in _PRESET_DTYPES))
         colour_key = "color" if "color" in table and "colour" not in table else "colour"
+        colour = check.choice(colour_key, ("RGB", "BGR", "GRAY"), "RGB")
+        channels = 1 if colour == "GRAY" else 3
+        resize = check.size("resize")
+        keep_aspect = check.boolean("keep_aspect", False)
+        if keep_aspect and resize is None:
+            raise check.fail("keep_aspect", "resize = [height, width] beside it (the box to fit)")
+        padding = [k for k in ("pad_value", "pad_align") if k in table]
+        if padding and not keep_aspect:
+            raise check.fail(padding[0], "keep_aspect = true beside it (only it pads)")
         return cls(
             name=name,
             layout=check.choice("layout", ("NCHW", "NHWC"), "NCHW"),
-            colour=check.choice(colour_key, ("RGB", "BGR"), "RGB"),
-            resize=check.size("resize"),
+            colour=colour,
+            resize=resize,
             resize_shorter=check.positive_int("resize_shorter"),
             center_crop=check.size("center_crop"),
             scale=check.number("scale", 1.0 / 255.0),
-            mean=check.per_channel("mean", 0.0, nonzero=False),
-            std=check.per_channel("std", 1.0, nonzero=True),
+            mean=check.per_channel("mean", 0.0, nonzero=False, channels=channels),
+            std=check.per_channel("std", 1.0, nonzero=True, channels=channels),
             dtype=dtype,
+            keep_aspect=keep_aspect,
+            pad_value=check.per_channel("pad_value", 0.0, nonzero=False, channels=channels),
+            pad_align=check.choice("pad_align", _PAD_ALIGNS, "CENTER"),
             source=source,
         )
 
@@ -961,32 +1010,57 @@ class Preset:
         from PIL import Image
 
         try:
-            img = Image.open(path).convert("RGB")
+            img = Image.open(path).convert("L" if self.colour == "GRAY" else "RGB")
         except Exception as exc:  # noqa: BLE001
             raise QuantbenchError(f"{path}: not a readable image ({exc})") from None
         if self.resize_shorter:
             w, h = img.size
             s = self.resize_shorter / min(w, h)
             img = img.resize((round(w * s), round(h * s)), Image.Resampling.BILINEAR)
-        if self.resize:
-            img = img.resize((self.resize[1], self.resize[0]), Image.Resampling.BILINEAR)
+        if self.resize and self.keep_aspect:
+            x = self._fit_and_pad(img)
+        else:
+            if self.resize:
+                img = img.resize((self.resize[1], self.resize[0]), Image.Resampling.BILINEAR)
+            x = np.asarray(img, dtype=np.float32).reshape(img.size[1], img.size[0], -1)
         if self.center_crop:
-            ch, cw = self.center_crop
-            w, h = img.size
-            if ch > h or cw > w:
-                raise QuantbenchError(
-                    f"{path}: preset {self.label} crops {ch}x{cw} from an image of {h}x{w} "
-                    "(after resizing); resize it larger first"
-                )
-            left, top = (w - cw) // 2, (h - ch) // 2
-            img = img.crop((left, top, left + cw, top + ch))
-        x = np.asarray(img, dtype=np.float32) * np.float32(self.scale)
+            x = self._crop(x, path)
+        x = x * np.float32(self.scale)
         if self.colour == "BGR":
             x = x[..., ::-1]
         x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         if self.layout == "NCHW":
             x = x.transpose(2, 0, 1)
         return np.ascontiguousarray(x, dtype=self.dtype)
+
+    def _fit_and_pad(self, img: Any) -> np.ndarray:
+        """The image scaled to fit inside ``resize`` with its aspect ratio kept, then padded
+        with ``pad_value`` to exactly that size (centred, or at the top left)."""
+        from PIL import Image
+
+        assert self.resize is not None
+        h, w = self.resize
+        s = min(h / img.size[1], w / img.size[0])
+        nw, nh = max(1, min(w, round(img.size[0] * s))), max(1, min(h, round(img.size[1] * s)))
+        fitted = np.asarray(img.resize((nw, nh), Image.Resampling.BILINEAR), dtype=np.float32)
+        channels = len(self.pad_value)
+        out = np.empty((h, w, channels), np.float32)
+        out[...] = np.asarray(self.pad_value, np.float32)
+        top, left = ((h - nh) // 2, (w - nw) // 2) if self.pad_align == "CENTER" else (0, 0)
+        out[top : top + nh, left : left + nw] = fitted.reshape(nh, nw, channels)
+        return out
+
+    def _crop(self, x: np.ndarray, path: Path) -> np.ndarray:
+        assert self.center_crop is not None
+        ch, cw = self.center_crop
+        h, w = x.shape[:2]
+        if ch > h or cw > w:
+            raise QuantbenchError(
+                f"{path}: preset {self.label} crops {ch}x{cw} from an image of {h}x{w} "
+                "(after resizing); resize it larger first"
+            )
+        top, left = (h - ch) // 2, (w - cw) // 2
+        return x[top : top + ch, left : left + cw]
 
 
 class _ImageArray:
