@@ -23,6 +23,7 @@ import functools
 import hashlib
 import itertools
 import math
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,7 +32,11 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
-import tomllib
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (Ubuntu 22.04, TensorRT's containers): the same parser as a package
+    import tomli as tomllib
 
 from quantbench.errors import QuantbenchError
 from quantbench.graph import TensorSpec

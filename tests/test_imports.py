@@ -154,3 +154,26 @@ def test_lower_layers_do_not_import_higher_ones():
         if _layer(target) > _layer(name)
     )
     assert upward == []
+
+
+def test_source_runs_on_the_oldest_python_pyproject_declares():
+    """quantbench/data.py imported tomllib (Python 3.11) while pyproject declared >= 3.10, the
+    Python of Ubuntu 22.04 and of TensorRT's containers: every command failed there on import.
+    vermin reads the minimum version each construct and module needs from the source."""
+    import re
+    import subprocess
+    import sys
+
+    import tomllib
+
+    pytest.importorskip("vermin")
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    oldest = re.fullmatch(r">=\s*(3\.\d+)", declared)
+    assert oldest is not None, declared
+    files = [str(p) for p in modules().values()]
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, vermin; sys.exit(vermin.main())",
+         f"-t={oldest[1]}-", "--violations", "--no-tips", "--eval-annotations", *files],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
