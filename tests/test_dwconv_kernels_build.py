@@ -84,6 +84,24 @@ def test_makefile_uses_the_binding_flags() -> None:
     assert " ".join(command[1 : 1 + len(flags.group(1).split())]) == flags.group(1).strip()
 
 
+def test_every_included_kernel_part_is_package_data() -> None:
+    """dwconv2d.cu includes its parts (*.cuh): an installed quantbench builds the kernels from
+    its package data, so every file an include names must match a package-data pattern."""
+    import fnmatch
+
+    import tomllib
+
+    pyproject = tomllib.loads((kernel_lib.KERNEL_DIR.parents[2] / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["quantbench.plugins.dwconv2d"]
+    included = set()
+    for source in kernel_lib.KERNEL_DIR.glob("*.cu*"):
+        included |= set(re.findall(r'^#include "([^"]+)"', source.read_text(), re.M))
+    assert {"common.cuh", "dwconv2d.h"} <= included
+    for name in sorted(included):
+        assert (kernel_lib.KERNEL_DIR / name).is_file(), name
+        assert any(fnmatch.fnmatch(f"kernels/{name}", pat) for pat in patterns), name
+
+
 def _onnx_conv_output_hw(spec: ConvSpec) -> tuple[int, int]:
     """Output H, W from ONNX shape inference on a Conv node with the same attributes."""
     node = helper.make_node(
