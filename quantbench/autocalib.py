@@ -250,6 +250,9 @@ def judge_auto(
     """``--method auto`` as every command runs it: the slice (held back from the candidates'
     statistics when it comes from the calibration data), then :func:`auto_table` (with
     ``executor``, its candidate evaluations are tasks on the workers)."""
+    unjudgeable = _nothing_to_judge(graph, stats, methods)
+    if unjudgeable is not None:
+        return unjudgeable
     held = 0 if holdout_data is not None else held_back_count(stats.num_samples)
     held -= held % _static_batch(graph)  # a fixed batch of N reads whole batches
     samples = held or DEFAULT_HOLDOUT_SAMPLES
@@ -472,6 +475,35 @@ def auto_table(
             if name not in choices:
                 table.set(name, entry.amax, single)
     return AutoTable(table, method_list, choices, output, chosen)
+
+
+def _nothing_to_judge(
+    graph: Graph, stats: StatsFile, methods: list[str] | None
+) -> AutoTable | None:
+    """The unjudged choice when no op of the model would be quantized (float16 tensors, no
+    Conv/Gemm/MatMul): every candidate's Q/DQ model would be the FP32 one and score inf dB,
+    a judgement that checked nothing. None when there is something to judge."""
+    method_list = registry.expand_methods(methods or default_auto_methods())
+    if not method_list:
+        return None  # auto_table says so
+    fallback = (
+        registry.DATA_FREE_METHOD if registry.DATA_FREE_METHOD in method_list else method_list[0]
+    )
+    table = build_table(stats, fallback)
+    plan = quantize_model(graph, table, allow_partial=True)
+    if plan.quantized:
+        return None
+    why = f" (e.g. {plan.skipped[0].node}: {plan.skipped[0].reason})" if plan.skipped else ""
+    warn(
+        f"--method auto: nothing to judge: no op of the model would be quantized{why}; "
+        f"using {fallback}, unjudged"
+    )
+    return AutoTable(
+        _relabelled(table, fallback),
+        method_list,
+        chosen=fallback,
+        judged_by="not judged: no op of the model would be quantized",
+    )
 
 
 def _unjudged(method_list: list[str], base_name: str) -> str:

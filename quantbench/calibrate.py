@@ -438,7 +438,10 @@ def summarize(result: CalibrationResult) -> None:
     if result.auto is not None:
         scores = ", ".join(f"{k} {v:.2f} dB" for k, v in result.auto.output_sqnr_db.items())
         auto = result.auto
-        info(f"auto: chose {auto.chosen} ({auto.judged_by} on {auto.holdout}: {scores})")
+        if scores:
+            info(f"auto: chose {auto.chosen} ({auto.judged_by} on {auto.holdout}: {scores})")
+        else:
+            info(f"auto: {auto.chosen} ({auto.judged_by})")
         if auto.reused:
             info(
                 "auto: that judgement is an earlier run's with the same model, statistics, data "

@@ -190,3 +190,47 @@ def test_isolated_scores_of_several_tables_in_one_pass_are_each_tables_own(
         assert together[m].keys() == alone[m].keys()
         for node, db in alone[m].items():
             assert together[m][node] == pytest.approx(db, rel=1e-9, abs=1e-9), (m, node)
+
+
+def _float16_conv(path):
+    """y = Relu(Conv(x, w)) with float16 input, weights and output (a model exported in half)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float16)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["y"], name="relu"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["N", 4, 8, 8])],
+        initializer=[numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_auto_with_nothing_quantized_says_it_judged_nothing(run_cli, tmp_path):
+    """A float16 model: no op gets Q/DQ, every candidate was the FP32 model and auto reported
+    'mix inf dB, minmax inf dB, ...' and chose the mix, a judgement that checked nothing."""
+    model = _float16_conv(tmp_path / "half.onnx")
+    x = np.random.default_rng(1).standard_normal((8, 3, 8, 8)).astype(np.float16)
+    np.savez(tmp_path / "calib.npz", x=x)
+    result = cal.calibrate(model, tmp_path / "calib.npz", methods=["auto"], show_progress=False)
+    assert result.auto is not None
+    assert result.auto.output_sqnr_db == {} and result.auto.choices == {}
+    assert result.auto.chosen == "percentile:99.99"
+    direct = build_table(result.stats, "percentile:99.99")
+    assert result.tables["auto"].amax("x") == direct.amax("x")
+    code, _, err = run_cli(
+        "calibrate", model, "--data", tmp_path / "calib.npz", "-o", tmp_path / "t.cache",
+        "--no-cache",
+    )  # fmt: skip
+    text = " ".join(err.split())
+    assert code == 0, err
+    assert "nothing to judge: no op of the model would be quantized" in text
+    assert "conv: input 'x' is float16" in text and "inf dB" not in text
