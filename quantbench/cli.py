@@ -433,15 +433,18 @@ def rewrite(
     to: Annotated[
         str,
         typer.Option(
-            help="dwconv2d (runtime-weight Conv -> plugin op) or conv (plugin op -> Conv)."
+            help="dwconv2d (runtime-weight Conv -> plugin op), conv (plugin op -> Conv) or "
+            "float32 (a float16/bfloat16 model widened, exactly, for quantization)."
         ),
     ],
 ) -> None:
-    """Rewrite between ONNX Conv with runtime weights and the DWConv2D plugin op."""
+    """Rewrite between ONNX Conv with runtime weights and the DWConv2D plugin op, or widen a
+    float16 model to float32."""
     from quantbench.quantize import rewrite as do_rewrite
 
     changed, path = do_rewrite(model, output, to)
-    console.print(f"rewrote {changed} node(s); wrote {path}")
+    what = "tensor(s), attribute(s) and type(s) to float32" if to == "float32" else "node(s)"
+    console.print(f"rewrote {changed} {what}; wrote {path}")
 
 
 @app.command()

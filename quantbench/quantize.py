@@ -190,18 +190,21 @@ def extract_table(
 
 
 def rewrite(model: str | Path, output: str | Path, to: str) -> tuple[int, Path]:
-    """``to='dwconv2d'``: runtime-weight Conv -> DWConv2D; ``to='conv'``: DWConv2D -> Conv."""
+    """``to='dwconv2d'``: runtime-weight Conv -> DWConv2D; ``to='conv'``: DWConv2D -> Conv;
+    ``to='float32'``: a float16/bfloat16 model widened to float32 (:mod:`quantbench.widen`)."""
     from quantbench.plugins.dwconv2d import conv_to_dwconv2d, dwconv2d_to_conv, is_dwconv2d
 
     check_output_path(output)
     check_not_an_input(output, model)
     graph = open_graph(model)
+    if to == "float32":
+        return _widen(graph.model, model, output)
     if to == "dwconv2d":
         new = conv_to_dwconv2d(graph.model)
     elif to == "conv":
         new = dwconv2d_to_conv(graph.model)
     else:
-        raise QuantbenchError(f"--to must be dwconv2d or conv, not {to!r}")
+        raise QuantbenchError(f"--to must be dwconv2d, conv or float32, not {to!r}")
     count = sum(1 for n in graph.model.graph.node if is_dwconv2d(n))
     changed = abs(sum(1 for n in new.graph.node if is_dwconv2d(n)) - count)
     if not changed:  # an unchanged copy would pass for the rewritten model
@@ -211,3 +214,18 @@ def rewrite(model: str | Path, output: str | Path, to: str) -> tuple[int, Path]:
         )
         raise QuantbenchError(f"{model}: {what}; nothing written")
     return changed, write_bytes_atomic(output, new.SerializeToString())
+
+
+def _widen(source: onnx.ModelProto, model: str | Path, output: str | Path) -> tuple[int, Path]:
+    from quantbench.widen import widen_to_float32
+
+    wide, changed = widen_to_float32(source)
+    if not changed:
+        raise QuantbenchError(f"{model}: holds no float16 or bfloat16 tensor; nothing written")
+    try:
+        data = wide.SerializeToString()
+    except ValueError as exc:  # protobuf refuses messages over 2 GiB
+        raise QuantbenchError(
+            f"{output}: the float32 model is too large for one file ({exc})"
+        ) from None
+    return changed, write_bytes_atomic(output, data)

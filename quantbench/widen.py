@@ -1,0 +1,95 @@
+"""A float16 (or bfloat16) model made float32, for quantization.
+
+quantbench places Q/DQ on float32 tensors (the precision TensorRT calibrates and fuses from), so
+a model exported in half precision is widened first: every FP16/BF16 initializer, constant,
+cast target, typed attribute and declared tensor type becomes FP32, subgraphs included. Nothing
+is rounded: FP16 and BF16 values are all exactly representable in FP32. ``quantize
+--high-precision fp16`` then gives the ops left out of INT8 their FP16 back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+#: element types widened to FLOAT
+NARROW_FLOATS = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+#: integer attributes that name an element type (Cast's to, RandomNormal's dtype, ...)
+_TYPE_ATTRIBUTES = ("to", "dtype")
+
+
+def widen_to_float32(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """A copy of ``model`` with every FP16/BF16 made FP32, and how many places changed."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    changed = _widen_graph(out.graph)
+    return out, changed
+
+
+def _widen_graph(graph: onnx.GraphProto) -> int:
+    changed = 0
+    for i, init in enumerate(graph.initializer):
+        if init.data_type in NARROW_FLOATS:
+            graph.initializer[i].CopyFrom(_widened_tensor(init))
+            changed += 1
+    for sparse in graph.sparse_initializer:
+        if sparse.values.data_type in NARROW_FLOATS:
+            sparse.values.CopyFrom(_widened_tensor(sparse.values))
+            changed += 1
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        changed += _widen_type(info.type)
+    for node in graph.node:
+        changed += _widen_node(node)
+    return changed
+
+
+def _widen_node(node: onnx.NodeProto) -> int:
+    changed = 0
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in NARROW_FLOATS:
+            attr.t.CopyFrom(_widened_tensor(attr.t))
+            changed += 1
+        elif attr.type == onnx.AttributeProto.TENSORS:
+            for t in attr.tensors:
+                if t.data_type in NARROW_FLOATS:
+                    t.CopyFrom(_widened_tensor(t))
+                    changed += 1
+        elif attr.type == onnx.AttributeProto.GRAPH:
+            changed += _widen_graph(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            changed += sum(_widen_graph(g) for g in attr.graphs)
+        elif (
+            attr.type == onnx.AttributeProto.INT
+            and attr.name in _TYPE_ATTRIBUTES
+            and attr.i in NARROW_FLOATS
+        ):
+            attr.i = TensorProto.FLOAT
+            changed += 1
+    return changed
+
+
+def _widen_type(t: onnx.TypeProto) -> int:
+    """Tensor element types, also inside sequence, optional and map value types."""
+    kind = t.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        inner = getattr(t, kind)
+        if inner.elem_type in NARROW_FLOATS:
+            inner.elem_type = TensorProto.FLOAT
+            return 1
+        return 0
+    if kind == "sequence_type":
+        return _widen_type(t.sequence_type.elem_type)
+    if kind == "optional_type":
+        return _widen_type(t.optional_type.elem_type)
+    if kind == "map_type":
+        return _widen_type(t.map_type.value_type)
+    return 0
+
+
+def _widened_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
+    """The same values as FP32 (exact), name and dims kept; external data is read first."""
+    values = numpy_helper.to_array(t).astype(np.float32)
+    wide = numpy_helper.from_array(values, t.name)
+    wide.doc_string = t.doc_string
+    return wide

@@ -1,0 +1,180 @@
+"""A float16 / bfloat16 model widened to float32 (``rewrite --to float32``), exactly, so that it
+can be quantized; expected outputs are computed in numpy from the same half-precision values."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from quantbench.errors import QuantbenchError
+from quantbench.quantize import quantize, rewrite
+from quantbench.widen import NARROW_FLOATS, widen_to_float32
+
+RNG = np.random.default_rng(7)
+W16 = RNG.standard_normal((3, 4)).astype(np.float16)
+C16 = np.array([0.5, -1.25, 3.0, 1e-3], np.float16)
+
+
+def _half_model() -> onnx.ModelProto:
+    """out = (MatMul(x, w) + c) cast to FP16, plus a ConstantOfShape of 0.25 and, through an If,
+    a constant picked by a flag; float16 everywhere a model exported in half has it."""
+    then_graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(C16, "kt"))],
+        "then",
+        [],
+        [helper.make_tensor_value_info("k", TensorProto.FLOAT16, [4])],
+    )
+    else_graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["k2"], value=numpy_helper.from_array(-C16, "ke"))],
+        "else",
+        [],
+        [helper.make_tensor_value_info("k2", TensorProto.FLOAT16, [4])],
+    )
+    quarter = numpy_helper.from_array(np.array([0.25], np.float16), "q")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="matmul"),
+        helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(C16, "ct")),
+        helper.make_node("Add", ["m", "c"], ["a"], name="add"),
+        helper.make_node("Cast", ["a"], ["h"], to=TensorProto.FLOAT16, name="cast"),
+        helper.make_node("Shape", ["h"], ["s"], name="shape"),
+        helper.make_node("ConstantOfShape", ["s"], ["z"], value=quarter, name="cos"),
+        helper.make_node("Add", ["h", "z"], ["hz"], name="add_quarter"),
+        helper.make_node(
+            "If", ["flag"], ["picked"], then_branch=then_graph, else_branch=else_graph
+        ),
+        helper.make_node("Add", ["hz", "picked"], ["y"], name="add_picked"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "half",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["N", 3]),
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["N", 4])],
+        initializer=[numpy_helper.from_array(W16, "w")],
+        value_info=[helper.make_tensor_value_info("m", TensorProto.FLOAT16, ["N", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def _narrow_types(model: onnx.ModelProto) -> list[str]:
+    """Every place a float16/bfloat16 is left, found by walking the serialized model's fields."""
+    found = []
+
+    def walk(msg, where):
+        for field, value in msg.ListFields():
+            repeated = hasattr(value, "__len__") and not isinstance(value, (str, bytes))
+            items = list(value) if repeated else [value]
+            for item in items:
+                typed = field.name in ("elem_type", "data_type") or (
+                    field.name == "i" and getattr(msg, "name", "") in ("to", "dtype")
+                )
+                if field.type == field.TYPE_MESSAGE:
+                    walk(item, f"{where}.{field.name}")
+                elif typed and item in NARROW_FLOATS:
+                    found.append(f"{where}.{field.name}")
+
+    walk(model, "model")
+    return found
+
+
+def test_every_half_value_and_type_becomes_float32_and_the_model_runs():
+    half = _half_model()
+    assert len(_narrow_types(half)) >= 9  # the walk sees what there is to widen
+    wide, changed = widen_to_float32(half)
+    assert changed >= 9 and _narrow_types(wide) == []
+    onnx.checker.check_model(wide)
+    init = {t.name: numpy_helper.to_array(t) for t in wide.graph.initializer}
+    assert init["w"].dtype == np.float32 and np.array_equal(init["w"], W16.astype(np.float32))
+    x16 = RNG.standard_normal((5, 3)).astype(np.float16)
+    session = ort.InferenceSession(wide.SerializeToString(), providers=["CPUExecutionProvider"])
+    for flag, pick in ((True, C16), (False, -C16)):
+        got = session.run(None, {"x": x16.astype(np.float32), "flag": np.array(flag)})[0]
+        x32, w32, c32 = x16.astype(np.float32), W16.astype(np.float32), C16.astype(np.float32)
+        want = (x32 @ w32 + c32) + np.float32(0.25) + pick.astype(np.float32)
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_bfloat16_initializers_widen_exactly():
+    """Both encodings a model may hold: raw bytes and int32_data (helper.make_tensor's)."""
+    values = RNG.standard_normal((2, 5)).astype(ml_dtypes.bfloat16)
+    raw = numpy_helper.from_array(values, "raw")
+    packed = helper.make_tensor(
+        "packed", TensorProto.BFLOAT16, values.shape, values.astype(np.float32).ravel()
+    )
+    assert not packed.raw_data and raw.raw_data
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["raw", "packed"], ["y"])],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2, 5])],
+        initializer=[raw, packed],
+    )
+    wide, changed = widen_to_float32(helper.make_model(graph))
+    assert changed == 3 and _narrow_types(wide) == []
+    for t in wide.graph.initializer:
+        got = numpy_helper.to_array(t)
+        assert got.dtype == np.float32 and np.array_equal(got, values.astype(np.float32)), t.name
+
+
+def test_rewrite_cli_widens_then_quantize_takes_the_model(run_cli, tmp_path):
+    conv16 = _conv_model(TensorProto.FLOAT16)
+    src, wide = tmp_path / "half.onnx", tmp_path / "wide.onnx"
+    onnx.save(conv16, str(src))
+    x = RNG.standard_normal((8, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=x)
+    with pytest.raises(QuantbenchError, match="rewrite MODEL --to float32"):
+        quantize(
+            src,
+            tmp_path / "q.onnx",
+            data=tmp_path / "calib.npz",
+            method="minmax",
+            show_progress=False,
+        )
+    assert not (tmp_path / "q.onnx").exists()
+    code, out, err = run_cli("rewrite", src, "--to", "float32", "-o", wide)
+    assert code == 0, err
+    assert "to float32; wrote" in " ".join((out + err).split())
+    outcome = quantize(
+        wide, tmp_path / "q.onnx", data=tmp_path / "calib.npz", method="minmax",
+        high_precision="fp16", show_progress=False,
+    )  # fmt: skip
+    assert [q.node for q in outcome.result.quantized] == ["conv"]
+    ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
+
+
+def test_rewrite_of_a_float32_model_writes_nothing(run_cli, tmp_path):
+    src = tmp_path / "f32.onnx"
+    onnx.save(_conv_model(TensorProto.FLOAT), str(src))
+    code, _, err = run_cli("rewrite", src, "--to", "float32", "-o", tmp_path / "w.onnx")
+    assert code == 2 and "holds no float16 or bfloat16 tensor; nothing written" in err
+    assert not (tmp_path / "w.onnx").exists()
+    with pytest.raises(QuantbenchError, match="dwconv2d, conv or float32"):
+        rewrite(src, tmp_path / "w.onnx", "float64")
+
+
+def _conv_model(elem: int) -> onnx.ModelProto:
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(dtype)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["y"], name="relu"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", elem, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", elem, ["N", 4, 8, 8])],
+        initializer=[numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
