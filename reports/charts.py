@@ -22,6 +22,10 @@ LABEL_HEIGHT = 14.0
 #: so each layer keeps at least 6 px.
 DRIFT_MIN_PLOT_WIDTH = 1024.0
 DRIFT_LAYER_WIDTH = 6.0
+#: The drift chart's scale stops here: float32 rounding alone is about 140 dB, and a tensor that
+#: differs from FP32 by one subnormal reads 800 dB, which pressed INT8's 10-40 dB flat against
+#: the axis. Higher values are drawn at the top edge, like exact matches, and said so.
+DRIFT_CEILING_DB = 100.0
 #: Worst-layer labels use the tensor name when it is short, else the (shorter) node name.
 LABEL_CHARS = 26
 #: Histogram geometry, shared with the page's script so on-demand charts look the same.
@@ -126,17 +130,18 @@ def _series_path(xs: Sequence[float], ys: Sequence[float | None]) -> str:
 
 
 def _legend(x: float, y: float, entries: Sequence[tuple[str, str, str]]) -> list[str]:
-    """A one-row legend from ``x``: (label, colour, "line" | "dot" | "ring") entries."""
+    """A one-row legend from ``x``: (label, colour, "line" | "dot" | "ring" | "text")."""
     out = []
     for name, colour, marker in entries:
         if marker == "line":
             out.append(svg.line(x, y - 4, x + 18, y - 4, "ser", stroke=colour))
         elif marker == "dot":
             out.append(svg.tag("circle", {"cx": x + 9, "cy": y - 4, "r": 3, "fill": colour}))
-        else:
+        elif marker == "ring":
             out.append(svg.tag("circle", {"cx": x + 9, "cy": y - 4, "r": 4, "class": "worst"}))
-        out.append(svg.label(x + 24, y, name, "legend"))
-        x += 24 + len(name) * CHAR_WIDTH + 18
+        indent = 0 if marker == "text" else 24  # "text": a note, no marker
+        out.append(svg.label(x + indent, y, name, "legend"))
+        x += indent + len(name) * CHAR_WIDTH + 18
     return out
 
 
@@ -145,7 +150,7 @@ def drift_chart(points: Sequence[DriftPoint], worst: Sequence[int], ranked_view:
     isolated as dots (each layer's own error, independent of its neighbours), worst ringed."""
     count = len(points)
     finite = [
-        v
+        min(v, DRIFT_CEILING_DB)
         for p in points
         for v in (as_finite(p.accumulated), as_finite(p.isolated))
         if v is not None
@@ -206,10 +211,21 @@ def drift_chart(points: Sequence[DriftPoint], worst: Sequence[int], ranked_view:
         legend.append(("isolated", svg.ISOLATED_COLOUR, "dot"))
     if worst:
         legend.append((f"worst {len(worst)} by {ranked_view} SQNR", svg.WORST_COLOUR, "ring"))
+    if _above(points, frame.high):
+        legend.append((f"top edge: exact, or above {svg.tick_label(frame.high)} dB", "", "text"))
     parts.extend(_worst_markers(points, worst, ranked_view, xs, frame))
     parts.extend(_legend(frame.left + 4, 16, legend))
     parts.extend(_hover_bands(points, xs, band, frame))
     return svg.root(width, height, "Per-layer SQNR along network order", parts, "drift")
+
+
+def _above(points: Sequence[DriftPoint], high: float) -> bool:
+    """Whether any value is drawn at the top edge for being above it (+inf included)."""
+    return any(
+        (n := as_number(v)) is not None and n > high
+        for p in points
+        for v in (p.accumulated, p.isolated)
+    )
 
 
 def _short_name(point: DriftPoint) -> str:

@@ -675,3 +675,27 @@ def test_a_report_of_several_methods_names_no_single_method_used(run_cli, cnn_pa
     code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "-m", "mse", "-o",
                            tmp_path / "one.cache", "--report", tmp_path / "one.html")  # fmt: skip
     assert code == 0 and "Method used" in (tmp_path / "one.html").read_text()
+
+
+def _drift_svg(values: list[float]) -> str:
+    from quantbench.reports.charts import DriftPoint, drift_chart
+
+    points = [DriftPoint(i, f"t{i}", f"n{i}", "Conv", v, None) for i, v in enumerate(values)]
+    return str(drift_chart(points, [], "isolated"))
+
+
+def _y_ticks(svg_text: str) -> list[float]:
+    labels = re.findall(r'class="tick end">([−\d.]+)</text>', svg_text)  # the y axis
+    return [float(t.replace("−", "-")) for t in labels]
+
+
+def test_drift_scale_stops_at_100_db_and_says_what_the_top_edge_holds():
+    """MiniLM: tensors one subnormal away from FP32 read 780 dB; the axis went to 800 and the
+    INT8 layers (2.7 to 40 dB) lay flat along the bottom."""
+    svg_text = _drift_svg([31.0, 2.7, 780.0, math.inf, 22.0])
+    assert max(_y_ticks(svg_text)) == 100.0
+    assert "top edge: exact, or above 100 dB" in svg_text
+    plain = _drift_svg([31.0, 2.7, 40.0, 22.0])
+    assert max(_y_ticks(plain)) == 40.0 and "top edge" not in plain
+    exact = _drift_svg([31.0, math.inf, 22.0])  # an exact match: drawn at the top edge
+    assert max(_y_ticks(exact)) == 32.0 and "top edge: exact, or above 32 dB" in exact
