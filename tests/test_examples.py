@@ -17,8 +17,8 @@ import pytest
 from onnx import numpy_helper
 from PIL import Image
 
-from quantbench.data import Preset
 from quantbench.errors import QuantbenchError
+from quantbench.presets import Preset
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
