@@ -71,8 +71,22 @@ class TensorSpec:
         return np.issubdtype(self.dtype, np.floating)
 
     def describe(self) -> str:
-        dims = ",".join("?" if d is None else str(d) for d in self.shape)
+        """``name dtype[dims]`` on one line: a symbolic dim that exporters write as a whole
+        shape formula (torch.onnx: "(floor(floor(height/2 - 1/2)/2) + 1)*...", hundreds of
+        characters) is cut to its start."""
+        dims = ",".join(_dim_text(d) for d in self.shape)
         return f"{self.name} {np.dtype(self.dtype).name}[{dims}]"
+
+
+#: longest symbolic dim shown whole in a signature
+DIM_TEXT_CHARS = 24
+
+
+def _dim_text(d: int | str | None) -> str:
+    if d is None:
+        return "?"
+    text = str(d)
+    return text if len(text) <= DIM_TEXT_CHARS else text[: DIM_TEXT_CHARS - 1] + "…"
 
 
 @dataclass

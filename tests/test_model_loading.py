@@ -187,3 +187,20 @@ def test_calibrate_names_an_invalid_model_not_what_failed_on_it(cnn_path, cnn_da
     assert code == 2
     assert "invalid ONNX model" in err and "NoSuchOp" in err
     assert "cannot load" not in err and not out.exists()  # not onnxruntime's refusal
+
+
+def test_a_shape_formula_dim_is_cut_in_signatures():
+    """nudenet's YOLOv8 (torch.onnx) declares its anchor dim as a 312-character formula of
+    height and width, which inspect and every shape error printed whole."""
+    import numpy as np
+
+    from quantbench.graph import TensorSpec
+
+    formula = (
+        "(floor(floor(floor(height/2 - 1/2)/2)/2) + 1)*(floor(floor(floor(width/2 - 1/2)/2)/2) + 1)"
+    )
+    spec = TensorSpec("output0", np.dtype(np.float32), ("batch", 22, formula, None))
+    assert spec.describe() == "output0 float32[batch,22,(floor(floor(floor(heig…,?]"
+    assert TensorSpec("x", np.dtype(np.float32), ("sequence_length",)).describe() == (
+        "x float32[sequence_length]"
+    )
