@@ -26,9 +26,12 @@ Agreement (argmax) depends on the output's shape (:func:`agreement_kind`):
   graph made it so (:func:`class_axis_doubts`: a MatMul/Gemm's features, a softmax over it, a
   convolution's channels moved last), not a detector's anchors or boxes-and-scores axis (what
   the graph says about its outputs' axes: :mod:`quantbench.outputaxes`);
+* ``decision``: one probability per sample that a Sigmoid made (``[N]``, ``[N, 1]``: a
+  wake-word, voice-activity or binary classifier, :func:`probability_outputs`): agreement of
+  the decision at 0.5, per sample (and accuracy against 0/1 labels);
 * none: rank <= 1, a class axis of size 1 (e.g. a text detector's ``[N, 1, H, W]`` probability
-  map), or a box/coordinate output: argmax means nothing and only the drift metrics stand;
-  :func:`agreement_kind` says why.
+  map, a raw score), or a box/coordinate output: argmax means nothing and only the drift
+  metrics stand; :func:`agreement_kind` says why.
 
 A model with several outputs is judged by its worst output (:func:`model_metrics`): an INT8
 model is only as good as its worst head, and a pooled sum would let a large-valued output hide a
@@ -51,6 +54,7 @@ from quantbench.outputaxes import (
     channels_first_outputs,
     class_axis_evidence,
     concat_parts,
+    probability_outputs,
     samples_second_outputs,
 )
 
@@ -67,6 +71,8 @@ MODEL_METRICS = (
     "accuracy_drop",
 )
 CLASS, POSITION, UNKNOWN = "class", "position", "unknown"
+#: a probability's decision (:func:`agreement_kind`), taken at this threshold
+DECISION, DECISION_THRESHOLD = "decision", 0.5
 _COORDINATES = re.compile(r"box|coord|landmark|keypoint", re.IGNORECASE)
 
 
@@ -184,6 +190,7 @@ def agreement_kind(
     class_axis_doubt: str = "",
     doubt_unless_size: int | None = None,
     channel_doubt: str = "",
+    probability: bool = False,
 ) -> tuple[str | None, str]:
     """Which argmax agreement an output of ``shape`` supports, and why not when none.
 
@@ -197,9 +204,13 @@ def agreement_kind(
     whose target size is only known at run time, :class:`OutputLayout`).
     ``channel_doubt``: why an NCHW map's channels may not be classes (no softmax over them,
     :func:`channel_class_doubts`): then it has no agreement either.
+    ``probability``: a Sigmoid made the output (:func:`probability_outputs`); with one value
+    per sample its decision at 0.5 is what agrees or not (``"decision"``).
     """
     if _COORDINATES.search(name):
         return None, f"{name!r} holds boxes/coordinates (by its name): argmax over it means nothing"
+    if probability and all(isinstance(d, int) and d == 1 for d in shape[1:]):
+        return DECISION, ""
     nchw = _nchw_map(shape, channels_first)
     if nchw:
         if shape[1] == 1:
@@ -245,6 +256,8 @@ class AgreementAccumulator:
     unbatched: bool = False
     #: the graph declares the samples on axis 1 (a time-major ``[T, N, C]`` CTC output)
     samples_second: bool = False
+    #: a Sigmoid made the output (:func:`probability_outputs`)
+    probability: bool = False
     kind: str | None = None
     reason: str = ""
     samples: int = 0
@@ -280,7 +293,11 @@ class AgreementAccumulator:
             self.class_axis_doubt,
             self.doubt_unless_size,
             self.channel_doubt,
+            self.probability,
         )
+        if self.kind == DECISION and a.shape == b.shape:
+            self._update_decisions(a, b, labels)
+            return
         if self.kind not in (CLASS, POSITION) or a.shape != b.shape:
             return
         if _nchw_map(a.shape, self.channels_first):
@@ -308,9 +325,28 @@ class AgreementAccumulator:
             self.correct_b += int((top_b == lab).sum()) if finite_b else 0
             self.labelled += lab.size
 
+    def _update_decisions(self, a: np.ndarray, b: np.ndarray, labels: np.ndarray | None) -> None:
+        """One probability per sample: the decisions at :data:`DECISION_THRESHOLD` agree or
+        not; with labels (0 / 1 per sample) both sides' accuracy."""
+        n = a.shape[0] if a.ndim else 1
+        pa, pb = a.reshape(n), b.reshape(n)
+        finite_a, finite_b = bool(np.isfinite(pa).all()), bool(np.isfinite(pb).all())
+        self.nonfinite_a |= not finite_a
+        self.nonfinite_b |= not finite_b
+        da, db = pa > DECISION_THRESHOLD, pb > DECISION_THRESHOLD
+        self.classes = 2
+        self.samples += n
+        self.positions += n
+        self.top1 += int((da == db).sum())
+        if labels is not None:
+            lab = np.asarray(labels).reshape(-1)
+            self.correct_a += int((da.astype(lab.dtype) == lab).sum()) if finite_a else 0
+            self.correct_b += int((db.astype(lab.dtype) == lab).sum()) if finite_b else 0
+            self.labelled += lab.size
+
     @property
     def applies(self) -> bool:
-        return self.kind in (CLASS, POSITION)
+        return self.kind in (CLASS, POSITION, DECISION)
 
     def metrics(self) -> dict[str, float | None]:
         """``agreement`` (per sample or per position), ``top5_agreement`` (with more than 5
@@ -325,11 +361,17 @@ class AgreementAccumulator:
         }
 
     def note(self) -> str:
-        """Why agreement is absent ('' when it is defined)."""
+        """Why agreement is absent, or what it means where that is not argmax ('' for an
+        argmax agreement)."""
         if not self.applies:
             return f"agreement not defined: {self.reason}" if self.reason else ""
         if self.nonfinite_a or self.nonfinite_b:
             return "agreement undefined: NaN/Inf in the output"
+        if self.kind == DECISION:
+            return (
+                f"agreement of the decisions at {DECISION_THRESHOLD} (a Sigmoid's probability, "
+                "one per sample)"
+            )
         return ""
 
     def accuracy(self) -> dict[str, float | None] | None:
@@ -384,6 +426,8 @@ class OutputLayout:
     #: the model has no batch axis: the data feeds it one sample at a time
     #: (:attr:`quantbench.data.DataSource.unbatched`), so its outputs have none either
     unbatched: bool = False
+    #: outputs a Sigmoid made (:func:`probability_outputs`)
+    probabilities: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, model: Any, unbatched: bool = False) -> OutputLayout:
@@ -398,6 +442,7 @@ class OutputLayout:
             concat_parts(model),
             channel_class_doubts(model, first),
             unbatched,
+            probability_outputs(model),
         )
 
     def pieces(self, name: str, shape: Sequence[int]) -> list[tuple[str, tuple[slice, ...]]]:
@@ -424,6 +469,7 @@ class OutputLayout:
             self.class_axis_doubt.get(name, ""),
             self.doubt_unless_size.get(name),
             self.channel_doubt.get(name, ""),
+            name in self.probabilities,
         )
 
     def accumulator(self, name: str) -> AgreementAccumulator:
@@ -435,6 +481,7 @@ class OutputLayout:
             channel_doubt=self.channel_doubt.get(name, ""),
             unbatched=self.unbatched,
             samples_second=name in self.samples_second,
+            probability=name in self.probabilities,
         )
 
 
@@ -459,8 +506,13 @@ def labels_accuracy_reason(labels: np.ndarray | None) -> str:
 
 
 def accuracy_output(kinds: Mapping[str, str | None]) -> str | None:
-    """The output accuracy is measured on: the first one holding class scores."""
-    return next((name for name, kind in kinds.items() if kind == CLASS), None)
+    """The output accuracy is measured on: the first one holding class scores, else the first
+    probability (its decision against 0 / 1 labels)."""
+    for wanted in (CLASS, DECISION):
+        found = next((name for name, kind in kinds.items() if kind == wanted), None)
+        if found is not None:
+            return found
+    return None
 
 
 def output_kinds(
@@ -507,8 +559,10 @@ def metric_support(
             return f"{metric} needs --labels LABELS.npy"
         if reason := labels_accuracy_reason(labels):
             return f"{metric} needs integer class labels; {reason}"
-        wanted, what = (CLASS,), "no output holds class scores [N, C]"
-    elif metric in ("top1_agreement", "top5_agreement"):
+        wanted, what = (CLASS, DECISION), "no output holds class scores [N, C] or a probability"
+    elif metric == "top1_agreement":
+        wanted, what = (CLASS, POSITION, DECISION), "no output supports agreement"
+    elif metric == "top5_agreement":
         wanted, what = (CLASS, POSITION), "no output supports argmax agreement"
     elif metric == "sequence_agreement":
         wanted, what = (POSITION,), "no output has per-position scores (N, ..., C)"
@@ -647,10 +701,11 @@ def model_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
         return min(values)  # type: ignore[type-var]
 
     agreeing = [r for r in rows if r.get("agreement_kind")]
+    ranked = [r for r in agreeing if r.get("agreement_kind") != DECISION]  # no top-5 of 2
     sequences = [r for r in rows if r.get("agreement_kind") == POSITION]
     return {
         "top1_agreement": worst("agreement", agreeing),
-        "top5_agreement": worst("top5_agreement", agreeing),
+        "top5_agreement": worst("top5_agreement", ranked),
         "sequence_agreement": worst("sequence_agreement", sequences),
         "cosine": worst("cosine", rows),
         "sqnr_db": worst("sqnr_db", rows),

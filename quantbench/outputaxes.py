@@ -7,6 +7,8 @@
 - :func:`samples_second_outputs`: outputs declared with the samples on axis 1 (time-major).
 - :func:`concat_parts`: outputs that join different kinds of values (a detector head's boxes
   and class scores), and where each part lies.
+- :func:`probability_outputs`: outputs a Sigmoid made (through reshapes only): probabilities,
+  whose decision at 0.5 a binary classifier's agreement reads.
 
 Pure graph analysis: no data, no metrics (:mod:`quantbench.metrics` uses these).
 """
@@ -115,6 +117,26 @@ def class_axis_evidence(model: Any) -> tuple[dict[str, str], dict[str, int]]:
             if (value.name, -1) in walk.unless:
                 unless[value.name] = walk.unless[(value.name, -1)]
     return doubts, unless
+
+
+#: ops that move or relabel values without changing them
+_VALUE_KEEPING = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
+def probability_outputs(model: Any) -> frozenset[str]:
+    """Outputs whose values a Sigmoid made, through reshapes only: probabilities in (0, 1),
+    e.g. a wake-word, voice-activity or binary classifier's one score per sample."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    found = set()
+    for value in model.graph.output:
+        node = producer.get(value.name)
+        for _ in range(64):  # a chain of reshapes, not a walk of the whole graph
+            if node is None or node.op_type not in _VALUE_KEEPING:
+                break
+            node = producer.get(node.input[0])
+        if node is not None and node.op_type == "Sigmoid":
+            found.add(value.name)
+    return frozenset(found)
 
 
 def samples_second_outputs(model: Any) -> frozenset[str]:

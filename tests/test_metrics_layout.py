@@ -539,3 +539,59 @@ def test_a_classifier_without_a_batch_axis_is_judged_per_sample(run_cli, tmp_pat
     b = np.array([int(np.argmax(int8.run(None, {"x": s})[0])) for s in x])
     assert row["agreement"] == pytest.approx(float(np.mean(a == b)))
     assert doc["task"]["accuracy"]["A"] == pytest.approx(float(np.mean(a == labels)))
+
+
+# ----------------------------------------------------------------------------- probabilities
+
+
+def _binary_classifier(tail: list[tuple], y_shape: list) -> onnx.ModelProto:
+    """x[N,16] -> Gemm(16->1) -> ``tail`` -> y: a wake-word / voice-activity style head."""
+    w = np.random.default_rng(3).standard_normal((16, 1)).astype(np.float32)
+    nodes = [("Gemm", ["x", "w"], "g"), *tail]
+    return _graph_of(nodes, ["N", 16], y_shape, {"w": w, "shape": np.array([-1], np.int64)})
+
+
+@pytest.mark.parametrize(
+    ("tail", "y_shape", "kind"),
+    [
+        ([("Sigmoid", ["g"], "y")], ["N", 1], "decision"),
+        ([("Sigmoid", ["g"], "s"), ("Reshape", ["s", "shape"], "y")], ["N"], "decision"),
+        ([("Identity", ["g"], "y")], ["N", 1], None),  # a raw score: no threshold to read
+        ([("Sigmoid", ["g"], "s"), ("Mul", ["s", "s"], "y")], ["N", 1], None),  # not 0..1 as made
+    ],
+)
+def test_one_probability_per_sample_agrees_by_its_decision(tail, y_shape, kind):
+    """openwakeword's alexa_v0.1 ends in Gemm -> Sigmoid [1, 1]: agreement was 'not defined:
+    the class axis (last) has size 1', and recover's top1_agreement target refused it."""
+    assert declared_output_kinds(_binary_classifier(tail, y_shape))["y"][0] == kind
+
+
+def test_decision_agreement_and_accuracy_are_counted_at_one_half():
+    """Decisions by hand: FP32 [F, T, T, F], INT8 [F, F, T, T]: 2 of 4 agree; labels
+    [0, 1, 1, 1]: FP32 right on 3, INT8 on 3."""
+    acc = AgreementAccumulator(name="p", probability=True)
+    a = np.array([[0.2], [0.7], [0.51], [0.49]], np.float32)
+    b = np.array([[0.3], [0.4], [0.52], [0.51]], np.float32)
+    acc.update(a, b, labels=np.array([0, 1, 1, 1]))
+    assert acc.kind == "decision"
+    assert acc.metrics() == {"agreement": 0.5, "top5_agreement": None, "sequence_agreement": None}
+    assert acc.accuracy() == {"A": 0.75, "B": 0.75, "delta": 0.0}
+    assert "decisions at 0.5" in acc.note()
+    map_acc = AgreementAccumulator(name="m", channels_first=True, probability=True)
+    map_acc.update(np.zeros((2, 1, 8, 8), np.float32), np.zeros((2, 1, 8, 8), np.float32))
+    assert map_acc.kind is None  # a probability map is many decisions, not one per sample
+
+
+def test_compare_and_recover_read_a_binary_classifier_by_its_decisions(run_cli, tmp_path):
+    model = _binary_classifier([("Sigmoid", ["g"], "y")], ["N", 1])
+    x = np.random.default_rng(4).standard_normal((32, 16)).astype(np.float32)
+    row = _compare_row(run_cli, tmp_path, model, x)
+    assert row["agreement_kind"] == "decision" and row["agreement"] is not None
+    assert 0.9 <= row["agreement"] <= 1.0
+    data = tmp_path / "d.npz"
+    code, _, err = run_cli(
+        "recover", tmp_path / "m.onnx", "--data", data, "--calib-data", data, "-m", "minmax",
+        "--target", "top1_agreement=0.5", "-o", tmp_path / "rec",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "met top1_agreement=0.5" in " ".join(err.split())

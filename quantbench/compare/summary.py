@@ -79,10 +79,11 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
         ]
         t.add_row(*(cells if sequences else cells[:4] + cells[5:]))
         if o.get("agreement_note") and not nonfinite_text(o.get("nonfinite") or {}):
-            notes.setdefault(o["name"], o["agreement_note"])
+            stand = "" if o.get("agreement_kind") else "; cosine and SQNR stand"  # a meaning
+            notes.setdefault(o["name"], o["agreement_note"] + stand)
     console.print(t)
     for name, note in notes.items():
-        console.print(f"output {escape(name)}: {escape(note)}; cosine and SQNR stand")
+        console.print(f"output {escape(name)}: {escape(note)}")
     _print_parts(outputs)
     _print_nonfinite(doc)
     ranking = doc.get("ranking", [])[:worst]
