@@ -107,7 +107,8 @@ def class_axis_evidence(model: Any) -> tuple[dict[str, str], dict[str, int]]:
     axis has a given size (a CRNN's ``Reshape(Linear [T*N, C], [T, N, -1])``: only the run
     shows that the -1 is C)."""
     producer = {out: node for node in model.graph.node for out in node.output}
-    walk = _LastAxisWalk(model, producer, constant_tensors(model))
+    constants = constant_tensors(model)
+    walk = _LastAxisWalk(model, producer, constants)
     doubts, unless = {}, {}
     for value in model.graph.output:
         t = value.type.tensor_type
@@ -116,7 +117,44 @@ def class_axis_evidence(model: Any) -> tuple[dict[str, str], dict[str, int]]:
             doubts[value.name] = f"its last axis may not hold class scores: {why}"
             if (value.name, -1) in walk.unless:
                 unless[value.name] = walk.unless[(value.name, -1)]
+    for name, why in _regression_heads(model, producer, constants).items():
+        doubts.setdefault(name, f"its last axis may not hold class scores: {why}")
     return doubts, unless
+
+
+def _regression_heads(
+    model: Any, producer: Mapping[str, Any], constants: Collection[str]
+) -> dict[str, str]:
+    """Outputs a MatMul/Gemm made (plus a bias) beside an output whose softmax makes the
+    class scores, of another size: a face or object detector's box and landmark regressions
+    (MTCNN's O-Net: boxes [N, 4] and landmarks [N, 10] beside face/no-face softmax [N, 2]),
+    whose argmax "agreement" meant nothing. Logits of the softmax's own size stay classes."""
+    heads: dict[str, tuple[str, int | None]] = {}  # output -> (op that made it, last dim)
+    for value in model.graph.output:
+        node = producer.get(value.name)
+        while node is not None and (
+            node.op_type in _VALUE_KEEPING
+            or (node.op_type in ("Add", "Sub") and any(i in constants for i in node.input))
+        ):
+            data = [i for i in node.input if i and i not in constants]
+            node = producer.get(data[0]) if data else None
+        dims = value.type.tensor_type.shape.dim
+        last = dims[-1].dim_value if dims and dims[-1].dim_value > 0 else None
+        heads[value.name] = (node.op_type if node is not None else "", last)
+    classes = {
+        name: size for name, (op, size) in heads.items() if op == "Softmax" and size is not None
+    }
+    if not classes:
+        return {}
+    scores, count = next(iter(classes.items()))
+    return {
+        name: (
+            f"output {scores!r} holds the class scores (a softmax over {count}); this one's "
+            f"{size} values a {op} made without one read as a regression (boxes, landmarks)"
+        )
+        for name, (op, size) in heads.items()
+        if op in ("MatMul", "Gemm") and size is not None and size not in classes.values()
+    }
 
 
 #: ops that move or relabel values without changing them

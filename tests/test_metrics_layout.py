@@ -595,3 +595,46 @@ def test_compare_and_recover_read_a_binary_classifier_by_its_decisions(run_cli, 
     )  # fmt: skip
     assert code == 0, err
     assert "met top1_agreement=0.5" in " ".join(err.split())
+
+
+def _face_head(sizes: dict[str, int], softmax_size: int) -> onnx.ModelProto:
+    """x[N,16] -> one MatMul + bias per output of ``sizes``, and a softmax head of
+    ``softmax_size`` (MTCNN's O-Net: boxes 4, landmarks 10, face/no-face softmax 2)."""
+    rng = np.random.default_rng(5)
+    nodes, inits, outputs = [], {}, []
+    for name, size in {**sizes, "probs": softmax_size}.items():
+        inits[f"w_{name}"] = rng.standard_normal((16, size)).astype(np.float32)
+        inits[f"b_{name}"] = rng.standard_normal(size).astype(np.float32)
+        nodes.append(helper.make_node("MatMul", ["x", f"w_{name}"], [f"m_{name}"]))
+        last = name if name != "probs" else "logits"
+        nodes.append(helper.make_node("Add", [f"m_{name}", f"b_{name}"], [last]))
+        outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", size]))
+    nodes.append(helper.make_node("Softmax", ["logits"], ["probs"], axis=-1))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        outputs,
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_regressions_beside_a_softmax_head_have_no_agreement():
+    """MTCNN's O-Net (keras2onnx): argmax 'agreement' 0.98 of its 10 landmark coordinates was
+    the model's top1_agreement; the face/no-face softmax is its only class output."""
+    kinds = declared_output_kinds(_face_head({"reg": 4, "marks": 10}, 2))
+    assert kinds["probs"][0] == "class"
+    for name, size in (("reg", 4), ("marks", 10)):
+        kind, reason = kinds[name]
+        assert kind is None
+        assert (
+            f"output 'probs' holds the class scores (a softmax over 2); this one's {size}" in reason
+        )
+    # logits of the softmax's own size, and a model with no softmax output, keep their classes
+    same = declared_output_kinds(_face_head({"raw_logits": 3}, 3))
+    assert same["raw_logits"][0] == "class"
+    alone = declared_output_kinds(_graph_of([("MatMul", ["x", "w"], "y")], ["N", 8], ["N", 5], W))
+    assert alone["y"][0] == "class"
