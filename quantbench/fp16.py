@@ -31,6 +31,7 @@ from onnx import TensorProto
 from quantbench.backends.onnxruntime import session_providers
 from quantbench.errors import InternalError, QuantbenchError, first_line
 from quantbench.graph import QDQ_OPS, node_labels
+from quantbench.protosize import loadable
 
 #: onnx-ml ops the converter cannot handle at all (they take or make maps/sequences)
 ML_OPS = (
@@ -296,9 +297,8 @@ def _load_problem(model: onnx.ModelProto, provider: str) -> tuple[str | None, st
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     try:
-        ort.InferenceSession(
-            model.SerializeToString(), sess_options=opts, providers=session_providers(provider)
-        )
+        with loadable(model) as source:
+            ort.InferenceSession(source, sess_options=opts, providers=session_providers(provider))
     except Exception as exc:  # noqa: BLE001 - ORT reports everything as generic errors
         text = str(exc)
         missing = _MISSING_KERNEL.search(text)
@@ -368,9 +368,8 @@ def _executed_types(model: onnx.ModelProto, provider: str) -> dict[str, str]:
         opts.log_severity_level = 3
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         opts.optimized_model_filepath = str(path)
-        ort.InferenceSession(
-            model.SerializeToString(), sess_options=opts, providers=session_providers(provider)
-        )
+        with loadable(model) as source:
+            ort.InferenceSession(source, sess_options=opts, providers=session_providers(provider))
         session_graph = onnx.load(str(path))
     types = _float_types(session_graph)
     out: dict[str, str] = {}

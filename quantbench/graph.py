@@ -24,6 +24,8 @@ from onnx.external_data_helper import load_external_data_for_model
 
 from quantbench.customops import checkable, lowered
 from quantbench.errors import QuantbenchError, first_line
+from quantbench.protosize import digest as proto_digest
+from quantbench.protosize import loadable
 
 #: ops whose inputs TensorRT quantizes (weighted ops: Q/DQ on data and weight).
 WEIGHTED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -404,7 +406,7 @@ def open_graph(
     source: bytes | None = None
     check = None
     if isinstance(path, onnx.ModelProto):
-        model, p, digest = path, None, hashlib.sha256(path.SerializeToString()).hexdigest()
+        model, p, digest = path, None, proto_digest(path)
     else:
         p = Path(path)
         loaded = read_model(p, defer_check)
@@ -582,10 +584,9 @@ def _onnxruntime_types(model: onnx.ModelProto, names: list[str]) -> dict[str, in
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    try:  # an op onnxruntime lacks, or a model over 2 GiB: the tensors stay untyped
-        session = ort.InferenceSession(
-            probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+    try:  # an op onnxruntime lacks: the tensors stay untyped
+        with loadable(probe) as source:
+            session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception:  # noqa: BLE001
         return {}
     wanted = set(names)

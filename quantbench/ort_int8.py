@@ -23,6 +23,7 @@ import onnx
 
 from quantbench.errors import QuantbenchError, first_line
 from quantbench.graph import QDQ_OPS, load_model
+from quantbench.protosize import loadable
 
 INTEGER = "integer"
 INT8_DATA = "integer (int8 data, no rescale)"
@@ -116,9 +117,9 @@ def optimized_graph(model: onnx.ModelProto | str | os.PathLike[str]) -> onnx.Mod
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         options.optimized_model_filepath = str(saved)
         options.log_severity_level = 3
-        source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
         try:
-            ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+            with loadable(model if isinstance(model, onnx.ModelProto) else str(model)) as src:
+                ort.InferenceSession(src, options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
             first = first_line(exc)
             raise QuantbenchError(

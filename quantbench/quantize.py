@@ -23,7 +23,7 @@ from quantbench.clipguard import (
 )
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
-from quantbench.fileio import check_not_an_input, check_output_path, write_bytes_atomic
+from quantbench.fileio import check_not_an_input, check_output_path
 from quantbench.fp16 import (
     FP16,
     FP16_SCALE_OPSET,
@@ -34,6 +34,7 @@ from quantbench.fp16 import (
 )
 from quantbench.graph import calibration_tensors, open_graph
 from quantbench.progress import info, warn
+from quantbench.protosize import save_model
 from quantbench.qdq import QuantizeResult, quantize_model, table_from_qdq, write_quantized
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import format_for_path, read_table, write_table
@@ -213,7 +214,7 @@ def rewrite(model: str | Path, output: str | Path, to: str) -> tuple[int, Path]:
             "DWConv2D" if to == "dwconv2d" else "no DWConv2D node to rewrite into Conv"
         )
         raise QuantbenchError(f"{model}: {what}; nothing written")
-    return changed, write_bytes_atomic(output, new.SerializeToString())
+    return changed, save_model(new, output)
 
 
 def _widen(source: onnx.ModelProto, model: str | Path, output: str | Path) -> tuple[int, Path]:
@@ -222,10 +223,4 @@ def _widen(source: onnx.ModelProto, model: str | Path, output: str | Path) -> tu
     wide, changed = widen_to_float32(source)
     if not changed:
         raise QuantbenchError(f"{model}: holds no float16 or bfloat16 tensor; nothing written")
-    try:
-        data = wide.SerializeToString()
-    except ValueError as exc:  # protobuf refuses messages over 2 GiB
-        raise QuantbenchError(
-            f"{output}: the float32 model is too large for one file ({exc})"
-        ) from None
-    return changed, write_bytes_atomic(output, data)
+    return changed, save_model(wide, output)

@@ -22,6 +22,7 @@ import onnx
 
 from quantbench import customops
 from quantbench.errors import InternalError, QuantbenchError, first_line
+from quantbench.protosize import loadable
 
 _PROVIDER_ALIASES = {
     "cpu": "CPUExecutionProvider",
@@ -220,9 +221,10 @@ def _inferred_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
     return {k: t for k, t in types.items() if k in wanted}
 
 
-def _runnable(model: str | Path | onnx.ModelProto | bytes) -> bytes | str:
-    """What onnxruntime can load: plugin ops (DWConv2D) lowered to standard ONNX (customops);
-    bytes are a serialised model that needs no lowering (:func:`expose_for_session`)."""
+def _runnable(model: str | Path | onnx.ModelProto | bytes) -> bytes | str | onnx.ModelProto:
+    """What onnxruntime can load (through :func:`quantbench.protosize.loadable`): plugin
+    ops (DWConv2D) lowered to standard ONNX (customops); bytes are a serialised model that needs
+    no lowering (:func:`expose_for_session`)."""
     if isinstance(model, bytes):
         return model
     proto = model if isinstance(model, onnx.ModelProto) else None
@@ -230,7 +232,7 @@ def _runnable(model: str | Path | onnx.ModelProto | bytes) -> bytes | str:
         proto = onnx.load(str(model), load_external_data=False)
         if not customops.ops_in(proto):
             return str(model)
-    return customops.lowered(proto).SerializeToString()
+    return customops.lowered(proto)
 
 
 def _loads(model: onnx.ModelProto, opts: object, provider: str) -> bool:
@@ -238,9 +240,8 @@ def _loads(model: onnx.ModelProto, opts: object, provider: str) -> bool:
     import onnxruntime as ort
 
     try:
-        ort.InferenceSession(
-            _runnable(model), sess_options=opts, providers=session_providers(provider)
-        )
+        with loadable(_runnable(model)) as source:
+            ort.InferenceSession(source, sess_options=opts, providers=session_providers(provider))
     except Exception:  # noqa: BLE001
         return False
     return True
@@ -291,11 +292,13 @@ class OnnxRuntimeRunner:
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[optimization]
-        payload = _runnable(model)
         try:
-            self.session = ort.InferenceSession(
-                payload, sess_options=opts, providers=session_providers(self.provider)
-            )
+            with loadable(_runnable(model)) as source:
+                self.session = ort.InferenceSession(
+                    source, sess_options=opts, providers=session_providers(self.provider)
+                )
+        except QuantbenchError:
+            raise
         except Exception as exc:  # noqa: BLE001 - ORT reports model problems as generic errors
             first = first_line(exc)
             if generated_from is not None and _loads(generated_from, opts, self.provider):

@@ -18,8 +18,8 @@ import onnx
 
 from quantbench.customops import checkable
 from quantbench.errors import QuantbenchError, first_line
-from quantbench.fileio import write_bytes_atomic
 from quantbench.graph import Graph, check_float_model, node_labels, open_graph
+from quantbench.protosize import check_model, save_model
 from quantbench.qdq.embedded import embed_table
 from quantbench.qdq.insert import insert_qdq
 from quantbench.qdq.opset import OpsetDecision, ensure_qdq_opset
@@ -134,14 +134,9 @@ def _shape_of(model: onnx.ModelProto) -> int:
 
 
 def write_quantized(result: QuantizeResult, path: str | os.PathLike[str]) -> Path:
-    """Write the Q/DQ model atomically (a crash never leaves half a model)."""
-    try:
-        data = result.model.SerializeToString()
-    except ValueError as exc:  # protobuf refuses messages over 2 GiB
-        raise QuantbenchError(
-            f"{path}: quantized model too large to serialize in one file ({exc})"
-        ) from None
-    return write_bytes_atomic(path, data)
+    """Write the Q/DQ model atomically (a crash never leaves half a model); over 2 GiB, its
+    weights in a ``.data`` file beside it (:func:`quantbench.protosize.save_model`)."""
+    return save_model(result.model, path)
 
 
 def name_nodes(model: onnx.ModelProto) -> list[str]:
@@ -159,7 +154,7 @@ def name_nodes(model: onnx.ModelProto) -> list[str]:
 
 def _check_input(model: onnx.ModelProto, label: str) -> None:
     try:
-        onnx.checker.check_model(checkable(model))
+        check_model(checkable(model))
     except Exception as exc:  # noqa: BLE001
         first = first_line(exc)
         raise QuantbenchError(f"{label}: invalid ONNX model: {first}") from None
@@ -168,7 +163,7 @@ def _check_input(model: onnx.ModelProto, label: str) -> None:
 def _check_output(model: onnx.ModelProto, label: str) -> None:
     """A bug guard: the emitted model must pass the checker (custom DWConv2D ops aside)."""
     try:
-        onnx.checker.check_model(checkable(model))
+        check_model(checkable(model))
     except Exception as exc:
         raise RuntimeError(f"{label}: quantbench produced an invalid Q/DQ model: {exc}") from exc
 

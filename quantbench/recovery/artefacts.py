@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from quantbench.errors import QuantbenchError
-from quantbench.fileio import write_bytes_atomic, write_text_atomic
+from quantbench.fileio import write_text_atomic
 from quantbench.graph import node_labels
+from quantbench.protosize import save_model
 from quantbench.recovery.search import RecoveryResult
 from quantbench.results import base_document, write_json
 from quantbench.table import CalibrationTable
@@ -103,14 +104,6 @@ def trtexec_lines(result: RecoveryResult, onnx_path: Path, qdq_path: Path, cache
     )
 
 
-def _serialized(result: RecoveryResult) -> bytes:
-    model = result.artefact if result.artefact is not None else result.final.model
-    try:
-        return model.SerializeToString()
-    except ValueError as exc:  # protobuf refuses messages over 2 GiB
-        raise QuantbenchError(
-            f"recovered model too large to serialize in one file ({exc})"
-        ) from None
 
 
 def recovery_document(result: RecoveryResult, command: str = "") -> dict[str, Any]:
@@ -179,7 +172,8 @@ def write_artefacts(
         "results": out / f"{name}.recovery.json",
     }
     table, removed, shared = trimmed_table(result)
-    write_bytes_atomic(paths["model"], _serialized(result))
+    artefact = result.artefact if result.artefact is not None else result.final.model
+    save_model(artefact, paths["model"])
     write_table(table, paths["cache"], "trt", trt_version=trt_version)
     source = Path(model_path or result.context.graph.path or f"{name}.onnx")
     write_text_atomic(

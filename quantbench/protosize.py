@@ -1,0 +1,155 @@
+"""Models over protobuf's 2 GiB limit: protobuf cannot serialise them, so onnxruntime gets a
+file with the large tensors beside it (ONNX external data) and hashes are taken piecewise.
+
+A 2.35 GB model made calibrate fail with an EncodeError; everything that hands a model proto
+to onnxruntime or hashes one goes through here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import EncodeError
+
+from quantbench.errors import QuantbenchError
+from quantbench.fileio import atomic_path, write_bytes_atomic
+
+#: tensors of at least this many bytes go beside a model too large to serialise
+_EXTERNAL_MIN_BYTES = 1024
+#: what protobuf raises for a message of 2 GiB or more (EncodeError; older versions ValueError)
+_TOO_LARGE = (EncodeError, ValueError)
+
+
+@contextlib.contextmanager
+def loadable(model: bytes | str | onnx.ModelProto) -> Iterator[bytes | str]:
+    """What ``ort.InferenceSession`` takes for ``model``: bytes and paths as they are, a proto
+    serialised, or, where it is too large to serialise (a model over 2 GiB: calibrating one
+    failed with protobuf's EncodeError), the path of a temporary copy whose large tensors lie
+    in a file beside it, removed when the block ends. ``model`` itself is never modified."""
+    if not isinstance(model, onnx.ModelProto):
+        yield model
+        return
+    data = serialized(model)
+    if data is not None:
+        yield data
+        return
+    with tempfile.TemporaryDirectory(prefix="quantbench-ort-") as folder:
+        yield str(_save_apart(model, Path(folder)))
+
+
+def _save_apart(model: onnx.ModelProto, folder: Path) -> Path:
+    """``model`` saved into ``folder`` as model.onnx, its large initializers in tensors.bin."""
+    path = folder / "model.onnx"
+    path.write_bytes(_light_bytes(_apart(model, folder / "tensors.bin", "tensors.bin")))
+    return path
+
+
+def _apart(model: onnx.ModelProto, data_path: Path, location: str) -> onnx.ModelProto:
+    """A light copy of ``model`` whose large initializers are written to ``data_path`` and
+    referenced as ONNX external data at ``location`` (relative to the model file). Built field
+    by field: no copy of the whole model is made, and ``model`` is only read (other threads
+    may be reading it too)."""
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip="graph")
+    _copy_fields(model.graph, light.graph, skip="initializer")
+    with open(data_path, "wb") as data:
+        for t in model.graph.initializer:
+            if t.ByteSize() < _EXTERNAL_MIN_BYTES or not t.HasField("raw_data"):
+                light.graph.initializer.add().CopyFrom(t)
+                continue
+            offset = data.tell()
+            data.write(t.raw_data)
+            apart = light.graph.initializer.add()
+            apart.name, apart.data_type, apart.doc_string = t.name, t.data_type, t.doc_string
+            apart.dims.extend(t.dims)
+            apart.data_location = onnx.TensorProto.EXTERNAL
+            where = (("location", location), ("offset", offset), ("length", len(t.raw_data)))
+            for key, value in where:
+                entry = apart.external_data.add()
+                entry.key, entry.value = key, str(value)
+    return light
+
+
+def _light_bytes(light: onnx.ModelProto) -> bytes:
+    data = serialized(light)
+    if data is None:
+        raise QuantbenchError(
+            "the model is over 2 GiB even with its initializers apart (large Constant nodes or "
+            "non-raw tensors): it cannot be written or loaded"
+        )
+    return data
+
+
+def save_model(model: onnx.ModelProto, path: str | Path) -> Path:
+    """``model`` written atomically to ``path``; one too large to serialise gets its large
+    tensors in ``<name>.data`` beside it (ONNX external data, what onnx.load, onnxruntime and
+    TensorRT's parser read), written before the model file that points to it."""
+    data = serialized(model)
+    if data is not None:
+        return write_bytes_atomic(path, data)
+    target = Path(path)
+    location = f"{target.name}.data"
+    with atomic_path(target.parent / location) as tmp:
+        light = _apart(model, tmp, location)
+    return write_bytes_atomic(target, _light_bytes(light))
+
+
+def check_model(model: onnx.ModelProto) -> None:
+    """``onnx.checker.check_model``; a model too large to serialise is checked from a saved
+    copy, the checker's own way for models over 2 GiB."""
+    try:
+        onnx.checker.check_model(model)
+    except _TOO_LARGE as exc:
+        if not _size_error(exc):
+            raise
+        with tempfile.TemporaryDirectory(prefix="quantbench-check-") as folder:
+            onnx.checker.check_model(str(_save_apart(model, Path(folder))))
+
+
+def _size_error(exc: Exception) -> bool:
+    """Whether protobuf refused a message for its size (not a ValueError about its content)."""
+    text = str(exc)
+    return isinstance(exc, EncodeError) or "2GB" in text or "protobuf size" in text
+
+
+def _copy_fields(source: object, target: object, skip: str) -> None:
+    """Every set field of protobuf message ``source`` but ``skip`` into ``target``."""
+    for field, value in source.ListFields():  # type: ignore[attr-defined]
+        if field.name == skip:
+            continue
+        into = getattr(target, field.name)
+        if hasattr(into, "extend"):
+            into.extend(value)
+        elif hasattr(into, "CopyFrom"):
+            into.CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
+
+
+def serialized(model: onnx.ModelProto) -> bytes | None:
+    """The model's bytes, or None where protobuf cannot serialise it (2 GiB or more)."""
+    try:
+        return model.SerializeToString()
+    except _TOO_LARGE:
+        return None
+
+
+def digest(model: onnx.ModelProto) -> str:
+    """sha256 of the serialised model; for one too large to serialise, of its initializers
+    one by one and then of everything else (a different value, as stable)."""
+    data = serialized(model)
+    if data is not None:
+        return hashlib.sha256(data).hexdigest()
+    h = hashlib.sha256(b"piecewise")
+    for t in model.graph.initializer:
+        h.update(t.SerializeToString())
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip="graph")
+    _copy_fields(model.graph, light.graph, skip="initializer")
+    h.update(light.SerializeToString())
+    return h.hexdigest()

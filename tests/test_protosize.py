@@ -1,0 +1,103 @@
+"""Models over protobuf's 2 GiB limit (a 2.35 GB model made calibrate fail with EncodeError).
+
+A model that size cannot be built in a test, so protobuf's refusal is simulated: `serialized`
+says None (as it does past 2 GiB) for every model holding a large initializer, and the checker
+raises EncodeError for a proto, as protobuf does. The expected values come from the same work
+on the same model with nothing simulated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from google.protobuf.message import EncodeError
+from onnx import numpy_helper
+
+from quantbench import protosize
+from quantbench.calibrate import calibrate
+from quantbench.compare import compare
+from quantbench.quantize import quantize
+
+REAL_SERIALIZED = protosize.serialized
+
+
+def _refuse_large(model: onnx.ModelProto) -> bytes | None:
+    """protobuf's answer for a model past 2 GiB, for any model with an initializer >= 1 KiB."""
+    if any(t.ByteSize() >= 1024 for t in model.graph.initializer):
+        return None
+    return REAL_SERIALIZED(model)
+
+
+@pytest.fixture()
+def too_large(monkeypatch):
+    monkeypatch.setattr(protosize, "serialized", _refuse_large)
+    real_check = onnx.checker.check_model
+
+    def check(model, *args, **kwargs):
+        if isinstance(model, onnx.ModelProto) and _refuse_large(model) is None:
+            raise EncodeError("Failed to serialize proto")
+        return real_check(model, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.checker, "check_model", check)
+
+
+def test_onnxruntime_gets_a_file_with_the_tensors_beside_it(cnn_path, cnn_data, too_large):
+    model = onnx.load(str(cnn_path))
+    before = model.SerializeToString()
+    x = np.load(cnn_data)["input"][:4]
+    want = ort.InferenceSession(before, providers=["CPUExecutionProvider"]).run(None, {"input": x})
+    with protosize.loadable(model) as source:
+        assert isinstance(source, str) and source.endswith("model.onnx")
+        light = onnx.load(source, load_external_data=False)
+        assert sum(t.data_location == onnx.TensorProto.EXTERNAL for t in light.graph.initializer)
+        got = ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(
+            None, {"input": x}
+        )
+    assert all(np.array_equal(a, b) for a, b in zip(want, got, strict=True))
+    assert model.SerializeToString() == before  # read, never changed
+
+
+def test_save_model_writes_the_weights_beside_the_model(cnn_path, tmp_path, too_large):
+    model = onnx.load(str(cnn_path))
+    (tmp_path / "out").mkdir()
+    out = protosize.save_model(model, tmp_path / "out" / "big.onnx")
+    assert (out.parent / "big.onnx.data").is_file()
+    assert out.stat().st_size < (out.parent / "big.onnx.data").stat().st_size
+    back = onnx.load(str(out))
+    for a, b in zip(model.graph.initializer, back.graph.initializer, strict=True):
+        assert a.name == b.name
+        assert np.array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
+    assert sorted(p.name for p in out.parent.iterdir()) == ["big.onnx", "big.onnx.data"]
+
+
+def test_calibrate_quantize_and_compare_run_as_on_a_small_model(
+    cnn_path, cnn_data, tmp_path, monkeypatch, too_large
+):
+    """The same table and the same output metrics as with nothing simulated."""
+    large = calibrate(cnn_path, cnn_data, methods=["minmax"], use_cache=False, show_progress=False)
+    quantize(cnn_path, tmp_path / "q.onnx", table=None, data=cnn_data, method="minmax",
+             show_progress=False)  # fmt: skip
+    assert (tmp_path / "q.onnx.data").is_file()
+    doc = compare("fp32", str(tmp_path / "q.onnx"), model=cnn_path, data=cnn_data,
+                  latency=False, show_progress=False)  # fmt: skip
+    monkeypatch.setattr(protosize, "serialized", REAL_SERIALIZED)
+    small = calibrate(cnn_path, cnn_data, methods=["minmax"], use_cache=False, show_progress=False)
+    wide, narrow = large.tables["minmax"], small.tables["minmax"]
+    assert {n: e.amax for n, e in wide.entries.items()} == {
+        n: e.amax for n, e in narrow.entries.items()
+    }
+    quantize(cnn_path, tmp_path / "q2.onnx", data=cnn_data, method="minmax", show_progress=False)
+    doc2 = compare("fp32", str(tmp_path / "q2.onnx"), model=cnn_path, data=cnn_data,
+                   latency=False, show_progress=False)  # fmt: skip
+    assert doc["outputs"][0]["sqnr_db"] == doc2["outputs"][0]["sqnr_db"]
+    assert doc["outputs"][0]["agreement"] == doc2["outputs"][0]["agreement"]
+
+
+def test_piecewise_digest_is_stable_and_tells_models_apart(cnn_path, too_large):
+    model = onnx.load(str(cnn_path))
+    first = protosize.digest(model)
+    assert first == protosize.digest(onnx.load(str(cnn_path)))
+    model.graph.initializer[0].raw_data = bytes(len(model.graph.initializer[0].raw_data))
+    assert protosize.digest(model) != first
