@@ -38,7 +38,10 @@ def loadable(model: bytes | str | onnx.ModelProto) -> Iterator[bytes | str]:
     if data is not None:
         yield data
         return
-    with tempfile.TemporaryDirectory(prefix="quantbench-ort-") as folder:
+    # ignore_cleanup_errors: where a session still maps the file (Windows) it stays behind
+    with tempfile.TemporaryDirectory(
+        prefix="quantbench-ort-", ignore_cleanup_errors=True
+    ) as folder:
         yield str(_save_apart(model, Path(folder)))
 
 
