@@ -126,16 +126,12 @@ EvalExcludeOpt = Annotated[
 BatchSizeOpt = Annotated[
     int | None, typer.Option(help="Batch size (default: the model's, else 1).")
 ]
-EvalMaxSamplesOpt = Annotated[
-    int | None, typer.Option(help="Evaluate at most this many samples.")
-]
+EvalMaxSamplesOpt = Annotated[int | None, typer.Option(help="Evaluate at most this many samples.")]
 CalibMaxSamplesOpt = Annotated[
     int | None, typer.Option(help="Calibrate on at most this many samples.")
 ]
 PresetOpt = Annotated[str | None, typer.Option(help="Image preprocessing preset.")]
-EvalProviderOpt = Annotated[
-    str | None, typer.Option(help="onnxruntime provider (cpu, cuda, ...).")
-]
+EvalProviderOpt = Annotated[str | None, typer.Option(help="onnxruntime provider (cpu, cuda, ...).")]
 ThreadsOpt = Annotated[int | None, typer.Option(help="onnxruntime intra-op threads.")]
 ReportOpt = Annotated[Path | None, typer.Option(help="Write the HTML report here.")]
 
@@ -668,7 +664,8 @@ def sensitivity(
     metric: Annotated[
         str,
         typer.Option(
-            help="Rank by sqnr_db | cosine | top1_agreement | sequence_agreement (| accuracy "
+            help="Rank by sqnr_db | cosine | top1_agreement | sequence_agreement | "
+            "ctc_agreement (| accuracy "
             "with --labels | a --metric-script name)."
         ),
     ] = "sqnr_db",
@@ -741,7 +738,8 @@ def recover(
     target: Annotated[
         str,
         typer.Option(
-            help="METRIC=VALUE: top1_agreement, sequence_agreement, cosine, sqnr_db, "
+            help="METRIC=VALUE: top1_agreement, sequence_agreement, ctc_agreement, cosine, "
+            "sqnr_db, "
             "accuracy_drop (labels), or a --metric-script name (_drop: lower is better)."
         ),
     ] = "top1_agreement=0.99",

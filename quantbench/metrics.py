@@ -18,14 +18,17 @@ Agreement (argmax) depends on the output's shape (:func:`agreement_kind`):
 * ``class``: ``[N, C]`` (or ``[N, C, 1, 1]``) class scores: top-1 / top-5 agreement per sample;
 * ``position``: rank >= 3, argmax over the class axis at every position (a CTC recognizer's
   ``(N, T, C)``, NHWC maps): agreement per position and ``sequence_agreement`` (every position
-  of a sample agrees). The class axis is the last one, except for a rank-4 output that comes
-  from a convolution (:func:`channels_first_outputs`: ONNX convolutions are NCHW), whose class
-  axis is 1: a segmentation map ``[N, C, H, W]``, where a softmax ran over the channels
+  of a sample agrees); for ``(N, T, C)`` also ``ctc_agreement``: the sequences a CTC decoder
+  reads agree (argmax path, repeats merged, the blank dropped: the class FP32's paths pick most
+  often, as a CTC blank is), which per-position flips between a blank and the character it
+  stands beside do not change. The class axis is the last one, except for a rank-4 output that
+  comes from a convolution (:func:`channels_first_outputs`: ONNX convolutions are NCHW), whose
+  class axis is 1: a segmentation map ``[N, C, H, W]``, where a softmax ran over the channels
   (:func:`channel_class_doubts`: else they may be separate heatmaps). A last axis counts as
-  classes only where the
-  graph made it so (:func:`class_axis_doubts`: a MatMul/Gemm's features, a softmax over it, a
-  convolution's channels moved last), not a detector's anchors or boxes-and-scores axis (what
-  the graph says about its outputs' axes: :mod:`quantbench.outputaxes`);
+  classes only where the graph made it so (:func:`class_axis_doubts`: a MatMul/Gemm's features,
+  a softmax over it, a convolution's channels moved last), not a detector's anchors or
+  boxes-and-scores axis (what the graph says about its outputs' axes:
+  :mod:`quantbench.outputaxes`);
 * ``decision``: one probability per sample that a Sigmoid made (``[N]``, ``[N, 1]``: a
   wake-word, voice-activity or binary classifier, :func:`probability_outputs`): agreement of
   the decision at 0.5, per sample (and accuracy against 0/1 labels);
@@ -65,12 +68,16 @@ MODEL_METRICS = (
     "top1_agreement",
     "top5_agreement",
     "sequence_agreement",
+    "ctc_agreement",
     "cosine",
     "sqnr_db",
     "accuracy",
     "accuracy_drop",
 )
 CLASS, POSITION, UNKNOWN = "class", "position", "unknown"
+#: an output's agreement metrics, and those only outputs with positions have
+AGREEMENT_KEYS = ("agreement", "top5_agreement", "sequence_agreement", "ctc_agreement")
+SEQUENCE_KEYS = ("sequence_agreement", "ctc_agreement")
 #: a probability's decision (:func:`agreement_kind`), taken at this threshold
 DECISION, DECISION_THRESHOLD = "decision", 0.5
 _COORDINATES = re.compile(r"box|coord|landmark|keypoint", re.IGNORECASE)
@@ -272,6 +279,9 @@ class AgreementAccumulator:
     correct_a: int = 0
     correct_b: int = 0
     labelled: int = 0
+    #: per sample of an (N, T, C) output, FP32's and the candidate's argmax paths
+    paths_a: list[np.ndarray] = field(default_factory=list)
+    paths_b: list[np.ndarray] = field(default_factory=list)
 
     def update(
         self,
@@ -319,6 +329,9 @@ class AgreementAccumulator:
         self.top1 += int(same.sum())
         self.top5 += int((top5_b == top_a[:, None]).any(axis=1).sum())
         self.sequences += int(same.reshape(n, -1).all(axis=1).sum())
+        if self.kind == POSITION and a.ndim == 3:
+            self.paths_a.extend(top_a.reshape(n, -1).astype(np.int32))
+            self.paths_b.extend(top_b.reshape(n, -1).astype(np.int32))
         if labels is not None and self.kind == CLASS:
             lab = np.asarray(labels).reshape(-1)
             self.correct_a += int((top_a == lab).sum()) if finite_a else 0
@@ -353,11 +366,12 @@ class AgreementAccumulator:
         classes: with fewer it is 1 whatever the model does) and, per position,
         ``sequence_agreement``; ``None`` where not applicable or undefined (NaN/Inf)."""
         if not self.applies or not self.samples or self.nonfinite_a or self.nonfinite_b:
-            return {"agreement": None, "top5_agreement": None, "sequence_agreement": None}
+            return dict.fromkeys(AGREEMENT_KEYS)
         return {
             "agreement": self.top1 / self.positions,
             "top5_agreement": self.top5 / self.positions if self.classes > 5 else None,
             "sequence_agreement": self.sequences / self.samples if self.kind == POSITION else None,
+            "ctc_agreement": ctc_agreement(self.paths_a, self.paths_b) if self.paths_a else None,
         }
 
     def note(self) -> str:
@@ -382,6 +396,23 @@ class AgreementAccumulator:
         acc_b = None if self.nonfinite_b else self.correct_b / self.labelled
         delta = None if acc_a is None or acc_b is None else acc_b - acc_a
         return {"A": acc_a, "B": acc_b, "delta": delta}
+
+
+def ctc_agreement(paths_a: Sequence[np.ndarray], paths_b: Sequence[np.ndarray]) -> float:
+    """Share of samples whose CTC-decoded argmax paths agree: repeats merged, then the blank
+    dropped. The blank is the class FP32's paths pick most often (a CTC model emits it on most
+    frames), so no convention (0 or the last class) is assumed."""
+    blank = int(np.bincount(np.concatenate(paths_a)).argmax())
+    same = sum(
+        np.array_equal(_ctc_decoded(a, blank), _ctc_decoded(b, blank))
+        for a, b in zip(paths_a, paths_b, strict=True)
+    )
+    return same / len(paths_a)
+
+
+def _ctc_decoded(path: np.ndarray, blank: int) -> np.ndarray:
+    merged = path[np.r_[True, path[1:] != path[:-1]]]
+    return merged[merged != blank]
 
 
 def _samples_second(shape: tuple[int, ...], batch: int | None, declared: bool) -> bool:
@@ -564,7 +595,7 @@ def metric_support(
         wanted, what = (CLASS, POSITION, DECISION), "no output supports agreement"
     elif metric == "top5_agreement":
         wanted, what = (CLASS, POSITION), "no output supports argmax agreement"
-    elif metric == "sequence_agreement":
+    elif metric in SEQUENCE_KEYS:
         wanted, what = (POSITION,), "no output has per-position scores (N, ..., C)"
     else:
         return ""
@@ -659,8 +690,7 @@ class OutputsAccumulator:
 
     def _part_row(self, part: str, output: str) -> dict[str, Any]:
         drift = self.drift[part]
-        row: dict[str, Any] = {"agreement": None, "top5_agreement": None}
-        row["sequence_agreement"] = None
+        row: dict[str, Any] = dict.fromkeys(AGREEMENT_KEYS)
         row.update({k: v for k, v in drift.metrics().items() if k != "clip_fraction"})
         axis, bounds = self.layout.parts[output]
         made = {part_name(output, a, b, axis): op for a, b, op in bounds}[part]
@@ -703,10 +733,12 @@ def model_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     agreeing = [r for r in rows if r.get("agreement_kind")]
     ranked = [r for r in agreeing if r.get("agreement_kind") != DECISION]  # no top-5 of 2
     sequences = [r for r in rows if r.get("agreement_kind") == POSITION]
+    decoded = [r for r in sequences if r.get("ctc_agreement") is not None]  # (N, T, C) only
     return {
         "top1_agreement": worst("agreement", agreeing),
         "top5_agreement": worst("top5_agreement", ranked),
         "sequence_agreement": worst("sequence_agreement", sequences),
+        "ctc_agreement": worst("ctc_agreement", decoded),
         "cosine": worst("cosine", rows),
         "sqnr_db": worst("sqnr_db", rows),
     }

@@ -13,7 +13,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from quantbench.metrics import lower_is_better
+from quantbench.metrics import SEQUENCE_KEYS, lower_is_better
 from quantbench.reports import svg
 from quantbench.reports.calibration import (
     CalibrationSection,
@@ -205,6 +205,16 @@ _OUTPUT_METRICS = (
         Column("Sequence", "num", "rank ≥ 3: samples whose every position agrees"),
         fmt_pct,
     ),
+    (
+        "ctc_agreement",
+        Column(
+            "CTC",
+            "num",
+            "(N, T, C): samples whose CTC-decoded paths agree (repeats merged, the class FP32 "
+            "picks most often dropped as the blank)",
+        ),
+        fmt_pct,
+    ),
     ("cosine", Column("Cosine"), lambda v: fmt_fixed(v, 6)),
     ("sqnr_db", Column("SQNR dB"), lambda v: fmt_fixed(v, 1)),
     ("rel_l2", Column("Rel. L2"), lambda v: fmt_sig(v, 3)),
@@ -234,7 +244,7 @@ def output_columns(outputs: list[dict[str, Any]]) -> tuple[Column, ...]:
     columns = [Column("Side", "str")] if len(_sides(outputs)) > 1 else []
     columns.append(Column("Output", "str"))
     sequences = _has_sequences(outputs)
-    columns += [c for k, c, _ in _OUTPUT_METRICS if k != "sequence_agreement" or sequences]
+    columns += [c for k, c, _ in _OUTPUT_METRICS if k not in SEQUENCE_KEYS or sequences]
     if any(isinstance(o.get("nonfinite"), dict) for o in outputs):
         columns.append(NONFINITE_COLUMN)
     if any(o.get("agreement_note") for o in outputs):
@@ -252,7 +262,7 @@ def output_rows(outputs: list[dict[str, Any]]) -> tuple[tuple[Cell, ...], ...]:
         cells = [text_cell(o.get("candidate"))] if both else []
         cells.append(text_cell(o.get("name"), "name"))
         for key, _column, formatter in _OUTPUT_METRICS:
-            if key != "sequence_agreement" or sequences:
+            if key not in SEQUENCE_KEYS or sequences:
                 cells.append(number_cell(o.get(key), formatter, _undefined_css(o.get(key))))
         if counted:
             cells.append(nonfinite_cell(o.get("nonfinite")))
@@ -558,6 +568,8 @@ def verdict_cards(
             detail += f" · top-5 {fmt_pct(output['top5_agreement'])}"
         if as_number(output.get("sequence_agreement")) is not None:
             detail += f" · sequence {fmt_pct(output['sequence_agreement'])}"
+        if as_number(output.get("ctc_agreement")) is not None:
+            detail += f" · CTC {fmt_pct(output['ctc_agreement'])}"
         undefined = as_finite(output.get("agreement")) is None
         cards.append(
             Card(

@@ -22,6 +22,7 @@ from quantbench.metrics import (
     agreement_kind,
     model_metrics,
 )
+from quantbench.recovery.evaluation import parse_target
 from quantbench.task_metrics import load_metric_script
 
 # --------------------------------------------------------------------------- definitions
@@ -86,7 +87,12 @@ def test_class_agreement_by_hand():
     acc = AgreementAccumulator()
     acc.update(a, b, labels=np.array([1, 0, 0, 4]))
     assert acc.kind == "class"
-    assert acc.metrics() == {"agreement": 0.5, "top5_agreement": 0.75, "sequence_agreement": None}
+    assert acc.metrics() == {
+        "agreement": 0.5,
+        "top5_agreement": 0.75,
+        "sequence_agreement": None,
+        "ctc_agreement": None,
+    }
     # labels [1, 0, 0, 4]: A right on samples 0, 1 (2/4); B right on 1, 3 (2/4)
     assert acc.accuracy() == {"A": 0.5, "B": 0.5, "delta": 0.0}
     # the same scores on their first 5 classes: B's top 5 is every class, so top-5 agreement
@@ -148,6 +154,7 @@ def test_model_metrics_take_the_worst_output():
         "top1_agreement": 0.7,
         "top5_agreement": 0.95,
         "sequence_agreement": 0.2,
+        "ctc_agreement": None,  # no (N, T, C) output carries one
         "cosine": 0.5,
         "sqnr_db": 12.0,
     }
@@ -531,8 +538,43 @@ def test_bundled_example_metric_script_drives_recover(run_cli, tmp_path) -> None
         name = s.get_inputs()[0].name
         return np.array([s.run(None, {name: feeds[i : i + 1]})[0].argmax() for i in range(200)])
 
-    drop = (
-        (predictions(example / "tinycnn.onnx") == labels).mean()
-        - (predictions(out / "tinycnn.recovered.onnx") == labels).mean()
-    )
+    drop = (predictions(example / "tinycnn.onnx") == labels).mean() - (
+        predictions(out / "tinycnn.recovered.onnx") == labels
+    ).mean()
     assert final["task_accuracy_drop"] == pytest.approx(drop) and drop <= 0.01
+
+
+def _scores(paths: list[list[int]], classes: int) -> np.ndarray:
+    """(N, T, C) scores whose argmax at every position is the given path."""
+    out = np.zeros((len(paths), len(paths[0]), classes), np.float32)
+    for n, path in enumerate(paths):
+        out[n, np.arange(len(path)), path] = 1.0
+    return out
+
+
+@pytest.mark.parametrize("blank", [0, 3])
+def test_ctc_agreement_compares_the_decoded_paths(blank):
+    """captcha_crnn: keeping two convolutions in FP32 moved 'every position agrees' from 0.925
+    to 0.89 while the decoded text moved from 0.98 to 0.975: flips between a blank and the
+    character beside it change no text. By hand (b = blank): FP32 [b 1 1 b 2 b] and INT8
+    [b 1 b b 2 2] both read "1 2"; FP32 [b 2 b b b b] reads "2", INT8 [b 2 b 2 b b] "2 2".
+    The blank is not assumed: 0 or the last class, it is FP32's most frequent class."""
+    b = blank
+    fp32 = [[b, 1, 1, b, 2, b], [b, 2, b, b, b, b]]
+    int8 = [[b, 1, b, b, 2, 2], [b, 2, b, 2, b, b]]
+    acc = AgreementAccumulator(name="logits")
+    acc.update(_scores(fp32, 4), _scores(int8, 4))
+    m = acc.metrics()
+    assert acc.kind == "position"
+    assert m["sequence_agreement"] == 0.0  # no sample agrees at every position
+    assert m["agreement"] == 9 / 12
+    assert m["ctc_agreement"] == 0.5
+
+
+def test_ctc_agreement_only_for_sequences_and_as_a_target():
+    maps = AgreementAccumulator(name="seg")  # (N, H, W, C): positions, but no sequence
+    maps.update(np.ones((2, 3, 3, 4), np.float32), np.ones((2, 3, 3, 4), np.float32))
+    assert maps.kind == "position" and maps.metrics()["ctc_agreement"] is None
+    assert parse_target("ctc_agreement=0.95", has_labels=False).metric == "ctc_agreement"
+    with pytest.raises(QuantbenchError, match="fraction"):
+        parse_target("ctc_agreement=95", has_labels=False)

@@ -574,7 +574,12 @@ def test_decision_agreement_and_accuracy_are_counted_at_one_half():
     b = np.array([[0.3], [0.4], [0.52], [0.51]], np.float32)
     acc.update(a, b, labels=np.array([0, 1, 1, 1]))
     assert acc.kind == "decision"
-    assert acc.metrics() == {"agreement": 0.5, "top5_agreement": None, "sequence_agreement": None}
+    assert acc.metrics() == {
+        "agreement": 0.5,
+        "top5_agreement": None,
+        "sequence_agreement": None,
+        "ctc_agreement": None,
+    }
     assert acc.accuracy() == {"A": 0.75, "B": 0.75, "delta": 0.0}
     assert "decisions at 0.5" in acc.note()
     map_acc = AgreementAccumulator(name="m", channels_first=True, probability=True)

@@ -38,6 +38,7 @@ from quantbench.isolated import (
 from quantbench.jsonsafe import from_json_float, json_float
 from quantbench.metrics import (
     DRIFT_KEYS,
+    SEQUENCE_KEYS,
     ClipCounter,
     DriftAccumulator,
     OutputLayout,
@@ -473,7 +474,7 @@ def _document(
                 if row["agreement_kind"]:
                     row.update({k: UNDEFINED for k in ("agreement", "top5_agreement")})
                 if row["agreement_kind"] == "position":
-                    row["sequence_agreement"] = UNDEFINED
+                    row.update({k: UNDEFINED for k in SEQUENCE_KEYS if row.get(k) is not None})
             outputs.append(row)
     layers.sort(key=lambda r: (r["candidate"], r["index"], r["view"]))
     return {

@@ -25,6 +25,7 @@ from quantbench.graph import Graph
 from quantbench.jsonsafe import json_float
 from quantbench.metrics import (
     MODEL_METRICS,
+    SEQUENCE_KEYS,
     OutputLayout,
     OutputsAccumulator,
     declared_output_kinds,
@@ -90,7 +91,7 @@ def parse_target(text: str, has_labels: bool, custom: bool = False) -> Target:
     if metric in LABELLED and not has_labels:
         raise QuantbenchError(f"--target {text!r}: {metric} needs --labels LABELS.npy")
     value = float(raw)
-    fractions = ("top1_agreement", "top5_agreement", "sequence_agreement", "accuracy")
+    fractions = ("top1_agreement", "top5_agreement", *SEQUENCE_KEYS, "accuracy")
     if metric in (*fractions, "accuracy_drop") and not 0 <= value <= 1:
         raise QuantbenchError(f"--target {text!r}: {metric} is a fraction between 0 and 1")
     if metric == "cosine" and not -1 <= value <= 1:

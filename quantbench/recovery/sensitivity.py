@@ -26,6 +26,7 @@ from quantbench.compare import load_labels
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec, run_tasks, task_threads
 from quantbench.graph import Graph, open_graph
+from quantbench.metrics import SEQUENCE_KEYS
 from quantbench.progress import warn
 from quantbench.recovery.context import RecoveryContext, prepare, quantize_except
 from quantbench.recovery.evaluation import (
@@ -42,7 +43,7 @@ from quantbench.recovery.evaluation import (
 from quantbench.task_metrics import load_metric_script
 
 VIEWS = ("only_quantized", "only_fp32")
-RANK_METRICS = ("sqnr_db", "cosine", "top1_agreement", "top5_agreement", "sequence_agreement")
+RANK_METRICS = ("sqnr_db", "cosine", "top1_agreement", "top5_agreement", *SEQUENCE_KEYS)
 
 
 def check_rank_metric(metric: str, has_labels: bool, custom: bool = False) -> None:
