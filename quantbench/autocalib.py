@@ -218,9 +218,13 @@ def _runs_batched(
     """Whether the model runs ``batch`` samples in one feed, tried on the slice's first one:
     some declare a dynamic batch axis and reshape to a batch of 1 inside (khmersm), and the
     statistics pass, fed as ``--batch-size`` says, never tried more."""
+    try:
+        feed = next(iter(source.batches()))
+    except QuantbenchError:  # data that does not batch (images of several sizes): not the model
+        return False
     runner = OnnxRuntimeRunner(graph.model, provider, threads)
     try:
-        runner.infer(next(iter(source.batches())), [graph.model.graph.output[0].name])
+        runner.infer(feed, [graph.model.graph.output[0].name])
     except QuantbenchError as exc:
         why = first_line(exc)
         warn(

@@ -806,26 +806,50 @@ def _image_files(folder: Path) -> list[Path]:
 
 
 class _ImageArray:
-    """Image files through a preset, read as a sample-first array (one image per sample)."""
+    """Image files through a preset, read as a sample-first array (one image per sample).
 
-    def __init__(self, files: list[Path], preset: Preset):
-        self.files, self.preset = files, preset
+    ``free_axes``: axes of one image where the model's input is dynamic (a text detector's
+    height and width). Images may differ there when they are read one at a time; the array's
+    ``shape`` is the first image's."""
+
+    def __init__(self, files: list[Path], preset: Preset, free_axes: frozenset[int]):
+        self.files, self.preset, self.free_axes = files, preset, free_axes
         first = preset.apply(files[0])
         self.shape: tuple[int, ...] = (len(files), *first.shape)
         self.dtype: np.dtype = first.dtype
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        samples = []
-        for f in self.files[start:stop]:
-            x = self.preset.apply(f)
-            if x.shape != self.shape[1:]:
-                raise QuantbenchError(
-                    f"{f}: preset {self.preset.label} makes an image of shape {list(x.shape)}, "
-                    f"unlike {self.files[0].name}'s {list(self.shape[1:])}; set resize or "
-                    "center_crop in the preset"
-                )
-            samples.append(x)
-        return np.stack(samples)
+        samples = [(f, self.preset.apply(f)) for f in self.files[start:stop]]
+        for f, x in samples:
+            self._check_shape(f, x.shape)
+        if len({x.shape for _, x in samples}) > 1:
+            (f, x), (g, y) = (
+                samples[0],
+                next(s for s in samples if s[1].shape != samples[0][1].shape),
+            )
+            raise QuantbenchError(
+                f"{g}: preset {self.preset.label} makes it {list(y.shape)} and {f.name} "
+                f"{list(x.shape)}, in one batch; feed images one at a time (--batch-size 1) or "
+                "give the preset one size (resize)"
+            )
+        return np.stack([x for _, x in samples])
+
+    def _check_shape(self, f: Path, shape: tuple[int, ...]) -> None:
+        fixed = self.shape[1:]
+        differ = {a for a, (d, e) in enumerate(zip(shape, fixed, strict=False)) if d != e}
+        if len(shape) == len(fixed) and differ <= self.free_axes:
+            return  # the same size, or the model takes any size there (one image per feed)
+        raise QuantbenchError(
+            f"{f}: preset {self.preset.label} makes an image of shape {list(shape)}, unlike "
+            f"{self.files[0].name}'s {list(fixed)}, and the model's input is fixed there; set "
+            "resize or center_crop in the preset"
+        )
+
+
+def _free_axes(spec: TensorSpec) -> frozenset[int]:
+    """Axes of one image (its last 3: CHW or HWC) where the model's input is dynamic."""
+    dims = spec.shape[-3:] if len(spec.shape) >= 3 else ()
+    return frozenset(a for a, d in enumerate(dims) if not isinstance(d, int))
 
 
 def _from_images(
@@ -855,7 +879,7 @@ def _from_images(
         )
     files = files[:max_samples] if max_samples else files
     where = f"{origin} (images through preset {p.label})"
-    parts = [(where, {inputs[0].name: _ImageArray(files, p)})]
+    parts = [(where, {inputs[0].name: _ImageArray(files, p, _free_axes(inputs[0]))})]
     text = preset_text(preset)[0]
     return _from_readers(
         where,

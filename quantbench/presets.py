@@ -33,6 +33,8 @@ _PRESET_KEYS = (
     "color",
     "resize",
     "resize_shorter",
+    "resize_longer",
+    "size_multiple",
     "center_crop",
     "scale",
     "mean",
@@ -151,15 +153,19 @@ _PAD_ALIGNS = ("CENTER", "TOP-LEFT")
 @dataclass
 class Preset:
     """Image preprocessing from a preset's ``[input]`` table: colours (RGB, BGR or GRAY),
-    resize (shorter side, then [h, w], or with ``keep_aspect`` into [h, w] and padded: a
-    detector's letterbox, a text line for a recognizer), center crop, ``x * scale``,
-    ``(x - mean) / std``, layout, dtype."""
+    resize (shorter or longer side, sides to a multiple, then [h, w], or with ``keep_aspect``
+    into [h, w] and padded: a detector's letterbox, a text line for a recognizer), center
+    crop, ``x * scale``, ``(x - mean) / std``, layout, dtype."""
 
     name: str | None = None
     layout: str = "NCHW"
     colour: str = "RGB"
     resize: tuple[int, int] | None = None
     resize_shorter: int | None = None
+    #: the longer side scaled to this, the aspect ratio kept (a text detector's limit)
+    resize_longer: int | None = None
+    #: each side then resized to the nearest multiple of this (a detector's stride, e.g. 32)
+    size_multiple: int | None = None
     center_crop: tuple[int, int] | None = None
     scale: float = 1.0 / 255.0
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
@@ -209,6 +215,8 @@ class Preset:
             colour=colour,
             resize=resize,
             resize_shorter=check.positive_int("resize_shorter"),
+            resize_longer=check.positive_int("resize_longer"),
+            size_multiple=check.positive_int("size_multiple"),
             center_crop=check.size("center_crop"),
             scale=check.number("scale", 1.0 / 255.0),
             mean=check.per_channel("mean", 0.0, nonzero=False, channels=channels),
@@ -232,10 +240,7 @@ class Preset:
             img = Image.open(path).convert("L" if self.colour == "GRAY" else "RGB")
         except Exception as exc:  # noqa: BLE001
             raise QuantbenchError(f"{path}: not a readable image ({exc})") from None
-        if self.resize_shorter:
-            w, h = img.size
-            s = self.resize_shorter / min(w, h)
-            img = img.resize((round(w * s), round(h * s)), Image.Resampling.BILINEAR)
+        img = self._rescaled(img)
         if self.resize and self.keep_aspect:
             x = self._fit_and_pad(img)
         else:
@@ -251,6 +256,23 @@ class Preset:
         if self.layout == "NCHW":
             x = x.transpose(2, 0, 1)
         return np.ascontiguousarray(x, dtype=self.dtype)
+
+    def _rescaled(self, img: Any) -> Any:
+        """The sides scaled (shorter or longer side to a length, aspect kept), then each
+        resized to a multiple (a detector's stride), in that order, where the preset says."""
+        from PIL import Image
+
+        w, h = img.size
+        if self.resize_shorter:
+            s = self.resize_shorter / min(w, h)
+            w, h = round(w * s), round(h * s)
+        if self.resize_longer:
+            s = self.resize_longer / max(w, h)
+            w, h = max(1, round(w * s)), max(1, round(h * s))
+        if self.size_multiple:
+            m = self.size_multiple
+            w, h = max(m, round(w / m) * m), max(m, round(h / m) * m)
+        return img if (w, h) == img.size else img.resize((w, h), Image.Resampling.BILINEAR)
 
     def _fit_and_pad(self, img: Any) -> np.ndarray:
         """The image scaled to fit inside ``resize`` with its aspect ratio kept, then padded

@@ -162,3 +162,77 @@ def test_bad_geometry_values_name_the_key(tmp_path, body, key):
     preset = _preset(tmp_path, body)
     with pytest.raises(QuantbenchError, match=rf"p.toml: \[input\] {key} = .* is not valid"):
         Preset.load(preset)
+
+
+def test_longer_side_and_multiple_of_a_stride(tmp_path):
+    """30x100 (h x w), longer side to 64: 19.2 x 64 -> 19 x 64; sides to multiples of 32:
+    19 -> 32 (never below one stride), 64 stays: 32 x 64, as a DBNet text detector takes."""
+    png = _uniform_png(tmp_path / "line.png", (30, 100), (90, 90, 90))
+    x = Preset.load(_preset(tmp_path, "resize_longer = 64\nsize_multiple = 32")).apply(png)
+    assert x.shape == (3, 32, 64)
+    np.testing.assert_allclose(x, 90 / 255, rtol=1e-6)
+
+
+def test_images_of_different_sizes_feed_a_dynamic_detector_one_at_a_time(run_cli, tmp_path):
+    """A text detector takes [N, 3, H, W] with any H, W (multiples of its stride): its images
+    were refused for not having the first one's size. By hand, longer side to 64 then
+    multiples of 32: 40x60 -> 42.7x64 -> 32x64; 50x30 -> 64x38.4 -> 64x32."""
+    folder = tmp_path / "pages"
+    _uniform_png(folder / "a.png", (40, 60), (255, 255, 255))
+    _uniform_png(folder / "b.png", (50, 30), (0, 0, 0))
+    preset = _preset(tmp_path, "resize_longer = 64\nsize_multiple = 32\nscale = 1.0")
+    dynamic = open_graph(_scale_relu(["N", 3, "H", "W"]))
+    feeds = list(open_data(folder, dynamic.inputs, preset=preset).batches())
+    assert [f["x"].shape for f in feeds] == [(1, 3, 32, 64), (1, 3, 64, 32)]
+    assert [float(f["x"].max()) for f in feeds] == [255.0, 0.0]
+    with pytest.raises(QuantbenchError, match=r"b.png: .* in one batch; feed images one at a"):
+        list(open_data(folder, dynamic.inputs, preset=preset, batch_size=2).batches())
+    fixed = open_graph(_scale_relu(["N", 3, 32, 64]))
+    with pytest.raises(
+        QuantbenchError, match=r"b.png: .*\[3, 64, 32\], unlike a.png's \[3, 32, 64\]"
+    ):
+        list(open_data(folder, fixed.inputs, preset=preset).batches())
+    model = tmp_path / "m.onnx"
+    onnx.save(_scale_relu(["N", 3, "H", "W"]), str(model))
+    code, _, err = run_cli(
+        "calibrate", model, "--data", folder, "--preset", preset, "-m", "minmax",
+        "-o", tmp_path / "t.json", "-f", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads((tmp_path / "t.json").read_text())["tensors"]["x"]["amax"] == 255.0
+
+
+def test_auto_does_not_blame_the_model_for_images_of_several_sizes(run_cli, tmp_path):
+    """--method auto tries batches for its slice; images that cannot be stacked made it warn
+    that the model 'declares a dynamic batch axis but does not run 2 samples at once'."""
+    folder = tmp_path / "pages"
+    for i in range(16):  # enough for auto to hold some back and try them batched
+        _uniform_png(folder / f"{i:02}.png", [(40, 60), (50, 30)][i % 2], (9 * i,) * 3)
+    preset = _preset(tmp_path, "resize_longer = 64\nsize_multiple = 32")
+    model = tmp_path / "m.onnx"
+    onnx.save(_conv_relu(["N", 3, "H", "W"]), str(model))
+    code, _, err = run_cli(
+        "calibrate", model, "--data", folder, "--preset", preset, "-o", tmp_path / "t.cache",
+        "--no-cache",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "auto: chose" in err and "does not run" not in err
+
+
+def _conv_relu(dims: list) -> onnx.ModelProto:
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w"
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["y"], name="relu"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [dims[0], 4, *dims[2:]])],
+        initializer=[w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
