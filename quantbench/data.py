@@ -446,6 +446,7 @@ def open_data(
     if batch_size is not None and batch_size <= 0:
         raise QuantbenchError("--batch-size must be positive")
     if not isinstance(source, (str, Path)):
+        _note_unused_preset("the Python data reader", preset)
         return _from_python(source, inputs, batch_size, max_samples)
     spec = str(source)
     path_part, _, func = spec.partition(".py:")
@@ -455,6 +456,7 @@ def open_data(
             raise QuantbenchError(
                 f"{script}: a data-loader script is one stream and cannot be read by sample range"
             )
+        _note_unused_preset(str(script), preset)
         return _from_script(script, func or "load_data", inputs, batch_size, max_samples)
     path = Path(spec)
     if not path.exists():
@@ -469,14 +471,32 @@ def open_data(
                 f"{path}: folder holds no .npy or .npz files, and no image files (subfolders "
                 "searched too)"
             )
+        _note_unused_preset(str(path), preset)
         return _from_array_files(path, arrays, inputs, batch_size, max_samples, sample_range)
     if path.suffix in (".npz", ".npy"):
+        _note_unused_preset(str(path), preset)
         return _from_array_files(path, [path], inputs, batch_size, max_samples, sample_range)
     if path.suffix.lower() in IMAGE_SUFFIXES:
         return _from_images(path, [path], inputs, batch_size, max_samples, preset, sample_range)
     raise QuantbenchError(
         f"{path}: unsupported data file; use .npz/.npy, a folder of them, a folder of images "
         "(with --preset), or a Python data-loader script (file.py[:function])"
+    )
+
+
+#: (data source, preset) pairs already told that the preset is not applied to them
+_TOLD_UNUSED: set[tuple[str, str]] = set()
+
+
+def _note_unused_preset(where: str, preset: str | Path | None) -> None:
+    """A preset given for data it does not apply to is said once, not dropped in silence (a
+    command may take images and arrays: compare's --calib-data folder and --data .npz)."""
+    if preset is None or (where, str(preset)) in _TOLD_UNUSED:
+        return
+    _TOLD_UNUSED.add((where, str(preset)))
+    warn(
+        f"{where}: --preset {preset} is not applied: it preprocesses image files, and this data "
+        "is fed as it is"
     )
 
 

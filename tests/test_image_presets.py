@@ -236,3 +236,19 @@ def _conv_relu(dims: list) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
+
+
+def test_a_preset_given_for_arrays_is_said_once_not_dropped(run_cli, tmp_path):
+    """--preset with .npz data was ignored in silence: the user could believe the arrays had
+    been normalised by it. auto opens the data several times; the line comes once."""
+    model = tmp_path / "m.onnx"
+    onnx.save(_conv_relu(["N", 3, 8, 8]), str(model))
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).random((16, 3, 8, 8), np.float32))
+    preset = _preset(tmp_path, "scale = 1.0")
+    code, _, err = run_cli(
+        "calibrate", model, "--data", tmp_path / "d.npz", "--preset", preset,
+        "-o", tmp_path / "t.cache", "--no-cache",
+    )  # fmt: skip
+    assert code == 0, err
+    text = " ".join(err.split())
+    assert text.count("--preset") == 1 and "d.npz: --preset" in text and "is not applied" in text
