@@ -828,15 +828,17 @@ def _image_files(folder: Path) -> list[Path]:
 class _ImageArray:
     """Image files through a preset, read as a sample-first array (one image per sample).
 
-    ``free_axes``: axes of one image where the model's input is dynamic (a text detector's
-    height and width). Images may differ there when they are read one at a time; the array's
-    ``shape`` is the first image's."""
+    ``free_axes``: axes of one image where the model's input ``spec`` is dynamic (a text
+    detector's height and width). Images may differ there when they are read one at a time;
+    the array's ``shape`` is the first image's."""
 
-    def __init__(self, files: list[Path], preset: Preset, free_axes: frozenset[int]):
-        self.files, self.preset, self.free_axes = files, preset, free_axes
+    def __init__(self, files: list[Path], preset: Preset, spec: TensorSpec):
+        self.files, self.preset = files, preset
         first = preset.apply(files[0])
         self.shape: tuple[int, ...] = (len(files), *first.shape)
         self.dtype: np.dtype = first.dtype
+        dims = spec.shape[-first.ndim :] if len(spec.shape) >= first.ndim else ()
+        self.free_axes = frozenset(a for a, d in enumerate(dims) if not isinstance(d, int))
 
     def read(self, start: int, stop: int) -> np.ndarray:
         samples = [(f, self.preset.apply(f)) for f in self.files[start:stop]]
@@ -866,12 +868,6 @@ class _ImageArray:
         )
 
 
-def _free_axes(spec: TensorSpec) -> frozenset[int]:
-    """Axes of one image (its last 3: CHW or HWC) where the model's input is dynamic."""
-    dims = spec.shape[-3:] if len(spec.shape) >= 3 else ()
-    return frozenset(a for a, d in enumerate(dims) if not isinstance(d, int))
-
-
 def _from_images(
     origin: Path,
     files: list[Path],
@@ -899,7 +895,7 @@ def _from_images(
         )
     files = files[:max_samples] if max_samples else files
     where = f"{origin} (images through preset {p.label})"
-    parts = [(where, {inputs[0].name: _ImageArray(files, p, _free_axes(inputs[0]))})]
+    parts = [(where, {inputs[0].name: _ImageArray(files, p, inputs[0])})]
     text = preset_text(preset)[0]
     return _from_readers(
         where,

@@ -155,7 +155,8 @@ class Preset:
     """Image preprocessing from a preset's ``[input]`` table: colours (RGB, BGR or GRAY),
     resize (shorter or longer side, sides to a multiple, then [h, w], or with ``keep_aspect``
     into [h, w] and padded: a detector's letterbox, a text line for a recognizer), center
-    crop, ``x * scale``, ``(x - mean) / std``, layout, dtype."""
+    crop, ``x * scale``, ``(x - mean) / std``, layout (NCHW, NHWC, or FLAT: one axis in
+    row-major H, W, C order), dtype."""
 
     name: str | None = None
     layout: str = "NCHW"
@@ -211,7 +212,7 @@ class Preset:
             raise check.fail(padding[0], "keep_aspect = true beside it (only it pads)")
         return cls(
             name=name,
-            layout=check.choice("layout", ("NCHW", "NHWC"), "NCHW"),
+            layout=check.choice("layout", ("NCHW", "NHWC", "FLAT"), "NCHW"),
             colour=colour,
             resize=resize,
             resize_shorter=check.positive_int("resize_shorter"),
@@ -255,6 +256,8 @@ class Preset:
         x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         if self.layout == "NCHW":
             x = x.transpose(2, 0, 1)
+        elif self.layout == "FLAT":  # an MLP's [N, H*W*C]: a 28x28 GRAY digit as 784 values
+            x = x.reshape(-1)
         return np.ascontiguousarray(x, dtype=self.dtype)
 
     def _rescaled(self, img: Any) -> Any:

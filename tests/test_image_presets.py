@@ -252,3 +252,34 @@ def test_a_preset_given_for_arrays_is_said_once_not_dropped(run_cli, tmp_path):
     assert code == 0, err
     text = " ".join(err.split())
     assert text.count("--preset") == 1 and "d.npz: --preset" in text and "is not applied" in text
+
+
+def test_flat_layout_feeds_an_mlp_digit_recognizer(run_cli, tmp_path):
+    """An MLP takes [N, 784]: a 28x28 GRAY digit as one axis, row-major. By hand: a 2x3 image
+    whose pixel (r, c) is 10r + c flattens to [0, 1, 2, 10, 11, 12]."""
+    png = tmp_path / "grid.png"
+    Image.fromarray(np.array([[0, 1, 2], [10, 11, 12]], np.uint8)).save(png)
+    flat = Preset.load(_preset(tmp_path, 'colour = "GRAY"\nlayout = "FLAT"\nscale = 1.0'))
+    assert flat.apply(png).tolist() == [0.0, 1.0, 2.0, 10.0, 11.0, 12.0]
+    for i in range(3):
+        _uniform_png(tmp_path / "digits" / f"{i}.png", (28, 28), (40 * i,) * 3)
+    w = numpy_helper.from_array(np.ones((784, 10), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 784])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
+        initializer=[w],
+    )
+    mlp = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    mlp.ir_version = 8
+    onnx.save(mlp, str(tmp_path / "mlp.onnx"))
+    preset = _preset(tmp_path, 'colour = "GRAY"\nlayout = "FLAT"\nresize = [28, 28]')
+    code, _, err = run_cli(
+        "calibrate", tmp_path / "mlp.onnx", "--data", tmp_path / "digits", "--preset", preset,
+        "-m", "minmax", "-o", tmp_path / "t.json", "-f", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    tensors = json.loads((tmp_path / "t.json").read_text())["tensors"]
+    assert tensors["x"]["amax"] == pytest.approx(80 / 255)  # the brightest digit image
+    assert tensors["y"]["amax"] == pytest.approx(784 * 80 / 255, rel=1e-5)  # 784 ones
