@@ -490,9 +490,7 @@ def _nothing_to_judge(
     method_list = registry.expand_methods(methods or default_auto_methods())
     if not method_list:
         return None  # auto_table says so
-    fallback = (
-        registry.DATA_FREE_METHOD if registry.DATA_FREE_METHOD in method_list else method_list[0]
-    )
+    fallback = _data_free_or(method_list, method_list[0])
     table = build_table(stats, fallback)
     plan = quantize_model(graph, table, allow_partial=True)
     if plan.quantized:
@@ -510,10 +508,16 @@ def _nothing_to_judge(
     )
 
 
+def _data_free_or(method_list: list[str], otherwise: str) -> str:
+    """The method an unjudged ``auto`` uses: the most robust one that needs no data, where
+    it is a candidate."""
+    return registry.DATA_FREE_METHOD if registry.DATA_FREE_METHOD in method_list else otherwise
+
+
 def _unjudged(method_list: list[str], base_name: str) -> str:
     """The choice when no candidate's output SQNR is defined (NaN or Inf in the slice's FP32
     outputs): the most robust method that needs no data, not the first in line, and said."""
-    fallback = registry.DATA_FREE_METHOD if registry.DATA_FREE_METHOD in method_list else base_name
+    fallback = _data_free_or(method_list, base_name)
     warn(
         "--method auto: no candidate's output SQNR is defined on the judging slice (its FP32 "
         f"outputs hold NaN or Inf: see the non-finite samples above); using {fallback}, "

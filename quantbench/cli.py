@@ -126,12 +126,16 @@ EvalExcludeOpt = Annotated[
 BatchSizeOpt = Annotated[
     int | None, typer.Option(help="Batch size (default: the model's, else 1).")
 ]
-EvalMaxSamplesOpt = Annotated[int | None, typer.Option(help="Evaluate at most this many samples.")]
+EvalMaxSamplesOpt = Annotated[
+    int | None, typer.Option(help="Evaluate at most this many samples.")
+]
 CalibMaxSamplesOpt = Annotated[
     int | None, typer.Option(help="Calibrate on at most this many samples.")
 ]
 PresetOpt = Annotated[str | None, typer.Option(help="Image preprocessing preset.")]
-EvalProviderOpt = Annotated[str | None, typer.Option(help="onnxruntime provider (cpu, cuda, ...).")]
+EvalProviderOpt = Annotated[
+    str | None, typer.Option(help="onnxruntime provider (cpu, cuda, ...).")
+]
 ThreadsOpt = Annotated[int | None, typer.Option(help="onnxruntime intra-op threads.")]
 ReportOpt = Annotated[Path | None, typer.Option(help="Write the HTML report here.")]
 

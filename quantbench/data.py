@@ -844,11 +844,9 @@ class _ImageArray:
         samples = [(f, self.preset.apply(f)) for f in self.files[start:stop]]
         for f, x in samples:
             self._check_shape(f, x.shape)
-        if len({x.shape for _, x in samples}) > 1:
-            (f, x), (g, y) = (
-                samples[0],
-                next(s for s in samples if s[1].shape != samples[0][1].shape),
-            )
+        (f, x), odd = samples[0], [s for s in samples if s[1].shape != samples[0][1].shape]
+        if odd:
+            g, y = odd[0]
             raise QuantbenchError(
                 f"{g}: preset {self.preset.label} makes it {list(y.shape)} and {f.name} "
                 f"{list(x.shape)}, in one batch; feed images one at a time (--batch-size 1) or "

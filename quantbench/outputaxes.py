@@ -131,13 +131,7 @@ def _regression_heads(
     whose argmax "agreement" meant nothing. Logits of the softmax's own size stay classes."""
     heads: dict[str, tuple[str, int | None]] = {}  # output -> (op that made it, last dim)
     for value in model.graph.output:
-        node = producer.get(value.name)
-        while node is not None and (
-            node.op_type in _VALUE_KEEPING
-            or (node.op_type in ("Add", "Sub") and any(i in constants for i in node.input))
-        ):
-            data = [i for i in node.input if i and i not in constants]
-            node = producer.get(data[0]) if data else None
+        node = _maker(value.name, producer, constants)
         dims = value.type.tensor_type.shape.dim
         last = dims[-1].dim_value if dims and dims[-1].dim_value > 0 else None
         heads[value.name] = (node.op_type if node is not None else "", last)
@@ -161,20 +155,30 @@ def _regression_heads(
 _VALUE_KEEPING = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
 
+def _maker(tensor: str, producer: Mapping[str, Any], constants: Collection[str] = ()) -> Any | None:
+    """The node that made ``tensor``'s values, seen through ops that only move them and, with
+    ``constants``, through a bias (Add/Sub of a constant); None for a graph input."""
+    node = producer.get(tensor)
+    for _ in range(64):  # a short chain, not a walk of the whole graph
+        biased = node is not None and node.op_type in ("Add", "Sub") and bool(constants)
+        if node is None or not (node.op_type in _VALUE_KEEPING or biased):
+            break
+        data = [i for i in node.input if i and i not in constants]
+        if biased and len(data) != 1:
+            break  # a sum of two computed tensors, not a bias
+        node = producer.get(data[0]) if data else None
+    return node
+
+
 def probability_outputs(model: Any) -> frozenset[str]:
     """Outputs whose values a Sigmoid made, through reshapes only: probabilities in (0, 1),
     e.g. a wake-word, voice-activity or binary classifier's one score per sample."""
     producer = {out: node for node in model.graph.node for out in node.output}
-    found = set()
-    for value in model.graph.output:
-        node = producer.get(value.name)
-        for _ in range(64):  # a chain of reshapes, not a walk of the whole graph
-            if node is None or node.op_type not in _VALUE_KEEPING:
-                break
-            node = producer.get(node.input[0])
-        if node is not None and node.op_type == "Sigmoid":
-            found.add(value.name)
-    return frozenset(found)
+    return frozenset(
+        v.name
+        for v in model.graph.output
+        if (node := _maker(v.name, producer)) is not None and node.op_type == "Sigmoid"
+    )
 
 
 def samples_second_outputs(model: Any) -> frozenset[str]:

@@ -57,9 +57,7 @@ def _apart(model: onnx.ModelProto, data_path: Path, location: str) -> onnx.Model
     referenced as ONNX external data at ``location`` (relative to the model file). Built field
     by field: no copy of the whole model is made, and ``model`` is only read (other threads
     may be reading it too)."""
-    light = onnx.ModelProto()
-    _copy_fields(model, light, skip="graph")
-    _copy_fields(model.graph, light.graph, skip="initializer")
+    light = _without_initializers(model)
     with open(data_path, "wb") as data:
         for t in model.graph.initializer:
             if t.ByteSize() < _EXTERNAL_MIN_BYTES or not t.HasField("raw_data"):
@@ -120,6 +118,15 @@ def _size_error(exc: Exception) -> bool:
     return isinstance(exc, EncodeError) or "2GB" in text or "protobuf size" in text
 
 
+def _without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Everything of ``model`` but its graph's initializers, built field by field (no copy of
+    the whole model is made)."""
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip="graph")
+    _copy_fields(model.graph, light.graph, skip="initializer")
+    return light
+
+
 def _copy_fields(source: object, target: object, skip: str) -> None:
     """Every set field of protobuf message ``source`` but ``skip`` into ``target``."""
     for field, value in source.ListFields():  # type: ignore[attr-defined]
@@ -138,7 +145,9 @@ def serialized(model: onnx.ModelProto) -> bytes | None:
     """The model's bytes, or None where protobuf cannot serialise it (2 GiB or more)."""
     try:
         return model.SerializeToString()
-    except _TOO_LARGE:
+    except _TOO_LARGE as exc:
+        if not _size_error(exc):
+            raise
         return None
 
 
@@ -151,8 +160,5 @@ def digest(model: onnx.ModelProto) -> str:
     h = hashlib.sha256(b"piecewise")
     for t in model.graph.initializer:
         h.update(t.SerializeToString())
-    light = onnx.ModelProto()
-    _copy_fields(model, light, skip="graph")
-    _copy_fields(model.graph, light.graph, skip="initializer")
-    h.update(light.SerializeToString())
+    h.update(_without_initializers(model).SerializeToString())
     return h.hexdigest()

@@ -60,16 +60,15 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
     t = Table(title="Outputs against FP32", title_justify="left")
     outputs = doc.get("outputs", [])
     sequences = any(o.get("agreement_kind") == "position" for o in outputs)
-    columns = ["side", "output", "agree", "top-5", "seq", "ctc", "cosine", "SQNR dB"]
-    columns.append("NaN/Inf")
-    positional = ("seq", "ctc")
-    for col in columns if sequences else [c for c in columns if c not in positional]:
+    columns = ["side", "output", "agree", "top-5", "seq", "ctc", "cosine", "SQNR dB", "NaN/Inf"]
+    shown = [c for c in columns if sequences or c not in ("seq", "ctc")]
+    for col in shown:
         # output names often differ only at their end (StatefulPartitionedCall:0/:1/:2):
         # folded onto more lines, never cut
         t.add_column(col, overflow="fold" if col == "output" else "ellipsis")
     notes: dict[str, str] = {}
     for o in outputs:
-        cells = [
+        values = [
             o["candidate"],
             escape(o["name"]),
             _fmt(o.get("agreement")),
@@ -80,7 +79,8 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
             _fmt(o.get("sqnr_db")),
             _nonfinite_cell(o.get("nonfinite")),
         ]
-        t.add_row(*(cells if sequences else cells[:4] + cells[6:]))
+        cells = dict(zip(columns, values, strict=True))
+        t.add_row(*(cells[c] for c in shown))
         if o.get("agreement_note") and not nonfinite_text(o.get("nonfinite") or {}):
             stand = "" if o.get("agreement_kind") else "; cosine and SQNR stand"  # a meaning
             notes.setdefault(o["name"], o["agreement_note"] + stand)

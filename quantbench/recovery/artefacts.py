@@ -104,8 +104,6 @@ def trtexec_lines(result: RecoveryResult, onnx_path: Path, qdq_path: Path, cache
     )
 
 
-
-
 def recovery_document(result: RecoveryResult, command: str = "") -> dict[str, Any]:
     """A ``compare``-kind results document carrying the ``recovery`` section."""
     ctx = result.context
