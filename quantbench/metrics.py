@@ -314,9 +314,7 @@ class AgreementAccumulator:
             a, b = _class_axis_last(a), _class_axis_last(b)
         elif self.kind == POSITION and _samples_second(a.shape, batch, self.samples_second):
             a, b = np.moveaxis(a, 1, 0), np.moveaxis(b, 1, 0)
-        finite_a, finite_b = bool(np.isfinite(a).all()), bool(np.isfinite(b).all())
-        self.nonfinite_a |= not finite_a
-        self.nonfinite_b |= not finite_b
+        finite_a, finite_b = self._note_finite(a, b)
         n = a.shape[0]
         a2, b2 = (a.reshape(n, -1), b.reshape(n, -1)) if self.kind == CLASS else _rows(a, b)
         top_a, top_b = a2.argmax(axis=1), b2.argmax(axis=1)
@@ -333,29 +331,42 @@ class AgreementAccumulator:
             self.paths_a.extend(top_a.reshape(n, -1).astype(np.int32))
             self.paths_b.extend(top_b.reshape(n, -1).astype(np.int32))
         if labels is not None and self.kind == CLASS:
-            lab = np.asarray(labels).reshape(-1)
-            self.correct_a += int((top_a == lab).sum()) if finite_a else 0
-            self.correct_b += int((top_b == lab).sum()) if finite_b else 0
-            self.labelled += lab.size
+            self._tally_labels(top_a, top_b, labels, finite_a, finite_b)
 
     def _update_decisions(self, a: np.ndarray, b: np.ndarray, labels: np.ndarray | None) -> None:
         """One probability per sample: the decisions at :data:`DECISION_THRESHOLD` agree or
         not; with labels (0 / 1 per sample) both sides' accuracy."""
         n = a.shape[0] if a.ndim else 1
         pa, pb = a.reshape(n), b.reshape(n)
-        finite_a, finite_b = bool(np.isfinite(pa).all()), bool(np.isfinite(pb).all())
-        self.nonfinite_a |= not finite_a
-        self.nonfinite_b |= not finite_b
+        finite_a, finite_b = self._note_finite(pa, pb)
         da, db = pa > DECISION_THRESHOLD, pb > DECISION_THRESHOLD
         self.classes = 2
         self.samples += n
         self.positions += n
         self.top1 += int((da == db).sum())
         if labels is not None:
-            lab = np.asarray(labels).reshape(-1)
-            self.correct_a += int((da.astype(lab.dtype) == lab).sum()) if finite_a else 0
-            self.correct_b += int((db.astype(lab.dtype) == lab).sum()) if finite_b else 0
-            self.labelled += lab.size
+            self._tally_labels(da.astype(np.int64), db.astype(np.int64), labels, finite_a, finite_b)
+
+    def _note_finite(self, a: np.ndarray, b: np.ndarray) -> tuple[bool, bool]:
+        """Whether each side's values are all finite; a side that is not stays marked."""
+        finite_a, finite_b = bool(np.isfinite(a).all()), bool(np.isfinite(b).all())
+        self.nonfinite_a |= not finite_a
+        self.nonfinite_b |= not finite_b
+        return finite_a, finite_b
+
+    def _tally_labels(
+        self,
+        pred_a: np.ndarray,
+        pred_b: np.ndarray,
+        labels: np.ndarray,
+        finite_a: bool,
+        finite_b: bool,
+    ) -> None:
+        """Both sides' hits against the labels (a side with NaN/Inf hits none)."""
+        lab = np.asarray(labels).reshape(-1)
+        self.correct_a += int((pred_a == lab).sum()) if finite_a else 0
+        self.correct_b += int((pred_b == lab).sum()) if finite_b else 0
+        self.labelled += lab.size
 
     @property
     def applies(self) -> bool:
