@@ -159,6 +159,19 @@ def digest(model: onnx.ModelProto) -> str:
         return hashlib.sha256(data).hexdigest()
     h = hashlib.sha256(b"piecewise")
     for t in model.graph.initializer:
-        h.update(t.SerializeToString())
-    h.update(_without_initializers(model).SerializeToString())
+        h.update(_tensor_bytes(t))
+    h.update(_light_bytes(_without_initializers(model)))
     return h.hexdigest()
+
+
+def _tensor_bytes(tensor: onnx.TensorProto) -> bytes:
+    """The tensor's bytes for hashing; one tensor of 2 GiB or more (only raw data can be that
+    large) as its other fields and then its raw data, which protobuf cannot serialise."""
+    try:
+        return tensor.SerializeToString()
+    except _TOO_LARGE as exc:
+        if not _size_error(exc):
+            raise
+    head = onnx.TensorProto()
+    _copy_fields(tensor, head, skip="raw_data")
+    return head.SerializeToString() + tensor.raw_data

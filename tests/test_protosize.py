@@ -18,6 +18,7 @@ from onnx import numpy_helper
 from quantbench import protosize
 from quantbench.calibrate import calibrate
 from quantbench.compare import compare
+from quantbench.errors import QuantbenchError
 from quantbench.quantize import quantize
 
 REAL_SERIALIZED = protosize.serialized
@@ -101,3 +102,13 @@ def test_piecewise_digest_is_stable_and_tells_models_apart(cnn_path, too_large):
     assert first == protosize.digest(onnx.load(str(cnn_path)))
     model.graph.initializer[0].raw_data = bytes(len(model.graph.initializer[0].raw_data))
     assert protosize.digest(model) != first
+
+
+def test_digest_of_a_model_still_too_large_without_initializers_is_a_clear_error(
+    cnn_path, monkeypatch
+):
+    """Large Constant nodes keep a model over 2 GiB with its initializers apart: digest says so
+    in one line (as save and load do), not with protobuf's EncodeError."""
+    monkeypatch.setattr(protosize, "serialized", lambda model: None)
+    with pytest.raises(QuantbenchError, match="over 2 GiB even with its initializers apart"):
+        protosize.digest(onnx.load(str(cnn_path)))
