@@ -27,6 +27,37 @@ def widen_to_float32(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return out, changed
 
 
+def holds_narrow_floats(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` computes anything in FP16/BF16: an initializer, a graph input or
+    output, a Constant or a Cast target of that type (subgraphs included). Reads only: no
+    copy of the model is made."""
+    return _narrow_graph(model.graph)
+
+
+def _narrow_graph(graph: onnx.GraphProto) -> bool:
+    if any(t.data_type in NARROW_FLOATS for t in graph.initializer):
+        return True
+    if any(
+        v.type.tensor_type.elem_type in NARROW_FLOATS for v in (*graph.input, *graph.output)
+    ):
+        return True
+    return any(_narrow_attribute(a) for node in graph.node for a in node.attribute)
+
+
+def _narrow_attribute(attr: onnx.AttributeProto) -> bool:
+    if attr.type == onnx.AttributeProto.TENSOR:
+        return attr.t.data_type in NARROW_FLOATS
+    if attr.type == onnx.AttributeProto.TENSORS:
+        return any(t.data_type in NARROW_FLOATS for t in attr.tensors)
+    if attr.type == onnx.AttributeProto.GRAPH:
+        return _narrow_graph(attr.g)
+    if attr.type == onnx.AttributeProto.GRAPHS:
+        return any(_narrow_graph(g) for g in attr.graphs)
+    return attr.type == onnx.AttributeProto.INT and (
+        attr.name in _TYPE_ATTRIBUTES and attr.i in NARROW_FLOATS
+    )
+
+
 def _widen_graph(graph: onnx.GraphProto) -> int:
     changed = 0
     for i, init in enumerate(graph.initializer):

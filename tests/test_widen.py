@@ -10,9 +10,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from quantbench.compare import compare
 from quantbench.errors import QuantbenchError
 from quantbench.quantize import quantize, rewrite
-from quantbench.widen import NARROW_FLOATS, widen_to_float32
+from quantbench.widen import NARROW_FLOATS, holds_narrow_floats, widen_to_float32
 
 RNG = np.random.default_rng(7)
 W16 = RNG.standard_normal((3, 4)).astype(np.float16)
@@ -178,3 +179,48 @@ def _conv_model(elem: int) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
+
+
+def test_narrow_floats_are_found_wherever_a_half_model_has_them():
+    assert not holds_narrow_floats(_conv_model(TensorProto.FLOAT))
+    assert holds_narrow_floats(_conv_model(TensorProto.FLOAT16))
+    assert holds_narrow_floats(_conv_model(TensorProto.BFLOAT16))
+    assert holds_narrow_floats(_half_model())
+    cast_only = _conv_model(TensorProto.FLOAT)
+    cast_only.graph.node.append(
+        helper.make_node("Cast", ["y"], ["y16"], to=TensorProto.FLOAT16, name="cast")
+    )
+    assert holds_narrow_floats(cast_only)
+    assert not holds_narrow_floats(widen_to_float32(cast_only)[0])
+
+
+def test_compare_with_a_half_model_as_reference_judges_against_its_widening(tmp_path):
+    """Following quantize's advice (rewrite, then quantize --high-precision fp16) and comparing
+    against the FP16 model the user has: the reference runs widened, as the rewritten file
+    does, and the FP16 model itself is a candidate fed its input rounded to FP16 (it used to
+    stop with an internal error: the isolated copies mixed FP16 and FP32 tensors)."""
+    half, wide, q = tmp_path / "half.onnx", tmp_path / "wide.onnx", tmp_path / "q.onnx"
+    onnx.save(_conv_model(TensorProto.FLOAT16), str(half))
+    rewrite(half, wide, "float32")
+    x = RNG.standard_normal((16, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", x=x)
+    quantize(
+        wide, q, data=tmp_path / "data.npz", method="minmax", high_precision="fp16",
+        show_progress=False,
+    )  # fmt: skip
+    common = dict(data=tmp_path / "data.npz", latency=False, show_progress=False)
+    doc = compare(str(half), str(q), model=half, **common)
+    explicit = compare(str(half), str(q), model=wide, **common)
+    rows = {(o["candidate"], o["name"]): o for o in doc["outputs"]}
+    for o in explicit["outputs"]:
+        assert rows[(o["candidate"], o["name"])]["sqnr_db"] == pytest.approx(o["sqnr_db"])
+    assert doc["model"]["hash"] == explicit["model"]["hash"]
+    # A, by hand: the FP16 model on the input rounded to FP16, against the widened model
+    ref = ort.InferenceSession(str(wide), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    a = ort.InferenceSession(str(half), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.astype(np.float16)}
+    )
+    r, d = ref[0].astype(np.float64), a[0].astype(np.float64) - ref[0]
+    assert rows[("A", "y")]["sqnr_db"] == pytest.approx(
+        10 * np.log10((r**2).sum() / (d**2).sum()), rel=1e-6
+    )

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -259,6 +260,14 @@ class RunnerInfo:
         return {"backend": self.backend, "provider": self.provider, "threads": self.threads}
 
 
+#: onnxruntime's names of the float input types numpy holds
+_FLOAT_DTYPES = {
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(double)": np.dtype(np.float64),
+}
+
+
 class OnnxRuntimeRunner:
     """An onnxruntime session over a model (path or proto)."""
 
@@ -309,6 +318,10 @@ class OnnxRuntimeRunner:
         check_session_provider(self.session, self.provider)
         self.threads = threads or os.cpu_count() or 1
         self.output_names = [o.name for o in self.session.get_outputs()]
+        #: float inputs by name -> the dtype the session takes (feeds of another float dtype
+        #: are cast: data made for an FP32 model fed to its FP16 twin, and back)
+        floats = [i for i in self.session.get_inputs() if i.type in _FLOAT_DTYPES]
+        self.float_inputs = {i.name: _FLOAT_DTYPES[i.type] for i in floats}
 
     @property
     def info(self) -> RunnerInfo:
@@ -322,11 +335,20 @@ class OnnxRuntimeRunner:
     ) -> dict[str, np.ndarray]:
         names = outputs or self.output_names
         try:
-            values = self.session.run(names, dict(feeds))
+            values = self.session.run(names, self.typed_feeds(feeds))
         except Exception as exc:  # noqa: BLE001
             first = first_line(exc)
             raise QuantbenchError(f"onnxruntime inference failed: {first}") from None
         return dict(zip(names, values))
+
+    def typed_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """``feeds`` with each float array (NumPy or CuPy) in the float dtype its input takes."""
+        typed = dict(feeds)
+        for name, want in self.float_inputs.items():
+            value = typed.get(name)
+            if value is not None and value.dtype != want and value.dtype.kind == "f":
+                typed[name] = value.astype(want)
+        return typed
 
     def close(self) -> None:
         self.session = None  # type: ignore[assignment]

@@ -75,7 +75,7 @@ class DeviceOutputRunner:
         reads it where it lies, so an input that is also calibrated crosses the bus once."""
         session = self.runner.session
         binding = session.io_binding()
-        for name, value in feeds.items():
+        for name, value in self.runner.typed_feeds(feeds).items():
             if isinstance(value, self.cupy.ndarray):
                 self._bind_device_input(binding, name, value)
             else:

@@ -147,6 +147,7 @@ def prepare_sides(
         if c.is_reference:
             continue
         _check_same_inputs(c, graph)
+        _note_narrowed_inputs(c, graph)
         side.tensors = _layer_tensors(graph, c.model)
         if not set(side.tensors) - {o.name for o in graph.model.graph.output}:
             warn(f"{c.label}: shares no tensor names with the FP32 model; comparing outputs only")
@@ -215,6 +216,23 @@ def _check_same_inputs(candidate: Candidate, graph: Graph) -> None:
                 f"of {graph.path.name if graph.path else 'the model'} ({', '.join(ours)}): "
                 "compare a candidate made from the --model it is given with"
             )
+
+
+def _note_narrowed_inputs(candidate: Candidate, graph: Graph) -> None:
+    """Says once that a candidate taking an input in a narrower float type than ``--model``
+    (an FP16 model against FP32) is fed the data rounded to that type, as it would be."""
+    ours = {s.name: np.dtype(s.dtype) for s in graph.inputs}
+    narrowed = []
+    for v in candidate.model.graph.input:
+        want = onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type or 1)
+        have = ours.get(v.name)
+        if have is not None and want.kind == have.kind == "f" and want.itemsize < have.itemsize:
+            narrowed.append(f"{v.name!r} as {want.name}")
+    if narrowed:
+        warn(
+            f"{candidate.label} takes input {', '.join(narrowed)}: it is fed the data rounded "
+            "to that type"
+        )
 
 
 def _output_names(model: onnx.ModelProto) -> list[str]:
