@@ -144,7 +144,7 @@ def obtain_stats(
 
 def _load_for(graph: Graph, path: str | Path) -> StatsFile:
     s = StatsFile.load(path)
-    if s.model_hash != graph.hash:
+    if not graph.made_for(s.model_hash):
         raise QuantbenchError(
             f"{path}: statistics were collected for another model (hash {s.model_hash[:12]}, "
             f"this model is {graph.hash[:12]}); re-run calibrate on this model"

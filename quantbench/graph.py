@@ -98,6 +98,9 @@ class Graph:
     model: onnx.ModelProto
     path: Path | None = None
     hash: str = ""
+    #: the hash of the half-precision file this graph is the float32 widening of (compare's
+    #: reference): tables and statistics made for that file apply to it too (see made_for)
+    widened_from: str = ""
     inputs: list[TensorSpec] = field(default_factory=list)
     outputs: list[TensorSpec] = field(default_factory=list)
     elem_types: dict[str, int] = field(default_factory=dict)
@@ -130,6 +133,11 @@ class Graph:
         the BERT-like encoder); a later session serialises the model instead."""
         source, self.source = self.source, None
         return source
+
+    def made_for(self, model_hash: str) -> bool:
+        """Whether a table or statistics recording ``model_hash`` were made for this model
+        (its own file, or the half-precision file it was widened from)."""
+        return model_hash in (self.hash, self.widened_from) and bool(model_hash)
 
     @property
     def nodes(self) -> list[onnx.NodeProto]:

@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from quantbench.calibrate import calibrate
 from quantbench.compare import compare
 from quantbench.errors import QuantbenchError
 from quantbench.quantize import quantize, rewrite
@@ -224,3 +225,30 @@ def test_compare_with_a_half_model_as_reference_judges_against_its_widening(tmp_
     assert rows[("A", "y")]["sqnr_db"] == pytest.approx(
         10 * np.log10((r**2).sum() / (d**2).sum()), rel=1e-6
     )
+
+
+def test_tables_and_statistics_of_the_half_file_apply_to_its_widened_reference(tmp_path):
+    """A table or statistics made by calibrating the FP16 file itself are made for the model
+    compare widens: applied as they are (they used to be refused as another model's, naming
+    a calibration the user had run), and the INT8 candidate is the one the same table gives
+    on the rewritten file with the hash check waived."""
+    half, wide = tmp_path / "half.onnx", tmp_path / "wide.onnx"
+    onnx.save(_conv_model(TensorProto.FLOAT16), str(half))
+    rewrite(half, wide, "float32")
+    x = RNG.standard_normal((16, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", x=x)
+    table, stats = tmp_path / "half.json", tmp_path / "half.stats.npz"
+    calibrate(
+        half, tmp_path / "data.npz", methods=["minmax"], output=table, fmt="json",
+        save_stats=stats, use_cache=False, show_progress=False,
+    )  # fmt: skip
+    common = dict(data=tmp_path / "data.npz", latency=False, show_progress=False)
+    by_table = compare("fp32", "int8", model=half, table=table, **common)
+    by_stats = compare("fp32", "int8", model=half, stats=stats, method="minmax", **common)
+    waived = compare("fp32", "int8", model=wide, table=table, allow_partial=True, **common)
+    expected = {(o["candidate"], o["name"]): o["sqnr_db"] for o in waived["outputs"]}
+    for doc in (by_table, by_stats):
+        got = {(o["candidate"], o["name"]): o["sqnr_db"] for o in doc["outputs"]}
+        assert got == pytest.approx(expected)
+    with pytest.raises(QuantbenchError, match="made for another model"):
+        compare("fp32", "int8", model=wide, table=table, **common)

@@ -219,9 +219,9 @@ def compare(
 
 def _float32_reference(graph: Graph) -> Graph:
     """The reference as FP32: a model that computes in FP16/BF16 runs widened, exactly as
-    ``quantbench rewrite --to float32`` writes it (same hash, so its tables and statistics
-    apply), since every candidate is judged against FP32 and the INT8 model quantbench
-    makes from a half-precision model is made from that widening."""
+    ``quantbench rewrite --to float32`` writes it (the same hash), since every candidate is
+    judged against FP32 and the INT8 model quantbench makes from a half-precision model is made
+    from that widening. Tables and statistics made for the half file apply too (made_for)."""
     if not holds_narrow_floats(graph.model):
         return graph
     wide, _ = widen_to_float32(graph.model)
@@ -232,5 +232,5 @@ def _float32_reference(graph: Graph) -> Graph:
         "itself can be a candidate against it"
     )
     widened = open_graph(wide)
-    widened.path = graph.path
+    widened.path, widened.widened_from = graph.path, graph.hash
     return widened

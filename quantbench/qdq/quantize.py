@@ -185,7 +185,7 @@ def _check_provenance(
 ) -> list[str]:
     """A table records the hash of the model it was calibrated on; another hash is refused."""
     message = provenance_problem(table, source.hash)
-    if message is None:
+    if message is None or source.made_for(table.provenance.model_hash):
         return []
     if allow_partial:
         return [f"{message}; applied to the tensors both share (allow_partial)"]
