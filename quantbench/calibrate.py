@@ -42,6 +42,7 @@ from quantbench.table import CalibrationTable
 from quantbench.table.build import build_table, no_finite_tensors, nonfinite_report
 from quantbench.table.codecs import FORMAT_SUFFIX, encode_table
 from quantbench.table.trt_cache import DEFAULT_TRT_VERSION, check_cache_target
+from quantbench.widen import float32_work_graph
 
 __all__ = ["AUTO", "build_table", "calibrate", "obtain_stats", "CalibrationResult"]
 
@@ -330,7 +331,11 @@ def calibrate(
     if data is not None and stats is None and not merge:
         start_provider(provider)  # CUDA starts while the model loads
     # the model's check runs beside the pass's session start (collect_stats)
-    graph = model if isinstance(model, Graph) else open_graph(model, defer_check=True)
+    graph = (
+        model
+        if isinstance(model, Graph)
+        else float32_work_graph(open_graph(model, defer_check=True), "calibrate")
+    )
     with graph.checked():
         mode = tensors or default_tensors_mode(fmt)
         calibration_tensors(graph, mode)  # a bad --tensors fails here

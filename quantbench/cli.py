@@ -314,12 +314,13 @@ def quantize(
         ),
     ] = False,
     high_precision: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="fp32 | fp16: precision of the unquantized ops (fp16: strongly-typed "
-            "INT8/FP16 model, FP16 Q/DQ scales, opset 19)."
+            "INT8/FP16 model, FP16 Q/DQ scales, opset 19). Default: the model's own, fp16 "
+            "for a float16/bfloat16 model, else fp32."
         ),
-    ] = "fp32",
+    ] = None,
     int_ops: Annotated[
         bool,
         typer.Option("--int-ops", help="Report which ops onnxruntime runs in integer arithmetic."),
@@ -755,7 +756,13 @@ def recover(
     budget: Annotated[
         int | None, typer.Option(help="Keep at most this many ops in high precision.")
     ] = None,
-    precision: Annotated[str, typer.Option(help="fp32 | fp16 for the kept ops.")] = "fp32",
+    precision: Annotated[
+        str | None,
+        typer.Option(
+            help="fp32 | fp16 for the kept ops. Default: the model's own, fp16 for a "
+            "float16/bfloat16 model, else fp32."
+        ),
+    ] = None,
     trt_version: Annotated[
         str, typer.Option(help="TensorRT version the cache header targets (<= 10.x).")
     ] = "10.16.0",

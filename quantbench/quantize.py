@@ -38,6 +38,7 @@ from quantbench.protosize import save_model
 from quantbench.qdq import QuantizeResult, quantize_model, table_from_qdq, write_quantized
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import format_for_path, read_table, write_table
+from quantbench.widen import float32_graph
 
 
 @dataclass
@@ -77,7 +78,7 @@ def quantize(
     requantize: bool = False,
     dwconv2d: bool = False,
     report_integer_ops: bool = False,
-    high_precision: str = FP32,
+    high_precision: str | None = None,
     show_progress: bool = True,
     executor: ExecutorSpec | None = None,
 ) -> QuantizeOutcome:
@@ -85,10 +86,12 @@ def quantize(
 
     ``high_precision="fp16"``: the unquantized ops become FP16 and the Q/DQ scales FP16
     (:func:`quantbench.fp16.strongly_typed_fp16`), the mixed INT8/FP16 model TensorRT builds
-    as given with ``--stronglyTyped``."""
+    as given with ``--stronglyTyped``. None: the model's own, FP16 for a model that computes
+    in float16/bfloat16 (quantized from its exact float32 widening), else FP32."""
     if (table is None) == (data is None):
         raise QuantbenchError("give exactly one of --table TABLE or --data PATH")
-    check_high_precision(high_precision, "--high-precision")
+    if high_precision is not None:
+        check_high_precision(high_precision, "--high-precision")
     if high_precision == FP16 and dwconv2d:
         raise QuantbenchError(
             "--high-precision fp16 with --dwconv2d: the DWConv2D plugin op's INT8 form has no "
@@ -100,6 +103,16 @@ def quantize(
     if data is not None:
         method = check_methods([method])[0]  # a bad name or option fails before the data pass
     graph = open_graph(model)
+    widened = float32_graph(graph)
+    if high_precision is None:
+        high_precision = FP16 if widened is not None and not dwconv2d else FP32
+    if widened is not None:
+        warn(
+            f"{model}: computes in float16/bfloat16; it is quantized from its exact float32 "
+            "widening (as quantbench rewrite --to float32 writes it): the ops left out of "
+            f"INT8 are {high_precision.upper()} and its inputs and outputs float32"
+        )
+        graph = widened
     flags: list[ClipFlag] = []
     auto = None
     if table is None:

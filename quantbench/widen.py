@@ -13,6 +13,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from quantbench.graph import Graph, open_graph
+from quantbench.progress import warn
+
 #: element types widened to FLOAT
 NARROW_FLOATS = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 #: integer attributes that name an element type (Cast's to, RandomNormal's dtype, ...)
@@ -25,6 +28,32 @@ def widen_to_float32(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     out.CopyFrom(model)
     changed = _widen_graph(out.graph)
     return out, changed
+
+
+def float32_graph(graph: Graph) -> Graph | None:
+    """``graph``'s exact float32 widening, as ``rewrite --to float32`` writes it (the same
+    hash), which remembers the half file it came from (tables and statistics made for that
+    apply too: :meth:`Graph.made_for`); None when ``graph`` computes in no half type."""
+    if not holds_narrow_floats(graph.model):
+        return None
+    graph.finish_check()  # an invalid model says so before it is widened
+    wide, _ = widen_to_float32(graph.model)
+    widened = open_graph(wide)
+    widened.path, widened.widened_from = graph.path, graph.hash
+    return widened
+
+
+def float32_work_graph(graph: Graph, command: str) -> Graph:
+    """``graph``, or its float32 widening (:func:`float32_graph`, said once) where it computes
+    in a half type: what ``command`` calibrates and quantizes."""
+    widened = float32_graph(graph)
+    if widened is None:
+        return graph
+    warn(
+        f"{graph.path or graph.model.graph.name}: computes in float16/bfloat16; {command} works "
+        "on its exact float32 widening (as quantbench rewrite --to float32 writes it)"
+    )
+    return widened
 
 
 def holds_narrow_floats(model: onnx.ModelProto) -> bool:

@@ -13,7 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 from quantbench.calibrate import calibrate
 from quantbench.compare import compare
 from quantbench.errors import QuantbenchError
+from quantbench.graph import open_graph
 from quantbench.quantize import quantize, rewrite
+from quantbench.recovery import recover, sensitivity
 from quantbench.widen import NARROW_FLOATS, holds_narrow_floats, widen_to_float32
 
 RNG = np.random.default_rng(7)
@@ -134,15 +136,6 @@ def test_rewrite_cli_widens_then_quantize_takes_the_model(run_cli, tmp_path):
     onnx.save(conv16, str(src))
     x = RNG.standard_normal((8, 3, 8, 8)).astype(np.float32)
     np.savez(tmp_path / "calib.npz", x=x)
-    with pytest.raises(QuantbenchError, match="rewrite MODEL --to float32"):
-        quantize(
-            src,
-            tmp_path / "q.onnx",
-            data=tmp_path / "calib.npz",
-            method="minmax",
-            show_progress=False,
-        )
-    assert not (tmp_path / "q.onnx").exists()
     code, out, err = run_cli("rewrite", src, "--to", "float32", "-o", wide)
     assert code == 0, err
     assert "to float32; wrote" in " ".join((out + err).split())
@@ -152,6 +145,40 @@ def test_rewrite_cli_widens_then_quantize_takes_the_model(run_cli, tmp_path):
     )  # fmt: skip
     assert [q.node for q in outcome.result.quantized] == ["conv"]
     ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
+
+
+def test_quantize_takes_a_half_model_as_rewrite_then_quantize_fp16_would(run_cli, tmp_path):
+    """quantize on the FP16 file itself (it used to refuse and name the two commands) gives
+    the model those two commands give, FP16 kept for the ops left out of INT8; a table made
+    by calibrating the FP16 file applies; --high-precision fp32 leaves no half type."""
+    src, wide = tmp_path / "half.onnx", tmp_path / "wide.onnx"
+    onnx.save(_conv_model(TensorProto.FLOAT16), str(src))
+    x = RNG.standard_normal((8, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=x)
+    assert run_cli("rewrite", src, "--to", "float32", "-o", wide)[0] == 0
+    common = dict(data=tmp_path / "calib.npz", method="minmax", show_progress=False)
+    two_step = quantize(wide, tmp_path / "two.onnx", high_precision="fp16", **common)
+    code, _, err = run_cli(
+        "quantize", src, "--data", tmp_path / "calib.npz", "--method", "minmax",
+        "-o", tmp_path / "one.onnx",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "computes in float16/bfloat16" in " ".join(err.split())
+    one_step, two = onnx.load(str(tmp_path / "one.onnx")), onnx.load(str(tmp_path / "two.onnx"))
+    assert [n.op_type for n in one_step.graph.node] == [n.op_type for n in two.graph.node]
+    assert {t.name: t.raw_data for t in one_step.graph.initializer} == {
+        t.name: t.raw_data for t in two.graph.initializer
+    }
+    assert two_step.high_precision == "fp16" and holds_narrow_floats(one_step)
+    calibrate(
+        src, tmp_path / "calib.npz", methods=["minmax"], output=tmp_path / "half.json",
+        fmt="json", use_cache=False, show_progress=False,
+    )  # fmt: skip
+    by_table = quantize(src, tmp_path / "t.onnx", table=tmp_path / "half.json")
+    assert [q.node for q in by_table.result.quantized] == ["conv"]
+    wide32 = quantize(src, tmp_path / "f32.onnx", high_precision="fp32", **common)
+    assert wide32.high_precision == "fp32"
+    assert not holds_narrow_floats(onnx.load(str(tmp_path / "f32.onnx")))
 
 
 def test_rewrite_of_a_float32_model_writes_nothing(run_cli, tmp_path):
@@ -228,10 +255,12 @@ def test_compare_with_a_half_model_as_reference_judges_against_its_widening(tmp_
 
 
 def test_tables_and_statistics_of_the_half_file_apply_to_its_widened_reference(tmp_path):
-    """A table or statistics made by calibrating the FP16 file itself are made for the model
-    compare widens: applied as they are (they used to be refused as another model's, naming
-    a calibration the user had run), and the INT8 candidate is the one the same table gives
-    on the rewritten file with the hash check waived."""
+    """Tables and statistics of the FP16 file itself (as quantbench made them before it
+    widened half models: calibrated as they are, recording the half file's hash) are made for
+    the model compare and quantize widen: applied as they are, not refused as another model's
+    with advice to calibrate the model the user had calibrated. The INT8 candidate is the one
+    the same table gives on the rewritten file with the hash check waived. calibrate itself
+    now works on the widening, whose hash the rewritten file has."""
     half, wide = tmp_path / "half.onnx", tmp_path / "wide.onnx"
     onnx.save(_conv_model(TensorProto.FLOAT16), str(half))
     rewrite(half, wide, "float32")
@@ -239,7 +268,7 @@ def test_tables_and_statistics_of_the_half_file_apply_to_its_widened_reference(t
     np.savez(tmp_path / "data.npz", x=x)
     table, stats = tmp_path / "half.json", tmp_path / "half.stats.npz"
     calibrate(
-        half, tmp_path / "data.npz", methods=["minmax"], output=table, fmt="json",
+        open_graph(half), tmp_path / "data.npz", methods=["minmax"], output=table, fmt="json",
         save_stats=stats, use_cache=False, show_progress=False,
     )  # fmt: skip
     common = dict(data=tmp_path / "data.npz", latency=False, show_progress=False)
@@ -250,5 +279,33 @@ def test_tables_and_statistics_of_the_half_file_apply_to_its_widened_reference(t
     for doc in (by_table, by_stats):
         got = {(o["candidate"], o["name"]): o["sqnr_db"] for o in doc["outputs"]}
         assert got == pytest.approx(expected)
+    assert quantize(half, tmp_path / "q.onnx", table=table, show_progress=False).result.quantized
     with pytest.raises(QuantbenchError, match="made for another model"):
         compare("fp32", "int8", model=wide, table=table, **common)
+    widened = calibrate(half, tmp_path / "data.npz", methods=["minmax"], show_progress=False)
+    assert widened.stats.model_hash == open_graph(wide).hash
+
+
+def test_sensitivity_and_recover_take_a_half_model_as_its_widening(tmp_path):
+    """Both used to stop at "no op is quantized" (the half tensors take no Q/DQ): they now
+    rank and recover the widening, as on the rewritten file, and recover keeps its ops in the
+    model's own FP16 unless told otherwise."""
+    half, wide = tmp_path / "half.onnx", tmp_path / "wide.onnx"
+    onnx.save(_conv_model(TensorProto.FLOAT16), str(half))
+    rewrite(half, wide, "float32")
+    x = RNG.standard_normal((16, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=x[:8])
+    np.savez(tmp_path / "eval.npz", x=x[8:])
+    calib, evaluation = tmp_path / "calib.npz", tmp_path / "eval.npz"
+    ranked = {
+        str(m): [(r["node"], r["only_quantized"]["sqnr_db"]) for r in sensitivity(
+            m, calib, evaluation, method="minmax"
+        )]
+        for m in (half, wide)
+    }  # fmt: skip
+    assert [node for node, _ in ranked[str(half)]] == [node for node, _ in ranked[str(wide)]]
+    assert [db for _, db in ranked[str(half)]] == pytest.approx([db for _, db in ranked[str(wide)]])
+    assert [node for node, _ in ranked[str(half)]] == ["conv"]
+    assert recover(half, calib, evaluation, "cosine=0.5", method="minmax").precision == "fp16"
+    kept32 = recover(half, calib, evaluation, "cosine=0.5", method="minmax", precision="fp32")
+    assert kept32.precision == "fp32"

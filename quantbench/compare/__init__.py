@@ -36,7 +36,7 @@ from quantbench.results import (
 )
 from quantbench.table.codecs import read_table
 from quantbench.task_metrics import load_metric_script
-from quantbench.widen import holds_narrow_floats, widen_to_float32
+from quantbench.widen import float32_graph
 
 __all__ = ["compare", "labels_for_samples", "load_labels"]
 
@@ -218,19 +218,15 @@ def compare(
 
 
 def _float32_reference(graph: Graph) -> Graph:
-    """The reference as FP32: a model that computes in FP16/BF16 runs widened, exactly as
-    ``quantbench rewrite --to float32`` writes it (the same hash), since every candidate is
-    judged against FP32 and the INT8 model quantbench makes from a half-precision model is made
-    from that widening. Tables and statistics made for the half file apply too (made_for)."""
-    if not holds_narrow_floats(graph.model):
+    """The reference as FP32 (:func:`float32_graph`): every candidate is judged against FP32,
+    and the INT8 model quantbench makes from a half-precision model is made from that
+    widening."""
+    widened = float32_graph(graph)
+    if widened is None:
         return graph
-    wide, _ = widen_to_float32(graph.model)
-    label = graph.path or graph.model.graph.name
     warn(
-        f"{label}: the reference (--model) computes in float16/bfloat16; it runs widened to "
-        "float32 (exactly, as quantbench rewrite --to float32 writes it), and the model "
-        "itself can be a candidate against it"
+        f"{graph.path or graph.model.graph.name}: the reference (--model) computes in "
+        "float16/bfloat16; it runs widened to float32 (exactly, as quantbench rewrite --to "
+        "float32 writes it), and the model itself can be a candidate against it"
     )
-    widened = open_graph(wide)
-    widened.path, widened.widened_from = graph.path, graph.hash
     return widened

@@ -219,8 +219,8 @@ def _constant_input(
     if values.dtype != np.float32:
         return (
             f"weight {tensor!r} is {values.dtype.name}; quantbench emits Q/DQ for float32 tensors "
-            "only (widen the model first: quantbench rewrite MODEL --to float32 -o MODEL32.onnx; "
-            "quantize --high-precision fp16 keeps the rest in FP16)"
+            "only (a float16/bfloat16 model file is widened first; a model proto: "
+            "quantbench.widen.widen_to_float32)"
         )
     if not np.isfinite(values).all():
         return f"weight {tensor!r} contains NaN or Inf"

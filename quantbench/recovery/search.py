@@ -44,6 +44,7 @@ from quantbench.recovery.evaluation import (
 )
 from quantbench.recovery.sensitivity import parallel_job, rank_ops
 from quantbench.task_metrics import load_metric_script
+from quantbench.widen import float32_work_graph
 
 #: what each step's metric was measured on, per high precision
 VERIFIED_ON = {
@@ -153,7 +154,7 @@ def recover(
     labels: str | Path | np.ndarray | None = None,
     method: str = DEFAULT_METHOD,
     budget: int | None = None,
-    precision: str = "fp32",
+    precision: str | None = None,
     *,
     metric_script: str | Path | None = None,
     exclude: list[str] | None = None,
@@ -179,10 +180,14 @@ def recover(
         executor.validate()
     script = None if metric_script is None else load_metric_script(metric_script, RESERVED)
     tgt = parse_target(target, labels is not None, custom=script is not None)
-    check_high_precision(precision, "--precision")
+    if precision is not None:
+        check_high_precision(precision, "--precision")
     _check_budget(budget, 0)  # a bad budget fails before any inference
     start_provider(provider)  # CUDA starts while the model loads
-    graph = model if isinstance(model, Graph) else open_graph(model)
+    source = model if isinstance(model, Graph) else open_graph(model)
+    graph = float32_work_graph(source, "recover")
+    if precision is None:  # the model's own: FP16 for a half-precision model
+        precision = "fp16" if graph is not source else "fp32"
     label_array = load_labels(labels)
     unbatched = data_unbatched(graph, eval_data, preset)
     check_declared(graph, tgt.metric, label_array, "--target", unbatched)  # before calibration

@@ -41,6 +41,7 @@ from quantbench.recovery.evaluation import (
     worker_evaluator,
 )
 from quantbench.task_metrics import load_metric_script
+from quantbench.widen import float32_work_graph
 
 VIEWS = ("only_quantized", "only_fp32")
 RANK_METRICS = ("sqnr_db", "cosine", "top1_agreement", "top5_agreement", *SEQUENCE_KEYS)
@@ -206,7 +207,11 @@ def sensitivity(
     script = None if metric_script is None else load_metric_script(metric_script, RESERVED)
     check_rank_metric(metric, labels is not None, custom=script is not None)
     start_provider(provider)  # CUDA starts while the model loads
-    graph = model if isinstance(model, Graph) else open_graph(model)
+    graph = (
+        model
+        if isinstance(model, Graph)
+        else float32_work_graph(open_graph(model), "sensitivity")
+    )
     label_array = load_labels(labels)
     unbatched = data_unbatched(graph, eval_data, preset)
     check_declared(graph, metric, label_array, "--metric", unbatched)  # before calibration
