@@ -98,8 +98,9 @@ class Graph:
     model: onnx.ModelProto
     path: Path | None = None
     hash: str = ""
-    #: the hash of the half-precision file this graph is the float32 widening of (compare's
-    #: reference): tables and statistics made for that file apply to it too (see made_for)
+    #: the hash of the half-precision file this graph is the float32 widening of
+    #: (quantbench.widen.float32_graph): tables and statistics made for that file apply to it
+    #: too (see made_for)
     widened_from: str = ""
     inputs: list[TensorSpec] = field(default_factory=list)
     outputs: list[TensorSpec] = field(default_factory=list)

@@ -216,7 +216,6 @@ def compare(
     return doc
 
 
-
 def _float32_reference(graph: Graph) -> Graph:
     """The reference as FP32 (:func:`float32_graph`): every candidate is judged against FP32,
     and the INT8 model quantbench makes from a half-precision model is made from that

@@ -185,7 +185,7 @@ def recover(
     _check_budget(budget, 0)  # a bad budget fails before any inference
     start_provider(provider)  # CUDA starts while the model loads
     source = model if isinstance(model, Graph) else open_graph(model)
-    graph = float32_work_graph(source, "recover")
+    graph = source if isinstance(model, Graph) else float32_work_graph(source, "recover")
     if precision is None:  # the model's own: FP16 for a half-precision model
         precision = "fp16" if graph is not source else "fp32"
     label_array = load_labels(labels)
