@@ -38,7 +38,7 @@ from quantbench.protosize import save_model
 from quantbench.qdq import QuantizeResult, quantize_model, table_from_qdq, write_quantized
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import format_for_path, read_table, write_table
-from quantbench.widen import float32_graph
+from quantbench.widen import float32_graph, with_io_types_of
 
 
 @dataclass
@@ -102,17 +102,17 @@ def quantize(
     check_clip_warn(clip_warn)
     if data is not None:
         method = check_methods([method])[0]  # a bad name or option fails before the data pass
-    graph = open_graph(model)
-    widened = float32_graph(graph)
+    source = open_graph(model)
+    widened = float32_graph(source)
     if high_precision is None:
         high_precision = FP16 if widened is not None and not dwconv2d else FP32
     if widened is not None:
         warn(
             f"{model}: computes in float16/bfloat16; it is quantized from its exact float32 "
             "widening (as quantbench rewrite --to float32 writes it): the ops left out of "
-            f"INT8 are {high_precision.upper()} and its inputs and outputs float32"
+            f"INT8 are {high_precision.upper()}, its inputs and outputs keep their types"
         )
-        graph = widened
+    graph = widened or source
     flags: list[ClipFlag] = []
     auto = None
     if table is None:
@@ -165,6 +165,8 @@ def quantize(
     if high_precision == FP16:
         result.model = strongly_typed_fp16(result.model)
         result.opset_to = max(result.opset_to, FP16_SCALE_OPSET)
+    if widened is not None:
+        result.model = with_io_types_of(result.model, source.model)
     written = [write_quantized(result, output)]
     rows = []
     if report_integer_ops:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from quantbench.graph import Graph, open_graph
 from quantbench.progress import warn
@@ -153,3 +153,68 @@ def _widened_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
     wide = numpy_helper.from_array(values, t.name)
     wide.doc_string = t.doc_string
     return wide
+
+
+def with_io_types_of(model: onnx.ModelProto, source: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (made from ``source``'s widening) with ``source``'s half-precision inputs and
+    outputs back: a Cast after each such input and before each such output, so that the model
+    is a drop-in replacement for ``source`` (its inputs widen exactly; its outputs round to
+    the half type, as ``source``'s do)."""
+    narrow = {
+        v.name: v.type.tensor_type.elem_type
+        for v in (*source.graph.input, *source.graph.output)
+        if v.type.tensor_type.elem_type in NARROW_FLOATS
+    }
+    graph = model.graph
+    taken = {o for n in graph.node for o in (*n.input, *n.output)} | set(narrow)
+    weights = {t.name for t in graph.initializer}
+    casts_in, casts_out = [], []
+    for v in graph.input:
+        if v.name in narrow and v.name not in weights and _is_float32(v):
+            wide = _fresh(f"{v.name}_float32", taken)
+            _rename_uses(graph, v.name, wide)
+            casts_in.append(helper.make_node("Cast", [v.name], [wide], to=TensorProto.FLOAT,
+                                             name=_fresh(f"{v.name}_widen", taken)))  # fmt: skip
+            v.type.tensor_type.elem_type = narrow[v.name]
+    for v in graph.output:
+        if v.name in narrow and _is_float32(v):
+            wide = _fresh(f"{v.name}_float32", taken)
+            _rename_uses(graph, v.name, wide, outputs=True)
+            casts_out.append(helper.make_node("Cast", [wide], [v.name], to=narrow[v.name],
+                                              name=_fresh(f"{v.name}_narrow", taken)))  # fmt: skip
+            v.type.tensor_type.elem_type = narrow[v.name]
+    if casts_in or casts_out:
+        nodes = [*casts_in, *graph.node, *casts_out]
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return model
+
+
+def _is_float32(v: onnx.ValueInfoProto) -> bool:
+    return v.type.tensor_type.elem_type == TensorProto.FLOAT
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    """``name``, or ``name_2``, ``name_3`` ... whichever is not yet taken (then taken)."""
+    fresh, k = name, 1
+    while fresh in taken:
+        k += 1
+        fresh = f"{name}_{k}"
+    taken.add(fresh)
+    return fresh
+
+
+def _rename_uses(graph: onnx.GraphProto, old: str, new: str, outputs: bool = False) -> None:
+    """Every node input named ``old`` (subgraphs' captures included) becomes ``new``; with
+    ``outputs``, the node output and value_info of that name too."""
+    for node in graph.node:
+        node.input[:] = [new if i == old else i for i in node.input]
+        if outputs:
+            node.output[:] = [new if o == old else o for o in node.output]
+        for attr in node.attribute:
+            for sub in (attr.g,) if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                _rename_uses(sub, old, new)
+    if outputs:
+        for info in graph.value_info:
+            if info.name == old:
+                info.name = new

@@ -149,8 +149,10 @@ def test_rewrite_cli_widens_then_quantize_takes_the_model(run_cli, tmp_path):
 
 def test_quantize_takes_a_half_model_as_rewrite_then_quantize_fp16_would(run_cli, tmp_path):
     """quantize on the FP16 file itself (it used to refuse and name the two commands) gives
-    the model those two commands give, FP16 kept for the ops left out of INT8; a table made
-    by calibrating the FP16 file applies; --high-precision fp32 leaves no half type."""
+    the model those two commands give, FP16 kept for the ops left out of INT8, with the FP16
+    file's input and output types: a drop-in replacement, whose output is the two-step
+    model's rounded to FP16, bit for bit. A table made by calibrating the FP16 file applies;
+    --high-precision fp32 keeps no half type but at the inputs and outputs."""
     src, wide = tmp_path / "half.onnx", tmp_path / "wide.onnx"
     onnx.save(_conv_model(TensorProto.FLOAT16), str(src))
     x = RNG.standard_normal((8, 3, 8, 8)).astype(np.float32)
@@ -164,12 +166,17 @@ def test_quantize_takes_a_half_model_as_rewrite_then_quantize_fp16_would(run_cli
     )  # fmt: skip
     assert code == 0, err
     assert "computes in float16/bfloat16" in " ".join(err.split())
-    one_step, two = onnx.load(str(tmp_path / "one.onnx")), onnx.load(str(tmp_path / "two.onnx"))
-    assert [n.op_type for n in one_step.graph.node] == [n.op_type for n in two.graph.node]
-    assert {t.name: t.raw_data for t in one_step.graph.initializer} == {
-        t.name: t.raw_data for t in two.graph.initializer
-    }
-    assert two_step.high_precision == "fp16" and holds_narrow_floats(one_step)
+    one_step = onnx.load(str(tmp_path / "one.onnx"))
+    onnx.checker.check_model(one_step, full_check=True)
+    io = [v.type.tensor_type.elem_type for v in (*one_step.graph.input, *one_step.graph.output)]
+    assert io == [TensorProto.FLOAT16, TensorProto.FLOAT16]
+    x16 = x.astype(np.float16)
+    got = ort.InferenceSession(str(tmp_path / "one.onnx"), providers=["CPUExecutionProvider"])
+    ref = ort.InferenceSession(str(tmp_path / "two.onnx"), providers=["CPUExecutionProvider"])
+    y16 = got.run(None, {"x": x16})[0]
+    assert y16.dtype == np.float16
+    assert np.array_equal(y16, ref.run(None, {"x": x16.astype(np.float32)})[0].astype(np.float16))
+    assert two_step.high_precision == "fp16"
     calibrate(
         src, tmp_path / "calib.npz", methods=["minmax"], output=tmp_path / "half.json",
         fmt="json", use_cache=False, show_progress=False,
@@ -178,7 +185,10 @@ def test_quantize_takes_a_half_model_as_rewrite_then_quantize_fp16_would(run_cli
     assert [q.node for q in by_table.result.quantized] == ["conv"]
     wide32 = quantize(src, tmp_path / "f32.onnx", high_precision="fp32", **common)
     assert wide32.high_precision == "fp32"
-    assert not holds_narrow_floats(onnx.load(str(tmp_path / "f32.onnx")))
+    f32 = onnx.load(str(tmp_path / "f32.onnx"))
+    casts = [a.i for n in f32.graph.node if n.op_type == "Cast" for a in n.attribute]
+    assert casts == [TensorProto.FLOAT, TensorProto.FLOAT16]  # at the input, at the output
+    assert not any(t.data_type in NARROW_FLOATS for t in f32.graph.initializer)
 
 
 def test_rewrite_of_a_float32_model_writes_nothing(run_cli, tmp_path):
