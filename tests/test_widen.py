@@ -298,8 +298,9 @@ def test_tables_and_statistics_of_the_half_file_apply_to_its_widened_reference(t
 
 def test_sensitivity_and_recover_take_a_half_model_as_its_widening(tmp_path):
     """Both used to stop at "no op is quantized" (the half tensors take no Q/DQ): they now
-    rank and recover the widening, as on the rewritten file, and recover keeps its ops in the
-    model's own FP16 unless told otherwise."""
+    rank and recover the widening, as on the rewritten file; recover keeps its ops in the
+    model's own FP16 unless told otherwise, and its artefact the model's input and output
+    types."""
     half, wide = tmp_path / "half.onnx", tmp_path / "wide.onnx"
     onnx.save(_conv_model(TensorProto.FLOAT16), str(half))
     rewrite(half, wide, "float32")
@@ -316,6 +317,14 @@ def test_sensitivity_and_recover_take_a_half_model_as_its_widening(tmp_path):
     assert [node for node, _ in ranked[str(half)]] == [node for node, _ in ranked[str(wide)]]
     assert [db for _, db in ranked[str(half)]] == pytest.approx([db for _, db in ranked[str(wide)]])
     assert [node for node, _ in ranked[str(half)]] == ["conv"]
-    assert recover(half, calib, evaluation, "cosine=0.5", method="minmax").precision == "fp16"
-    kept32 = recover(half, calib, evaluation, "cosine=0.5", method="minmax", precision="fp32")
-    assert kept32.precision == "fp32"
+    for precision in (None, "fp32"):
+        result = recover(
+            half, calib, evaluation, "cosine=0.5", method="minmax", precision=precision
+        )
+        assert result.precision == (precision or "fp16")
+        io = [v.type.tensor_type.elem_type for v in result.artefact.graph.input]
+        io += [v.type.tensor_type.elem_type for v in result.artefact.graph.output]
+        assert io == [TensorProto.FLOAT16, TensorProto.FLOAT16]  # the half model's
+        ort.InferenceSession(
+            result.artefact.SerializeToString(), providers=["CPUExecutionProvider"]
+        ).run(None, {"x": x[:2].astype(np.float16)})

@@ -44,7 +44,7 @@ from quantbench.recovery.evaluation import (
 )
 from quantbench.recovery.sensitivity import parallel_job, rank_ops
 from quantbench.task_metrics import load_metric_script
-from quantbench.widen import float32_work_graph
+from quantbench.widen import float32_work_graph, with_io_types_of
 
 #: what each step's metric was measured on, per high precision
 VERIFIED_ON = {
@@ -251,5 +251,13 @@ def recover(
             "calibrate differently"
         )
     artefact = ctx.artefact_model(final)
+    if graph is not source:  # a half-precision model's artefact keeps its I/O types
+        artefact = with_io_types_of(_copy(artefact or final.model), source.model)
     seconds = time.perf_counter() - started
     return RecoveryResult(tgt, precision, steps, kept, met, final, ctx, ranking, seconds, artefact)
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
