@@ -285,9 +285,49 @@ def convert_fp16(
 
 def _name_nodes(model: onnx.ModelProto) -> None:
     """Every node gets its label (:func:`quantbench.graph.node_labels`, the names the plan and
-    the reports use): the block list and the report address nodes by name."""
+    the reports use): the block list and the report address nodes by name. Names in the float16
+    converter's own scheme are moved aside first (:func:`_free_converter_names`)."""
+    _free_converter_names(model)
     for node, label in zip(model.graph.node, node_labels(model.graph.node), strict=True):
         node.name = label
+
+
+#: the names onnxruntime's float16 converter gives the Casts it inserts (and their outputs)
+_CONVERTER_NAMES = re.compile(r"^graph_(input|output)_cast|_cast_to_fp(16|32)(_node)?$")
+
+
+def _free_converter_names(model: onnx.ModelProto) -> None:
+    """A model converted to FP16 by onnxruntime's converter before (an FP16 export, widened to
+    FP32 by quantbench) still holds its Casts' names, ``graph_output_cast_0`` ...; converting
+    it again would give new Casts the same names (two nodes writing one tensor). Those tensors
+    and nodes are renamed, the model's inputs and outputs excepted."""
+    graph = model.graph
+    io = {v.name for v in (*graph.input, *graph.output)}
+    taken = {t for n in graph.node for t in (*n.input, *n.output)} | io
+    taken |= {n.name for n in graph.node}
+    rename: dict[str, str] = {}
+    for name in sorted(taken - io):
+        if _CONVERTER_NAMES.search(name):
+            fresh = f"qb__{name}__"
+            while fresh in taken:
+                fresh += "_"
+            rename[name] = fresh
+            taken.add(fresh)
+    if rename:
+        _apply_names(graph, rename)
+
+
+def _apply_names(graph: onnx.GraphProto, rename: Mapping[str, str]) -> None:
+    """Tensor and node names renamed (subgraphs' captures of outer tensors included)."""
+    for node in graph.node:
+        node.name = rename.get(node.name, node.name)
+        node.input[:] = [rename.get(i, i) for i in node.input]
+        node.output[:] = [rename.get(o, o) for o in node.output]
+        for attr in node.attribute:
+            for sub in (attr.g,) if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                _apply_names(sub, rename)
+    for item in (*graph.value_info, *graph.initializer):
+        item.name = rename.get(item.name, item.name)
 
 
 def _load_problem(model: onnx.ModelProto, provider: str) -> tuple[str | None, str | None] | None:

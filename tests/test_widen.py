@@ -328,3 +328,30 @@ def test_sensitivity_and_recover_take_a_half_model_as_its_widening(tmp_path):
         ort.InferenceSession(
             result.artefact.SerializeToString(), providers=["CPUExecutionProvider"]
         ).run(None, {"x": x[:2].astype(np.float16)})
+
+
+def test_a_model_half_converted_by_onnxruntime_before_quantizes_in_fp16_again(tmp_path):
+    """An FP16 export made by onnxruntime's float16 converter (I/O kept FP32) holds its Casts'
+    names, graph_input_cast_0 ...; widened and converted again for --high-precision fp16, the
+    new Casts took the same names (an internal error: two nodes writing one tensor)."""
+    from quantbench.fp16 import strongly_typed_fp16
+
+    exported = strongly_typed_fp16(_conv_model(TensorProto.FLOAT))
+    assert any(n.name.startswith("graph_input_cast") for n in exported.graph.node)
+    onnx.save(exported, str(tmp_path / "half.onnx"))
+    x = RNG.standard_normal((8, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=x)
+    outcome = quantize(
+        tmp_path / "half.onnx", tmp_path / "q.onnx", data=tmp_path / "calib.npz",
+        method="minmax", show_progress=False,
+    )  # fmt: skip
+    assert outcome.high_precision == "fp16"
+    assert [q.node for q in outcome.result.quantized] == ["conv"]
+    q = onnx.load(str(tmp_path / "q.onnx"))
+    onnx.checker.check_model(q, full_check=True)
+    y = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )[0]
+    ref = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
+    r = ref.run(None, {"x": x})[0].astype(np.float64)
+    assert 10 * np.log10((r**2).sum() / ((y - r) ** 2).sum()) > 20  # INT8 of the same model
