@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from conftest import require_example
-from onnx import TensorProto
+from onnx import TensorProto, helper, numpy_helper
 
 
 def _types(model: onnx.ModelProto) -> dict[str, int]:
@@ -160,3 +160,32 @@ def test_recover_precision_fp16_end_to_end(run_cli, tmp_path):
     final = doc["steps"][-1]["metrics"]
     assert sqnr == pytest.approx(final["sqnr_db"], abs=1.5)
     assert np.mean(a.argmax(1) == b.argmax(1)) == pytest.approx(final["top1_agreement"], abs=0.011)
+
+
+def test_an_fp16_overflow_in_a_layer_is_named_as_one(run_cli, tmp_path):
+    """y = x * 1000 * 1000 on x in [1, 2]: the second product (1e6 and more) is beyond
+    FP16's largest value, 65504, so FP16 makes it Inf; compare names the layer and why."""
+    k = numpy_helper.from_array(np.array(1000.0, np.float32), "k")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "k"], ["m"], name="first"),
+            helper.make_node("Mul", ["m", "k"], ["big"], name="second"),
+            helper.make_node("Div", ["big", "k"], ["y"], name="back"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        initializer=[k],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    x = np.random.default_rng(3).uniform(1, 2, (8, 4)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x)
+    code, out, err = run_cli(
+        "compare", "fp32", "fp16", "--model", tmp_path / "m.onnx", "--data", tmp_path / "d.npz",
+        "--no-latency",
+    )  # fmt: skip
+    text = " ".join((out + err).split())
+    assert "layer(s) of B hold NaN/Inf, first big:" in text, text
+    assert "it runs in FP16, whose largest value is 65504: FP16 overflows there" in text

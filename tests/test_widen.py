@@ -355,3 +355,4 @@ def test_a_model_half_converted_by_onnxruntime_before_quantizes_in_fp16_again(tm
     ref = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
     r = ref.run(None, {"x": x})[0].astype(np.float64)
     assert 10 * np.log10((r**2).sum() / ((y - r) ** 2).sum()) > 20  # INT8 of the same model
+

@@ -7,7 +7,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from quantbench.fp16 import describe
+from quantbench.fp16 import FP16, FP16_EMULATED, describe
 from quantbench.metrics import nonfinite_text
 from quantbench.progress import console
 
@@ -162,7 +162,12 @@ def _print_nonfinite(doc: dict[str, Any]) -> None:
         ]
         if bad:
             first = bad[0]
+            why = (
+                "; it runs in FP16, whose largest value is 65504: FP16 overflows there"
+                if first.get("precision") in (FP16, FP16_EMULATED)
+                else ""
+            )
             console.print(
                 f"[red]{len(bad)} layer(s) of {side} hold NaN/Inf[/red], first "
-                f"{escape(first['tensor'])}: {escape(nonfinite_text(first['nonfinite']))}"
+                f"{escape(first['tensor'])}: {escape(nonfinite_text(first['nonfinite']))}{why}"
             )
