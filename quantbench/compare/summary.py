@@ -165,6 +165,7 @@ def _print_nonfinite(doc: dict[str, Any]) -> None:
             why = (
                 "; it runs in FP16, whose largest value is 65504: FP16 overflows there"
                 if first.get("precision") in (FP16, FP16_EMULATED)
+                and not first["nonfinite"].get("fp32")
                 else ""
             )
             console.print(
