@@ -318,7 +318,7 @@ def quantize(
         typer.Option(
             help="fp32 | fp16: precision of the unquantized ops (fp16: strongly-typed "
             "INT8/FP16 model, FP16 Q/DQ scales, opset 19). Default: the model's own, fp16 "
-            "for a float16/bfloat16 model, else fp32."
+            "for a float16 model, else fp32."
         ),
     ] = None,
     int_ops: Annotated[
@@ -760,7 +760,7 @@ def recover(
         str | None,
         typer.Option(
             help="fp32 | fp16 for the kept ops. Default: the model's own, fp16 for a "
-            "float16/bfloat16 model, else fp32."
+            "float16 model, else fp32."
         ),
     ] = None,
     trt_version: Annotated[

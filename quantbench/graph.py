@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
@@ -57,6 +58,8 @@ _NP_DTYPES = {
     onnx.TensorProto.UINT16: np.uint16,
     onnx.TensorProto.UINT32: np.uint32,
     onnx.TensorProto.UINT64: np.uint64,
+    # numpy's through ml_dtypes: a bfloat16 model opens, then its float32 widening is fed
+    onnx.TensorProto.BFLOAT16: ml_dtypes.bfloat16,
 }
 
 

@@ -38,7 +38,7 @@ from quantbench.protosize import save_model
 from quantbench.qdq import QuantizeResult, quantize_model, table_from_qdq, write_quantized
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import format_for_path, read_table, write_table
-from quantbench.widen import float32_graph, with_io_types_of
+from quantbench.widen import float32_graph, own_high_precision, with_io_types_of
 
 
 @dataclass
@@ -86,8 +86,9 @@ def quantize(
 
     ``high_precision="fp16"``: the unquantized ops become FP16 and the Q/DQ scales FP16
     (:func:`quantbench.fp16.strongly_typed_fp16`), the mixed INT8/FP16 model TensorRT builds
-    as given with ``--stronglyTyped``. None: the model's own, FP16 for a model that computes
-    in float16/bfloat16 (quantized from its exact float32 widening), else FP32."""
+    as given with ``--stronglyTyped``. None: the model's own (:func:`own_high_precision`):
+    FP16 for a model that computes in float16, else FP32. A float16/bfloat16 model is
+    quantized from its exact float32 widening and keeps its input and output types."""
     if (table is None) == (data is None):
         raise QuantbenchError("give exactly one of --table TABLE or --data PATH")
     if high_precision is not None:
@@ -105,7 +106,7 @@ def quantize(
     source = open_graph(model)
     widened = float32_graph(source)
     if high_precision is None:
-        high_precision = FP16 if widened is not None and not dwconv2d else FP32
+        high_precision = own_high_precision(source.model) if not dwconv2d else FP32
     if widened is not None:
         warn(
             f"{model}: computes in float16/bfloat16; it is quantized from its exact float32 "

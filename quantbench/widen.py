@@ -56,35 +56,41 @@ def float32_work_graph(graph: Graph, command: str) -> Graph:
     return widened
 
 
-def holds_narrow_floats(model: onnx.ModelProto) -> bool:
-    """Whether ``model`` computes anything in FP16/BF16: an initializer, a graph input or
-    output, a Constant or a Cast target of that type (subgraphs included). Reads only: no
-    copy of the model is made."""
-    return _narrow_graph(model.graph)
+def holds_narrow_floats(
+    model: onnx.ModelProto, kinds: tuple[int, ...] = NARROW_FLOATS
+) -> bool:
+    """Whether ``model`` computes anything in one of ``kinds`` (FP16/BF16): an initializer, a
+    graph input or output, a Constant or a Cast target of that type (subgraphs included).
+    Reads only: no copy of the model is made."""
+    return _narrow_graph(model.graph, kinds)
 
 
-def _narrow_graph(graph: onnx.GraphProto) -> bool:
-    if any(t.data_type in NARROW_FLOATS for t in graph.initializer):
+def _narrow_graph(graph: onnx.GraphProto, kinds: tuple[int, ...]) -> bool:
+    if any(t.data_type in kinds for t in graph.initializer):
         return True
-    if any(
-        v.type.tensor_type.elem_type in NARROW_FLOATS for v in (*graph.input, *graph.output)
-    ):
+    if any(v.type.tensor_type.elem_type in kinds for v in (*graph.input, *graph.output)):
         return True
-    return any(_narrow_attribute(a) for node in graph.node for a in node.attribute)
+    return any(_narrow_attribute(a, kinds) for node in graph.node for a in node.attribute)
 
 
-def _narrow_attribute(attr: onnx.AttributeProto) -> bool:
+def _narrow_attribute(attr: onnx.AttributeProto, kinds: tuple[int, ...]) -> bool:
     if attr.type == onnx.AttributeProto.TENSOR:
-        return attr.t.data_type in NARROW_FLOATS
+        return attr.t.data_type in kinds
     if attr.type == onnx.AttributeProto.TENSORS:
-        return any(t.data_type in NARROW_FLOATS for t in attr.tensors)
+        return any(t.data_type in kinds for t in attr.tensors)
     if attr.type == onnx.AttributeProto.GRAPH:
-        return _narrow_graph(attr.g)
+        return _narrow_graph(attr.g, kinds)
     if attr.type == onnx.AttributeProto.GRAPHS:
-        return any(_narrow_graph(g) for g in attr.graphs)
+        return any(_narrow_graph(g, kinds) for g in attr.graphs)
     return attr.type == onnx.AttributeProto.INT and (
-        attr.name in _TYPE_ATTRIBUTES and attr.i in NARROW_FLOATS
+        attr.name in _TYPE_ATTRIBUTES and attr.i in kinds
     )
+
+
+def own_high_precision(model: onnx.ModelProto) -> str:
+    """The precision a model's ops left out of INT8 keep by default: "fp16" for a model that
+    computes in float16, else "fp32" (bfloat16's range, FP32's, does not fit FP16's)."""
+    return "fp16" if holds_narrow_floats(model, (TensorProto.FLOAT16,)) else "fp32"
 
 
 def _widen_graph(graph: onnx.GraphProto) -> int:

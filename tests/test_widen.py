@@ -356,3 +356,24 @@ def test_a_model_half_converted_by_onnxruntime_before_quantizes_in_fp16_again(tm
     r = ref.run(None, {"x": x})[0].astype(np.float64)
     assert 10 * np.log10((r**2).sum() / ((y - r) ** 2).sum()) > 20  # INT8 of the same model
 
+
+
+def test_a_bfloat16_model_quantizes_with_fp32_kept_and_its_types_back(tmp_path):
+    """A bfloat16 model (its input too) used to be refused as unfeedable: it opens, is fed
+    through its float32 widening, keeps FP32 for the ops left out of INT8 (bfloat16's range
+    does not fit FP16) and gets its bfloat16 input and output back."""
+    src = tmp_path / "bf16.onnx"
+    onnx.save(_conv_model(TensorProto.BFLOAT16), str(src))
+    np.savez(tmp_path / "calib.npz", x=RNG.standard_normal((8, 3, 8, 8)).astype(np.float32))
+    outcome = quantize(
+        src, tmp_path / "q.onnx", data=tmp_path / "calib.npz", method="minmax",
+        show_progress=False,
+    )  # fmt: skip
+    assert outcome.high_precision == "fp32"
+    assert [q.node for q in outcome.result.quantized] == ["conv"]
+    q = onnx.load(str(tmp_path / "q.onnx"))
+    onnx.checker.check_model(q, full_check=True)
+    io = [v.type.tensor_type.elem_type for v in (*q.graph.input, *q.graph.output)]
+    assert io == [TensorProto.BFLOAT16, TensorProto.BFLOAT16]
+    assert not any(t.data_type in NARROW_FLOATS for t in q.graph.initializer)
+    ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])

@@ -44,7 +44,7 @@ from quantbench.recovery.evaluation import (
 )
 from quantbench.recovery.sensitivity import parallel_job, rank_ops
 from quantbench.task_metrics import load_metric_script
-from quantbench.widen import float32_work_graph, with_io_types_of
+from quantbench.widen import float32_work_graph, own_high_precision, with_io_types_of
 
 #: what each step's metric was measured on, per high precision
 VERIFIED_ON = {
@@ -186,8 +186,8 @@ def recover(
     start_provider(provider)  # CUDA starts while the model loads
     source = model if isinstance(model, Graph) else open_graph(model)
     graph = source if isinstance(model, Graph) else float32_work_graph(source, "recover")
-    if precision is None:  # the model's own: FP16 for a half-precision model
-        precision = "fp16" if graph is not source else "fp32"
+    if precision is None:  # the model's own: FP16 for a float16 model
+        precision = own_high_precision(source.model)
     label_array = load_labels(labels)
     unbatched = data_unbatched(graph, eval_data, preset)
     check_declared(graph, tgt.metric, label_array, "--target", unbatched)  # before calibration
