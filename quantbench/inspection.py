@@ -31,6 +31,7 @@ from quantbench.graph import (
 from quantbench.progress import console
 from quantbench.stats import StatsFile
 from quantbench.table.codecs import read_table
+from quantbench.widen import float32_graph
 
 
 def kind_of(path: Path) -> str:
@@ -86,7 +87,15 @@ def inspect_model(g: Graph) -> dict[str, Any]:
             for v in (*g.model.graph.input, *g.model.graph.output)
             if not v.type.HasField("tensor_type")
         ],
+        "widened_hash": _widened_hash(g),
     }
+
+
+def _widened_hash(g: Graph) -> str:
+    """The hash of the float32 widening the other commands work on ("" for a float32 model):
+    the model hash its tables and statistics record."""
+    widened = float32_graph(g)
+    return widened.hash if widened is not None else ""
 
 
 def inspect_table(path: Path, model: Graph | None = None) -> dict[str, Any]:
@@ -112,7 +121,8 @@ def inspect_table(path: Path, model: Graph | None = None) -> dict[str, Any]:
         out["missing_quantizable"] = [t for t in wanted if t in quantizable and t not in table]
         known = set(wanted) | {s.name for s in model.inputs}
         out["extra"] = [t for t in table if t not in known]
-        if table.provenance.model_hash and table.provenance.model_hash != model.hash:
+        made_for = table.provenance.model_hash
+        if made_for and made_for not in (model.hash, _widened_hash(model)):
             out["model_mismatch"] = True
     return out
 
@@ -173,6 +183,12 @@ def _render_model(r: dict[str, Any]) -> None:
     )
     console.print("inputs:  " + escape("; ".join(r["inputs"])))
     console.print("outputs: " + escape("; ".join(r["outputs"])))
+    if r.get("widened_hash"):
+        console.print(
+            "computes in float16/bfloat16: calibrate, quantize, compare, sensitivity and recover "
+            f"work on its exact float32 widening, sha256 {r['widened_hash'][:16]} (the hash its "
+            "tables record; quantbench rewrite --to float32 writes it)"
+        )
     if r.get("not_tensors"):
         listed = escape("; ".join(r["not_tensors"]))
         console.print(f"[yellow]not tensors (quantbench cannot calibrate them):[/yellow] {listed}")

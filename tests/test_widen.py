@@ -377,3 +377,25 @@ def test_a_bfloat16_model_quantizes_with_fp32_kept_and_its_types_back(tmp_path):
     assert io == [TensorProto.BFLOAT16, TensorProto.BFLOAT16]
     assert not any(t.data_type in NARROW_FLOATS for t in q.graph.initializer)
     ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
+
+
+def test_inspect_names_the_widening_a_half_model_is_worked_on_as(tmp_path):
+    """inspect shows a half model as it is, and the hash of the widening the other commands
+    use (the rewritten file's, which its tables record): such a table is the model's."""
+    from quantbench.inspection import inspect_model, inspect_table
+
+    half, wide = tmp_path / "half.onnx", tmp_path / "wide.onnx"
+    onnx.save(_conv_model(TensorProto.FLOAT16), str(half))
+    rewrite(half, wide, "float32")
+    np.savez(tmp_path / "calib.npz", x=RNG.standard_normal((8, 3, 8, 8)).astype(np.float32))
+    report = inspect_model(open_graph(half))
+    assert report["widened_hash"] == open_graph(wide).hash != report["hash"]
+    assert inspect_model(open_graph(wide))["widened_hash"] == ""
+    calibrate(
+        half, tmp_path / "calib.npz", methods=["minmax"], output=tmp_path / "t.json",
+        fmt="json", use_cache=False, show_progress=False,
+    )  # fmt: skip
+    assert not inspect_table(tmp_path / "t.json", open_graph(half)).get("model_mismatch")
+    other = tmp_path / "other.onnx"
+    onnx.save(_conv_model(TensorProto.FLOAT), str(other))
+    assert inspect_table(tmp_path / "t.json", open_graph(other))["model_mismatch"]
