@@ -3,8 +3,10 @@
 quantbench places Q/DQ on float32 tensors (the precision TensorRT calibrates and fuses from), so
 a model exported in half precision is widened first: every FP16/BF16 initializer, constant,
 cast target, typed attribute and declared tensor type becomes FP32, subgraphs included. Nothing
-is rounded: FP16 and BF16 values are all exactly representable in FP32. ``quantize
---high-precision fp16`` then gives the ops left out of INT8 their FP16 back.
+is rounded: FP16 and BF16 values are all exactly representable in FP32. ``rewrite --to float32``
+writes the widening; calibrate, quantize, compare, sensitivity and recover work on it
+(:func:`float32_graph`); ``--high-precision fp16`` gives the ops left out of INT8 their FP16
+back, and :func:`with_io_types_of` the written model the half model's input and output types.
 """
 
 from __future__ import annotations
