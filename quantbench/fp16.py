@@ -30,7 +30,7 @@ from onnx import TensorProto
 
 from quantbench.backends.onnxruntime import session_providers
 from quantbench.errors import InternalError, QuantbenchError, first_line
-from quantbench.graph import QDQ_OPS, node_labels
+from quantbench.graph import QDQ_OPS, node_labels, rename_tensors
 from quantbench.protosize import loadable
 
 #: onnx-ml ops the converter cannot handle at all (they take or make maps/sequences)
@@ -314,20 +314,7 @@ def _free_converter_names(model: onnx.ModelProto) -> None:
             rename[name] = fresh
             taken.add(fresh)
     if rename:
-        _apply_names(graph, rename)
-
-
-def _apply_names(graph: onnx.GraphProto, rename: Mapping[str, str]) -> None:
-    """Tensor and node names renamed (subgraphs' captures of outer tensors included)."""
-    for node in graph.node:
-        node.name = rename.get(node.name, node.name)
-        node.input[:] = [rename.get(i, i) for i in node.input]
-        node.output[:] = [rename.get(o, o) for o in node.output]
-        for attr in node.attribute:
-            for sub in (attr.g,) if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                _apply_names(sub, rename)
-    for item in (*graph.value_info, *graph.initializer):
-        item.name = rename.get(item.name, item.name)
+        rename_tensors(graph, rename, node_names=True)
 
 
 def _load_problem(model: onnx.ModelProto, provider: str) -> tuple[str | None, str | None] | None:

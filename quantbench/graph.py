@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -234,6 +234,24 @@ def check_float_model(g: Graph, role: str = "the model") -> None:
             "quantizes float models: give the FP32 model it was made from (a quantized model "
             "can be compared as a candidate .onnx against it)"
         )
+
+
+def rename_tensors(
+    graph: onnx.GraphProto, rename: Mapping[str, str], node_names: bool = False
+) -> None:
+    """Tensors renamed where nodes read and write them (subgraphs' captures of outer tensors
+    included), in value_info and initializers; the graph's inputs and outputs keep their
+    names. ``node_names``: node names found in ``rename`` too."""
+    for node in graph.node:
+        if node_names:
+            node.name = rename.get(node.name, node.name)
+        node.input[:] = [rename.get(i, i) for i in node.input]
+        node.output[:] = [rename.get(o, o) for o in node.output]
+        for attr in node.attribute:
+            for sub in (attr.g,) if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                rename_tensors(sub, rename, node_names)
+    for item in (*graph.value_info, *graph.initializer):
+        item.name = rename.get(item.name, item.name)
 
 
 def type_text(t: onnx.TypeProto) -> str:

@@ -38,7 +38,7 @@ from quantbench.protosize import save_model
 from quantbench.qdq import QuantizeResult, quantize_model, table_from_qdq, write_quantized
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import format_for_path, read_table, write_table
-from quantbench.widen import float32_graph, own_high_precision, with_io_types_of
+from quantbench.widen import float32_work_graph, own_high_precision, with_io_types_of
 
 
 @dataclass
@@ -104,16 +104,14 @@ def quantize(
     if data is not None:
         method = check_methods([method])[0]  # a bad name or option fails before the data pass
     source = open_graph(model)
-    widened = float32_graph(source)
     if high_precision is None:
         high_precision = own_high_precision(source.model) if not dwconv2d else FP32
-    if widened is not None:
-        warn(
-            f"{model}: computes in float16/bfloat16; it is quantized from its exact float32 "
-            "widening (as quantbench rewrite --to float32 writes it): the ops left out of "
-            f"INT8 are {high_precision.upper()}, its inputs and outputs keep their types"
-        )
-    graph = widened or source
+    graph = float32_work_graph(
+        source,
+        "quantize",
+        f": the ops left out of INT8 are {high_precision.upper()}, its inputs and outputs keep "
+        "their types",
+    )
     flags: list[ClipFlag] = []
     auto = None
     if table is None:
@@ -166,7 +164,7 @@ def quantize(
     if high_precision == FP16:
         result.model = strongly_typed_fp16(result.model)
         result.opset_to = max(result.opset_to, FP16_SCALE_OPSET)
-    if widened is not None:
+    if graph is not source:
         result.model = with_io_types_of(result.model, source.model)
     written = [write_quantized(result, output)]
     rows = []

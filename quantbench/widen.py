@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from quantbench.graph import Graph, open_graph
+from quantbench.graph import Graph, open_graph, rename_tensors
 from quantbench.progress import warn
 
 #: element types widened to FLOAT
@@ -45,15 +45,15 @@ def float32_graph(graph: Graph) -> Graph | None:
     return widened
 
 
-def float32_work_graph(graph: Graph, command: str) -> Graph:
-    """``graph``, or its float32 widening (:func:`float32_graph`, said once) where it computes
-    in a half type: what ``command`` calibrates and quantizes."""
+def float32_work_graph(graph: Graph, command: str, detail: str = "") -> Graph:
+    """``graph``, or its float32 widening (:func:`float32_graph`, said once, with ``detail``
+    after it) where it computes in a half type: what ``command`` calibrates and quantizes."""
     widened = float32_graph(graph)
     if widened is None:
         return graph
     warn(
         f"{graph.path or graph.model.graph.name}: computes in float16/bfloat16; {command} works "
-        "on its exact float32 widening (as quantbench rewrite --to float32 writes it)"
+        f"on its exact float32 widening (as quantbench rewrite --to float32 writes it){detail}"
     )
     return widened
 
@@ -176,21 +176,20 @@ def with_io_types_of(model: onnx.ModelProto, source: onnx.ModelProto) -> onnx.Mo
     graph = model.graph
     taken = {o for n in graph.node for o in (*n.input, *n.output)} | set(narrow)
     weights = {t.name for t in graph.initializer}
-    casts_in, casts_out = [], []
+    casts_in, casts_out, rename = [], [], {}
     for v in graph.input:
         if v.name in narrow and v.name not in weights and _is_float32(v):
-            wide = _fresh(f"{v.name}_float32", taken)
-            _rename_uses(graph, v.name, wide)
+            wide = rename[v.name] = _fresh(f"{v.name}_float32", taken)
             casts_in.append(helper.make_node("Cast", [v.name], [wide], to=TensorProto.FLOAT,
                                              name=_fresh(f"{v.name}_widen", taken)))  # fmt: skip
             v.type.tensor_type.elem_type = narrow[v.name]
     for v in graph.output:
         if v.name in narrow and _is_float32(v):
-            wide = _fresh(f"{v.name}_float32", taken)
-            _rename_uses(graph, v.name, wide, outputs=True)
+            wide = rename[v.name] = _fresh(f"{v.name}_float32", taken)
             casts_out.append(helper.make_node("Cast", [wide], [v.name], to=narrow[v.name],
                                               name=_fresh(f"{v.name}_narrow", taken)))  # fmt: skip
             v.type.tensor_type.elem_type = narrow[v.name]
+    rename_tensors(graph, rename)  # before the Casts join: they keep the I/O names
     if casts_in or casts_out:
         nodes = [*casts_in, *graph.node, *casts_out]
         del graph.node[:]
@@ -210,19 +209,3 @@ def _fresh(name: str, taken: set[str]) -> str:
         fresh = f"{name}_{k}"
     taken.add(fresh)
     return fresh
-
-
-def _rename_uses(graph: onnx.GraphProto, old: str, new: str, outputs: bool = False) -> None:
-    """Every node input named ``old`` (subgraphs' captures included) becomes ``new``; with
-    ``outputs``, the node output and value_info of that name too."""
-    for node in graph.node:
-        node.input[:] = [new if i == old else i for i in node.input]
-        if outputs:
-            node.output[:] = [new if o == old else o for o in node.output]
-        for attr in node.attribute:
-            for sub in (attr.g,) if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                _rename_uses(sub, old, new)
-    if outputs:
-        for info in graph.value_info:
-            if info.name == old:
-                info.name = new

@@ -22,9 +22,9 @@ from quantbench.data import open_data
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
 from quantbench.fileio import check_not_an_input, check_output_path
-from quantbench.graph import Graph, calibration_tensors, check_float_model, open_graph
+from quantbench.graph import calibration_tensors, check_float_model, open_graph
 from quantbench.metrics import MODEL_METRICS, declared_output_kinds, metric_support
-from quantbench.progress import info, warn
+from quantbench.progress import info
 from quantbench.results import (
     GATE_METRICS,
     apply_gates,
@@ -36,7 +36,7 @@ from quantbench.results import (
 )
 from quantbench.table.codecs import read_table
 from quantbench.task_metrics import load_metric_script
-from quantbench.widen import float32_graph
+from quantbench.widen import float32_work_graph
 
 __all__ = ["compare", "labels_for_samples", "load_labels"]
 
@@ -124,7 +124,11 @@ def compare(
             check_output_path(p)
             check_not_an_input(p, model, data, calib_data, table, stats, holdout_data, labels)
     start_provider(provider)  # CUDA starts while the model loads
-    graph = _float32_reference(open_graph(model))
+    graph = float32_work_graph(
+        open_graph(model),
+        "compare",
+        ": it is the FP32 reference, and the model itself can be a candidate against it",
+    )
     check_float_model(graph, "the reference (--model)")
     label_array = load_labels(labels)
     if label_array is not None:
@@ -215,17 +219,3 @@ def compare(
         write_layers_csv(doc, csv_path)
     return doc
 
-
-def _float32_reference(graph: Graph) -> Graph:
-    """The reference as FP32 (:func:`float32_graph`): every candidate is judged against FP32,
-    and the INT8 model quantbench makes from a half-precision model is made from that
-    widening."""
-    widened = float32_graph(graph)
-    if widened is None:
-        return graph
-    warn(
-        f"{graph.path or graph.model.graph.name}: the reference (--model) computes in "
-        "float16/bfloat16; it runs widened to float32 (exactly, as quantbench rewrite --to "
-        "float32 writes it), and the model itself can be a candidate against it"
-    )
-    return widened

@@ -252,7 +252,7 @@ def recover(
         )
     artefact = ctx.artefact_model(final)
     if graph is not source:  # a half-precision model's artefact keeps its I/O types
-        artefact = with_io_types_of(_copy(artefact or final.model), source.model)
+        artefact = with_io_types_of(_copy(artefact), source.model)
     seconds = time.perf_counter() - started
     return RecoveryResult(tgt, precision, steps, kept, met, final, ctx, ranking, seconds, artefact)
 
