@@ -670,7 +670,7 @@ def sensitivity(
         str,
         typer.Option(
             help="Rank by sqnr_db | cosine | top1_agreement | sequence_agreement | "
-            "ctc_agreement (| accuracy "
+            "ctc_agreement | mask_iou (| accuracy "
             "with --labels | a --metric-script name)."
         ),
     ] = "sqnr_db",
@@ -741,13 +741,14 @@ def recover(
         Path, typer.Option("--output", "-o", help="Folder for the model, cache, trtexec line.")
     ],
     target: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="METRIC=VALUE: top1_agreement, sequence_agreement, ctc_agreement, cosine, "
-            "sqnr_db, "
-            "accuracy_drop (labels), or a --metric-script name (_drop: lower is better)."
+            help="METRIC=VALUE: top1_agreement, sequence_agreement, ctc_agreement, mask_iou, "
+            "cosine, sqnr_db, accuracy_drop (labels), or a --metric-script name (_drop: lower "
+            "is better). Default: top1_agreement=0.99, or mask_iou=0.99 for a model whose "
+            "outputs are probability maps."
         ),
-    ] = "top1_agreement=0.99",
+    ] = None,
     labels: Annotated[
         Path | None, typer.Option(help=".npy of labels (integers: needed for accuracy_drop).")
     ] = None,

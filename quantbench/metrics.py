@@ -32,6 +32,11 @@ Agreement (argmax) depends on the output's shape (:func:`agreement_kind`):
 * ``decision``: one probability per sample that a Sigmoid made (``[N]``, ``[N, 1]``: a
   wake-word, voice-activity or binary classifier, :func:`probability_outputs`): agreement of
   the decision at 0.5, per sample (and accuracy against 0/1 labels);
+* ``mask_iou``, beside any of these: probabilities a Sigmoid made, more than one per sample (a
+  text detector's or a segmentation model's probability map, a multi-label classifier's
+  scores, a music transcriber's note posteriorgram): the values above 0.5 on both sides over
+  those above it on either, over every value of every sample. Per-element agreement would say
+  99 % where only the background agrees, and argmax over such a map means nothing;
 * none: rank <= 1, a class axis of size 1 (e.g. a text detector's ``[N, 1, H, W]`` probability
   map, a raw score), or a box/coordinate output: argmax means nothing and only the drift
   metrics stand; :func:`agreement_kind` says why.
@@ -45,7 +50,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,17 +74,20 @@ MODEL_METRICS = (
     "top5_agreement",
     "sequence_agreement",
     "ctc_agreement",
+    "mask_iou",
     "cosine",
     "sqnr_db",
     "accuracy",
     "accuracy_drop",
 )
 CLASS, POSITION, UNKNOWN = "class", "position", "unknown"
-#: an output's agreement metrics, and those only outputs with positions have
-AGREEMENT_KEYS = ("agreement", "top5_agreement", "sequence_agreement", "ctc_agreement")
-SEQUENCE_KEYS = ("sequence_agreement", "ctc_agreement")
 #: a probability's decision (:func:`agreement_kind`), taken at this threshold
 DECISION, DECISION_THRESHOLD = "decision", 0.5
+#: IoU of a probability map's decisions (:func:`is_mask`): its own metric, beside agreement
+MASK_IOU = "mask_iou"
+#: an output's agreement metrics (the mask's included), and those only outputs with positions have
+AGREEMENT_KEYS = ("agreement", "top5_agreement", "sequence_agreement", "ctc_agreement", MASK_IOU)
+SEQUENCE_KEYS = ("sequence_agreement", "ctc_agreement")
 _COORDINATES = re.compile(r"box|coord|landmark|keypoint", re.IGNORECASE)
 
 
@@ -245,6 +253,18 @@ def agreement_kind(
     return (CLASS, "") if len(rest) == 1 else (POSITION, "")
 
 
+def is_mask(shape: Sequence[int | str | None], probability: bool) -> bool:
+    """Whether an output of ``shape`` (samples first) that a Sigmoid made (``probability``)
+    holds more than one probability per sample, or may (a symbolic axis): a map whose decisions
+    :data:`MASK_IOU` compares."""
+    rest = shape[1:]
+    if not probability or not rest:
+        return False
+    if all(isinstance(d, int) and d >= 0 for d in rest):
+        return math.prod(rest) > 1  # type: ignore[arg-type]
+    return True
+
+
 @dataclass
 class AgreementAccumulator:
     """Argmax agreement of one output against FP32 (see :func:`agreement_kind`), and the
@@ -282,6 +302,11 @@ class AgreementAccumulator:
     #: per sample of an (N, T, C) output, FP32's and the candidate's argmax paths
     paths_a: list[np.ndarray] = field(default_factory=list)
     paths_b: list[np.ndarray] = field(default_factory=list)
+    #: a probability map's values compared (:func:`is_mask`), and those above the threshold
+    #: on both sides and on either
+    mask_values: int = 0
+    mask_both: int = 0
+    mask_either: int = 0
 
     def update(
         self,
@@ -296,6 +321,8 @@ class AgreementAccumulator:
         a, b = np.asarray(a), np.asarray(b)
         if self.unbatched:  # the sample axis the model does not have
             a, b, batch = a[None], b[None], 1
+        if a.shape == b.shape and is_mask(a.shape, self.probability):
+            self._update_mask(a, b)
         self.kind, self.reason = agreement_kind(
             a.shape,
             self.name,
@@ -347,6 +374,14 @@ class AgreementAccumulator:
         if labels is not None:
             self._tally_labels(da.astype(np.int64), db.astype(np.int64), labels, finite_a, finite_b)
 
+    def _update_mask(self, a: np.ndarray, b: np.ndarray) -> None:
+        """A probability map's decisions at :data:`DECISION_THRESHOLD`, pooled over samples."""
+        self._note_finite(a, b)
+        da, db = a > DECISION_THRESHOLD, b > DECISION_THRESHOLD
+        self.mask_values += a.size
+        self.mask_both += int(np.count_nonzero(da & db))
+        self.mask_either += int(np.count_nonzero(da | db))
+
     def _note_finite(self, a: np.ndarray, b: np.ndarray) -> tuple[bool, bool]:
         """Whether each side's values are all finite; a side that is not stays marked."""
         finite_a, finite_b = bool(np.isfinite(a).all()), bool(np.isfinite(b).all())
@@ -372,22 +407,47 @@ class AgreementAccumulator:
     def applies(self) -> bool:
         return self.kind in (CLASS, POSITION, DECISION)
 
+    @property
+    def mask(self) -> bool:
+        """Whether the output is a probability map (:func:`is_mask`) whose IoU was measured."""
+        return self.mask_values > 0
+
     def metrics(self) -> dict[str, float | None]:
         """``agreement`` (per sample or per position), ``top5_agreement`` (with more than 5
-        classes: with fewer it is 1 whatever the model does) and, per position,
-        ``sequence_agreement``; ``None`` where not applicable or undefined (NaN/Inf)."""
-        if not self.applies or not self.samples or self.nonfinite_a or self.nonfinite_b:
-            return dict.fromkeys(AGREEMENT_KEYS)
-        return {
-            "agreement": self.top1 / self.positions,
-            "top5_agreement": self.top5 / self.positions if self.classes > 5 else None,
-            "sequence_agreement": self.sequences / self.samples if self.kind == POSITION else None,
-            "ctc_agreement": ctc_agreement(self.paths_a, self.paths_b) if self.paths_a else None,
-        }
+        classes: with fewer it is 1 whatever the model does), per position
+        ``sequence_agreement``, and a probability map's ``mask_iou``; ``None`` where not
+        applicable or undefined (NaN/Inf; no value above the threshold on either side)."""
+        out: dict[str, float | None] = dict.fromkeys(AGREEMENT_KEYS)
+        if self.nonfinite_a or self.nonfinite_b:
+            return out
+        if self.mask_either:
+            out[MASK_IOU] = self.mask_both / self.mask_either
+        if not self.applies or not self.samples:
+            return out
+        out.update(
+            {
+                "agreement": self.top1 / self.positions,
+                "top5_agreement": self.top5 / self.positions if self.classes > 5 else None,
+                "sequence_agreement": (
+                    self.sequences / self.samples if self.kind == POSITION else None
+                ),
+                "ctc_agreement": (
+                    ctc_agreement(self.paths_a, self.paths_b) if self.paths_a else None
+                ),
+            }
+        )
+        return out
 
     def note(self) -> str:
         """Why agreement is absent, or what it means where that is not argmax ('' for an
-        argmax agreement)."""
+        argmax agreement); and why a probability map's IoU is undefined."""
+        notes = [self._agreement_note()]
+        finite = not (self.nonfinite_a or self.nonfinite_b)
+        if self.mask and finite and not self.mask_either:
+            notes.append(f"mask IoU undefined: no value above {DECISION_THRESHOLD} on either side")
+        return "; ".join(n for n in notes if n)
+
+    def _agreement_note(self) -> str:
         if not self.applies:
             return f"agreement not defined: {self.reason}" if self.reason else ""
         if self.nonfinite_a or self.nonfinite_b:
@@ -514,6 +574,10 @@ class OutputLayout:
             name in self.probabilities,
         )
 
+    def mask(self, shape: Sequence[int | str | None], name: str) -> bool:
+        """:func:`is_mask` of output ``name`` with this layout."""
+        return is_mask((1, *shape) if self.unbatched else shape, name in self.probabilities)
+
     def accumulator(self, name: str) -> AgreementAccumulator:
         return AgreementAccumulator(
             name=name,
@@ -574,6 +638,23 @@ def declared_output_kinds(model: Any, unbatched: bool = False) -> dict[str, tupl
     return output_kinds(declared_output_shapes(model), OutputLayout.of(model, unbatched))
 
 
+def mask_outputs(
+    shapes: Mapping[str, Sequence[int | str | None] | None], layout: OutputLayout
+) -> frozenset[str]:
+    """The outputs of these shapes that are probability maps (:func:`is_mask`); one of
+    unknown rank counts when a Sigmoid made it."""
+    return frozenset(
+        name
+        for name, shape in shapes.items()
+        if (name in layout.probabilities if shape is None else layout.mask(shape, name))
+    )
+
+
+def declared_mask_outputs(model: Any, unbatched: bool = False) -> frozenset[str]:
+    """:func:`mask_outputs` of a model's outputs as it declares them."""
+    return mask_outputs(declared_output_shapes(model), OutputLayout.of(model, unbatched))
+
+
 def declared_output_shapes(model: Any) -> dict[str, tuple[int | str | None, ...] | None]:
     """Output name -> shape as an ONNX model declares it (symbolic dims as str/None; ``None``
     when the rank is not declared)."""
@@ -592,10 +673,35 @@ def declared_output_shapes(model: Any) -> dict[str, tuple[int | str | None, ...]
 
 
 def metric_support(
-    metric: str, kinds: Mapping[str, tuple[str | None, str]], labels: np.ndarray | None
+    metric: str,
+    kinds: Mapping[str, tuple[str | None, str]],
+    labels: np.ndarray | None,
+    masks: Collection[str] = (),
 ) -> str | None:
-    """Why ``metric`` cannot be defined for outputs of these kinds: ``""`` when it can, a reason
-    when it cannot, ``None`` when only data can tell (symbolic class axis)."""
+    """Why ``metric`` cannot be defined for outputs of these kinds (``masks``: those that are
+    probability maps, :func:`mask_outputs`): ``""`` when it can, a reason when it cannot (with
+    the metrics that are defined), ``None`` when only data can tell (symbolic class axis)."""
+    reason = _unsupported(metric, kinds, labels, masks)
+    if not reason:
+        return reason
+    others = (m for m in MODEL_METRICS if m != metric)
+    defined = [m for m in others if not _unsupported(m, kinds, labels, masks)]
+    return f"{reason}; defined for it: {', '.join(defined)}"
+
+
+def _unsupported(
+    metric: str,
+    kinds: Mapping[str, tuple[str | None, str]],
+    labels: np.ndarray | None,
+    masks: Collection[str],
+) -> str | None:
+    if metric == MASK_IOU:
+        if masks:
+            return ""
+        return (
+            f"{metric} is not defined for this model: no output holds probabilities a Sigmoid "
+            "made, more than one per sample (a probability map, multi-label scores)"
+        )
     if metric in ("accuracy", "accuracy_drop", "accuracy_delta"):
         if labels is None:
             return f"{metric} needs --labels LABELS.npy"
@@ -680,8 +786,9 @@ class OutputsAccumulator:
         return accuracy_output(kinds)
 
     def rows(self) -> dict[str, dict[str, Any]]:
-        """Per output: agreement metrics, drift metrics, ``agreement_kind``, ``agreement_note``
-        and ``nonfinite`` counts."""
+        """Per output: agreement metrics, drift metrics, ``agreement_kind``, ``agreement_note``,
+        ``mask_threshold`` (the decisions' of a probability map whose ``mask_iou`` was
+        measured, else ``None``) and ``nonfinite`` counts."""
         out = {}
         for name in self.names:
             agree, drift = self.agreement[name], self.drift[name]
@@ -689,6 +796,7 @@ class OutputsAccumulator:
             row.update({k: v for k, v in drift.metrics().items() if k != "clip_fraction"})
             row["agreement_kind"] = agree.kind if agree.applies else None
             row["agreement_note"] = agree.note() or None
+            row["mask_threshold"] = DECISION_THRESHOLD if agree.mask else None
             row["nonfinite"] = drift.nonfinite()
             out[name] = row
             for part in self.parts_of(name):
@@ -728,8 +836,9 @@ class OutputsAccumulator:
 def model_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     """Model-level agreement/cosine/SQNR from per-output rows: the worst output counts.
 
-    Agreement over outputs where argmax applies (``agreement_kind`` set); ``None`` when no
-    output supports it, or when any output's value is undefined. Values may be JSON text
+    Agreement over outputs where argmax applies (``agreement_kind`` set), mask IoU over the
+    probability maps (``mask_threshold`` set); ``None`` when no output supports it, or when any
+    output's value is undefined. Values may be JSON text
     (``"inf"``) as in a results document.
     """
 
@@ -745,11 +854,13 @@ def model_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     ranked = [r for r in agreeing if r.get("agreement_kind") != DECISION]  # no top-5 of 2
     sequences = [r for r in rows if r.get("agreement_kind") == POSITION]
     decoded = [r for r in sequences if r.get("ctc_agreement") is not None]  # (N, T, C) only
+    masks = [r for r in rows if r.get("mask_threshold") is not None]
     return {
         "top1_agreement": worst("agreement", agreeing),
         "top5_agreement": worst("top5_agreement", ranked),
         "sequence_agreement": worst("sequence_agreement", sequences),
         "ctc_agreement": worst("ctc_agreement", decoded),
+        MASK_IOU: worst(MASK_IOU, masks),
         "cosine": worst("cosine", rows),
         "sqnr_db": worst("sqnr_db", rows),
     }

@@ -22,7 +22,13 @@ from quantbench.errors import QuantbenchError
 from quantbench.fileio import atomic_path, write_text_atomic
 from quantbench.graph import Graph
 from quantbench.jsonsafe import dumps, from_json_float, json_float
-from quantbench.metrics import SEQUENCE_KEYS, lower_is_better, model_metrics, nonfinite_text
+from quantbench.metrics import (
+    MASK_IOU,
+    SEQUENCE_KEYS,
+    lower_is_better,
+    model_metrics,
+    nonfinite_text,
+)
 from quantbench.stats import StatsFile
 
 SCHEMA = "quantbench-results"
@@ -35,12 +41,16 @@ GATE_METRICS = (
     "top5_agreement",
     "sequence_agreement",
     "ctc_agreement",
+    MASK_IOU,
     "accuracy",
     "accuracy_delta",
     "cosine",
     "sqnr_db",
     "min_layer_sqnr_db",
 )
+
+#: the gates read from the outputs' rows (:func:`quantbench.metrics.model_metrics`)
+_OUTPUT_GATES = ("top1_agreement", "top5_agreement", *SEQUENCE_KEYS, MASK_IOU, "cosine", "sqnr_db")
 
 
 def machine_info() -> dict[str, Any]:
@@ -188,7 +198,7 @@ def gate_value(doc: dict[str, Any], metric: str, side: str = "B") -> float | Non
     ``min_layer_sqnr_db`` is undefined when any layer is; other names are task metrics
     (``accuracy``, a metric script's numbers).
     """
-    if metric in ("top1_agreement", "top5_agreement", *SEQUENCE_KEYS, "cosine", "sqnr_db"):
+    if metric in _OUTPUT_GATES:
         return model_metrics(_side_rows(doc.get("outputs"), side))[metric]
     if metric == "min_layer_sqnr_db":
         vals = [_metric_number(r.get("sqnr_db")) for r in _accumulated_layers(doc, side)]

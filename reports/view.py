@@ -13,7 +13,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from quantbench.metrics import SEQUENCE_KEYS, lower_is_better
+from quantbench.metrics import MASK_IOU, SEQUENCE_KEYS, lower_is_better
 from quantbench.reports import svg
 from quantbench.reports.calibration import (
     CalibrationSection,
@@ -215,6 +215,16 @@ _OUTPUT_METRICS = (
         ),
         fmt_pct,
     ),
+    (
+        MASK_IOU,
+        Column(
+            "Mask IoU",
+            "num",
+            "a Sigmoid's probability map: values above the threshold (0.5) in both A and B "
+            "over those above it in either",
+        ),
+        fmt_pct,
+    ),
     ("cosine", Column("Cosine"), lambda v: fmt_fixed(v, 6)),
     ("sqnr_db", Column("SQNR dB"), lambda v: fmt_fixed(v, 1)),
     ("rel_l2", Column("Rel. L2"), lambda v: fmt_sig(v, 3)),
@@ -232,19 +242,30 @@ def _has_sequences(outputs: list[dict[str, Any]]) -> bool:
     )
 
 
+def _has_masks(outputs: list[dict[str, Any]]) -> bool:
+    return any(o.get("mask_threshold") is not None for o in outputs)
+
+
+def _shown(key: str, outputs: list[dict[str, Any]]) -> bool:
+    """Whether the output table has a column for metric ``key``: sequence agreement only when
+    an output has positions, mask IoU only when one is a probability map."""
+    if key in SEQUENCE_KEYS:
+        return _has_sequences(outputs)
+    return key != MASK_IOU or _has_masks(outputs)
+
+
 def _sides(rows: list[dict[str, Any]]) -> set[str]:
     """The candidates (A, B) rows belong to: two when both sides were quantized/converted."""
     return {str(r["candidate"]) for r in rows if r.get("candidate") is not None}
 
 
 def output_columns(outputs: list[dict[str, Any]]) -> tuple[Column, ...]:
-    """The output table's columns: the side only when both were compared, sequence agreement
-    only when an output has positions, the NaN/Inf counts and the agreement note only when the
-    document carries them."""
+    """The output table's columns: the side only when both were compared, the metrics
+    :func:`_shown`, the NaN/Inf counts and the agreement note only when the document carries
+    them."""
     columns = [Column("Side", "str")] if len(_sides(outputs)) > 1 else []
     columns.append(Column("Output", "str"))
-    sequences = _has_sequences(outputs)
-    columns += [c for k, c, _ in _OUTPUT_METRICS if k not in SEQUENCE_KEYS or sequences]
+    columns += [c for k, c, _ in _OUTPUT_METRICS if _shown(k, outputs)]
     if any(isinstance(o.get("nonfinite"), dict) for o in outputs):
         columns.append(NONFINITE_COLUMN)
     if any(o.get("agreement_note") for o in outputs):
@@ -253,7 +274,6 @@ def output_columns(outputs: list[dict[str, Any]]) -> tuple[Column, ...]:
 
 
 def output_rows(outputs: list[dict[str, Any]]) -> tuple[tuple[Cell, ...], ...]:
-    sequences = _has_sequences(outputs)
     counted = any(isinstance(o.get("nonfinite"), dict) for o in outputs)
     noted = any(o.get("agreement_note") for o in outputs)
     rows = []
@@ -262,7 +282,7 @@ def output_rows(outputs: list[dict[str, Any]]) -> tuple[tuple[Cell, ...], ...]:
         cells = [text_cell(o.get("candidate"))] if both else []
         cells.append(text_cell(o.get("name"), "name"))
         for key, _column, formatter in _OUTPUT_METRICS:
-            if key not in SEQUENCE_KEYS or sequences:
+            if _shown(key, outputs):
                 cells.append(number_cell(o.get(key), formatter, _undefined_css(o.get(key))))
         if counted:
             cells.append(nonfinite_cell(o.get("nonfinite")))
@@ -524,6 +544,17 @@ def _first_output(outputs: list[dict[str, Any]]) -> dict[str, Any]:
     return next((o for o in outputs if as_number(o.get("agreement")) is not None), {})
 
 
+def _worst_mask(outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The probability map with the lowest mask IoU (an undefined one first), or {}."""
+    masks = [o for o in outputs if o.get("mask_threshold") is not None]
+
+    def rank(o: dict[str, Any]) -> float:
+        value = as_finite(o.get(MASK_IOU))
+        return -math.inf if value is None else value
+
+    return min(masks, key=rank, default={})
+
+
 def _output_name(output: dict[str, Any], outputs: list[dict[str, Any]]) -> str:
     """An output's name, with its side when both sides were compared."""
     name = str(output.get("name", "?"))
@@ -578,6 +609,15 @@ def verdict_cards(
                 detail,
                 "bad" if undefined else "",
             )
+        )
+    mask = _worst_mask(outputs)
+    if mask:
+        maps = sum(o.get("mask_threshold") is not None for o in outputs)
+        detail = f"output {_output_name(mask, outputs)}, decisions at {mask['mask_threshold']}"
+        detail += f" · worst of {maps} probability maps" if maps > 1 else ""
+        undefined = as_finite(mask.get(MASK_IOU)) is None
+        cards.append(
+            Card("Mask IoU", fmt_pct(mask.get(MASK_IOU)), detail, "bad" if undefined else "")
         )
     nonfinite = nonfinite_findings(results)
     if nonfinite:
@@ -660,6 +700,9 @@ def headline(results: dict[str, Any], labels: tuple[str, str], latency: LatencyS
     if output:
         name = _output_name(output, outputs)
         parts.append(f"top-1 agreement {fmt_pct(output['agreement'])} on {name}")
+    if mask := _worst_mask(outputs):
+        name = _output_name(mask, outputs)
+        parts.append(f"mask IoU {fmt_pct(mask.get(MASK_IOU))} on {name}")
     if nonfinite_findings(results):
         parts.append("NaN/Inf seen: some metrics are undefined")
     for row in task_rows(as_dict(results.get("task")))[:1]:

@@ -23,7 +23,12 @@ from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
 from quantbench.fileio import check_not_an_input, check_output_path
 from quantbench.graph import calibration_tensors, check_float_model, open_graph
-from quantbench.metrics import MODEL_METRICS, declared_output_kinds, metric_support
+from quantbench.metrics import (
+    MODEL_METRICS,
+    declared_mask_outputs,
+    declared_output_kinds,
+    metric_support,
+)
 from quantbench.progress import info
 from quantbench.results import (
     GATE_METRICS,
@@ -137,8 +142,9 @@ def compare(
         data, graph.inputs, batch_size=batch_size, max_samples=max_samples, preset=preset
     )
     kinds = declared_output_kinds(graph.model, source.unbatched)
+    masks = declared_mask_outputs(graph.model, source.unbatched)
     for metric, _ in gates:
-        if reason := metric_support(metric, kinds, label_array):
+        if reason := metric_support(metric, kinds, label_array, masks):
             raise QuantbenchError(f"--fail-below {metric}: {reason}")
     if (
         label_array is not None

@@ -38,6 +38,7 @@ from quantbench.isolated import (
 from quantbench.jsonsafe import from_json_float, json_float
 from quantbench.metrics import (
     DRIFT_KEYS,
+    MASK_IOU,
     SEQUENCE_KEYS,
     ClipCounter,
     DriftAccumulator,
@@ -493,6 +494,8 @@ def _document(
                     row.update({k: UNDEFINED for k in ("agreement", "top5_agreement")})
                 if row["agreement_kind"] == "position":
                     row.update({k: UNDEFINED for k in SEQUENCE_KEYS if row.get(k) is not None})
+                if row["mask_threshold"] is not None:
+                    row[MASK_IOU] = UNDEFINED
             outputs.append(row)
     layers.sort(key=lambda r: (r["candidate"], r["index"], r["view"]))
     return {

@@ -12,6 +12,13 @@ from quantbench.metrics import nonfinite_text
 from quantbench.progress import console
 
 
+def _standing(output: dict[str, Any]) -> str:
+    """What still judges an output without argmax agreement."""
+    if output.get("mask_threshold") is not None:
+        return f"; mask IoU (decisions at {output['mask_threshold']}), cosine and SQNR stand"
+    return "; cosine and SQNR stand"
+
+
 def _fmt(v: Any, digits: int = 4) -> str:
     if v is None:
         return "-"
@@ -60,8 +67,13 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
     t = Table(title="Outputs against FP32", title_justify="left")
     outputs = doc.get("outputs", [])
     sequences = any(o.get("agreement_kind") == "position" for o in outputs)
-    columns = ["side", "output", "agree", "top-5", "seq", "ctc", "cosine", "SQNR dB", "NaN/Inf"]
-    shown = [c for c in columns if sequences or c not in ("seq", "ctc")]
+    masks = any(o.get("mask_threshold") is not None for o in outputs)
+    columns = [
+        *("side", "output", "agree", "top-5", "seq", "ctc", "mask IoU"),
+        *("cosine", "SQNR dB", "NaN/Inf"),
+    ]
+    hidden = {*(() if sequences else ("seq", "ctc")), *(() if masks else ("mask IoU",))}
+    shown = [c for c in columns if c not in hidden]
     for col in shown:
         # output names often differ only at their end (StatefulPartitionedCall:0/:1/:2):
         # folded onto more lines, never cut
@@ -75,6 +87,7 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
             _fmt(o.get("top5_agreement")),
             _fmt(o.get("sequence_agreement")),
             _fmt(o.get("ctc_agreement")),
+            _fmt(o.get("mask_iou")),
             _fmt(o.get("cosine"), 6),
             _fmt(o.get("sqnr_db")),
             _nonfinite_cell(o.get("nonfinite")),
@@ -82,7 +95,7 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
         cells = dict(zip(columns, values, strict=True))
         t.add_row(*(cells[c] for c in shown))
         if o.get("agreement_note") and not nonfinite_text(o.get("nonfinite") or {}):
-            stand = "" if o.get("agreement_kind") else "; cosine and SQNR stand"  # a meaning
+            stand = "" if o.get("agreement_kind") else _standing(o)  # a meaning
             notes.setdefault(o["name"], o["agreement_note"] + stand)
     console.print(t)
     for name, note in notes.items():

@@ -24,13 +24,16 @@ from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph
 from quantbench.jsonsafe import json_float
 from quantbench.metrics import (
+    MASK_IOU,
     MODEL_METRICS,
     SEQUENCE_KEYS,
     OutputLayout,
     OutputsAccumulator,
+    declared_mask_outputs,
     declared_output_kinds,
     labels_accuracy_reason,
     lower_is_better,
+    mask_outputs,
     metric_support,
     nonfinite_text,
 )
@@ -91,12 +94,33 @@ def parse_target(text: str, has_labels: bool, custom: bool = False) -> Target:
     if metric in LABELLED and not has_labels:
         raise QuantbenchError(f"--target {text!r}: {metric} needs --labels LABELS.npy")
     value = float(raw)
-    fractions = ("top1_agreement", "top5_agreement", *SEQUENCE_KEYS, "accuracy")
+    fractions = ("top1_agreement", "top5_agreement", *SEQUENCE_KEYS, MASK_IOU, "accuracy")
     if metric in (*fractions, "accuracy_drop") and not 0 <= value <= 1:
         raise QuantbenchError(f"--target {text!r}: {metric} is a fraction between 0 and 1")
     if metric == "cosine" and not -1 <= value <= 1:
         raise QuantbenchError(f"--target {text!r}: cosine lies between -1 and 1")
     return Target(metric, value)
+
+
+#: what recover aims at without a --target: the first the model's declared outputs define
+DEFAULT_TARGETS = ("top1_agreement=0.99", f"{MASK_IOU}=0.99")
+
+
+def default_target(graph: Graph, labels: np.ndarray | None, unbatched: bool = False) -> str:
+    """The first of :data:`DEFAULT_TARGETS` the model's outputs can give (a symbolic class
+    axis counts: the data decides); one line saying what to give when none can."""
+    kinds = declared_output_kinds(graph.model, unbatched)
+    masks = declared_mask_outputs(graph.model, unbatched)
+    reasons = []
+    for text in DEFAULT_TARGETS:
+        reason = metric_support(text.partition("=")[0], kinds, labels, masks)
+        if not reason:
+            return text
+        reasons.append(reason)
+    raise QuantbenchError(
+        f"{graph.path}: give --target METRIC=VALUE (e.g. sqnr_db=30): the default "
+        f"{DEFAULT_TARGETS[0]} is not defined for this model: {reasons[0].partition(': ')[2]}"
+    )
 
 
 def check_declared(
@@ -105,7 +129,8 @@ def check_declared(
     """Fail in one line, before any inference, when the model's declared outputs cannot give
     ``metric`` (a symbolic class axis defers the check to :meth:`Evaluator.require`;
     ``unbatched``: the data feeds a model without a batch axis one sample at a time)."""
-    reason = metric_support(metric, declared_output_kinds(graph.model, unbatched), labels)
+    kinds = declared_output_kinds(graph.model, unbatched)
+    reason = metric_support(metric, kinds, labels, declared_mask_outputs(graph.model, unbatched))
     if reason:
         raise QuantbenchError(f"{option} {metric}: {reason}")
 
@@ -204,7 +229,8 @@ class Evaluator:
             return
         first = self.reference[0]
         kinds = {o: self.layout.kind(np.shape(first[o]), o) for o in self.outputs}
-        reason = metric_support(metric, kinds, self.labels)
+        masks = mask_outputs({o: np.shape(first[o]) for o in self.outputs}, self.layout)
+        reason = metric_support(metric, kinds, self.labels, masks)
         if not reason and metric not in METRICS:
             returned = [k for k in self.fp32_metrics if k not in RESERVED]
             where = self.script.where if self.script else "no --metric-script"

@@ -39,6 +39,7 @@ from quantbench.recovery.evaluation import (
     Target,
     check_declared,
     data_unbatched,
+    default_target,
     json_metrics,
     parse_target,
 )
@@ -150,7 +151,7 @@ def recover(
     model: str | Path | Graph,
     calib_data: object,
     eval_data: object,
-    target: str = "top1_agreement=0.99",
+    target: str | None = None,
     labels: str | Path | np.ndarray | None = None,
     method: str = DEFAULT_METHOD,
     budget: int | None = None,
@@ -168,7 +169,8 @@ def recover(
     show_progress: bool = False,
     executor: ExecutorSpec | None = None,
 ) -> RecoveryResult:
-    """Keep the fewest ops in ``precision`` (greedy, worst first) until ``target`` is met.
+    """Keep the fewest ops in ``precision`` (greedy, worst first) until ``target`` is met
+    (``None``: :func:`default_target`, said in one line).
 
     ``fp16``: every op left unquantized (the kept ones and those never quantized) runs in
     FP16; each step is verified on the emulated equivalent of the strongly-typed artefact
@@ -179,7 +181,8 @@ def recover(
     if executor is not None:
         executor.validate()
     script = None if metric_script is None else load_metric_script(metric_script, RESERVED)
-    tgt = parse_target(target, labels is not None, custom=script is not None)
+    custom = script is not None
+    tgt = None if target is None else parse_target(target, labels is not None, custom=custom)
     if precision is not None:
         check_high_precision(precision, "--precision")
     _check_budget(budget, 0)  # a bad budget fails before any inference
@@ -190,6 +193,9 @@ def recover(
         precision = own_high_precision(source.model)
     label_array = load_labels(labels)
     unbatched = data_unbatched(graph, eval_data, preset)
+    if tgt is None:
+        tgt = parse_target(default_target(graph, label_array, unbatched), False, custom)
+        info(f"target: {tgt.text} (the default for this model's outputs; --target sets another)")
     check_declared(graph, tgt.metric, label_array, "--target", unbatched)  # before calibration
     ctx = prepare(
         graph,

@@ -26,7 +26,7 @@ from quantbench.compare import load_labels
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec, run_tasks, task_threads
 from quantbench.graph import Graph, open_graph
-from quantbench.metrics import SEQUENCE_KEYS
+from quantbench.metrics import MASK_IOU, SEQUENCE_KEYS
 from quantbench.progress import warn
 from quantbench.recovery.context import RecoveryContext, prepare, quantize_except
 from quantbench.recovery.evaluation import (
@@ -44,7 +44,7 @@ from quantbench.task_metrics import load_metric_script
 from quantbench.widen import float32_work_graph
 
 VIEWS = ("only_quantized", "only_fp32")
-RANK_METRICS = ("sqnr_db", "cosine", "top1_agreement", "top5_agreement", *SEQUENCE_KEYS)
+RANK_METRICS = ("sqnr_db", "cosine", "top1_agreement", "top5_agreement", *SEQUENCE_KEYS, MASK_IOU)
 
 
 def check_rank_metric(metric: str, has_labels: bool, custom: bool = False) -> None:
