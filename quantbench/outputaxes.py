@@ -155,13 +155,24 @@ def _regression_heads(
 _VALUE_KEEPING = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
 
-def _maker(tensor: str, producer: Mapping[str, Any], constants: Collection[str] = ()) -> Any | None:
-    """The node that made ``tensor``'s values, seen through ops that only move them and, with
-    ``constants``, through a bias (Add/Sub of a constant); None for a graph input."""
+#: ops whose outputs stay within their inputs' range (moved, picked, or interpolated between
+#: neighbours): a probability map stays one through them (an upsampled segmentation mask)
+_RANGE_KEEPING = _VALUE_KEEPING | {"Transpose", "Slice", "Resize", "Upsample", "MaxPool"}
+
+
+def _maker(
+    tensor: str,
+    producer: Mapping[str, Any],
+    constants: Collection[str] = (),
+    through: Collection[str] = _VALUE_KEEPING,
+) -> Any | None:
+    """The node that made ``tensor``'s values, seen through ops that only move them
+    (``through``) and, with ``constants``, through a bias (Add/Sub of a constant); None for a
+    graph input."""
     node = producer.get(tensor)
     for _ in range(64):  # a short chain, not a walk of the whole graph
         biased = node is not None and node.op_type in ("Add", "Sub") and bool(constants)
-        if node is None or not (node.op_type in _VALUE_KEEPING or biased):
+        if node is None or not (node.op_type in through or biased):
             break
         data = [i for i in node.input if i and i not in constants]
         if biased and len(data) != 1:
@@ -171,13 +182,15 @@ def _maker(tensor: str, producer: Mapping[str, Any], constants: Collection[str] 
 
 
 def probability_outputs(model: Any) -> frozenset[str]:
-    """Outputs whose values a Sigmoid made, through reshapes only: probabilities in (0, 1),
-    e.g. a wake-word, voice-activity or binary classifier's one score per sample."""
+    """Outputs whose values a Sigmoid made, through ops that keep values in their range
+    (reshapes, transposes, slices, resizes): probabilities in (0, 1), e.g. a wake-word,
+    voice-activity or binary classifier's one score per sample, or a probability map."""
     producer = {out: node for node in model.graph.node for out in node.output}
     return frozenset(
         v.name
         for v in model.graph.output
-        if (node := _maker(v.name, producer)) is not None and node.op_type == "Sigmoid"
+        if (node := _maker(v.name, producer, through=_RANGE_KEEPING)) is not None
+        and node.op_type == "Sigmoid"
     )
 
 

@@ -179,3 +179,33 @@ def test_recover_without_a_default_target_asks_for_one(run_cli, tmp_path):
     assert "give --target METRIC=VALUE (e.g. sqnr_db=30)" in text
     assert "defined for it: cosine, sqnr_db" in text
     assert not (tmp_path / "rec").exists()
+
+
+def test_a_map_stays_a_probability_map_through_moves_and_resizes():
+    """A segmentation head upsampled after its Sigmoid, then moved to NHWC, is still a map of
+    probabilities; a Sigmoid scaled afterwards is not."""
+    cases = ((["Resize", "Transpose"], ["N", 16, 16, 1], True), (["Mul"], ["N", 1, 8, 8], False))
+    for tail, shape, is_map in cases:
+        model = _map_model("Sigmoid")
+        y = model.graph.node[-1]
+        y.output[0] = "s"
+        inputs = {
+            "Resize": ["{}", "", "scales"],
+            "Transpose": ["{}"],
+            "Mul": ["{}", "two"],
+        }
+        attrs = {"Transpose": {"perm": [0, 2, 3, 1]}}
+        last = "s"
+        for i, op in enumerate(tail):
+            out = "y" if i == len(tail) - 1 else f"t{i}"
+            ins = [name.format(last) for name in inputs[op]]
+            model.graph.node.append(helper.make_node(op, ins, [out], **attrs.get(op, {})))
+            last = out
+        model.graph.initializer.extend(
+            [
+                numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+                numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+            ]
+        )
+        model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, shape))
+        assert (declared_mask_outputs(model) == {"y"}) is is_map, tail
