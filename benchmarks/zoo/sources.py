@@ -1,4 +1,5 @@
-"""Real evaluation data from Debian packages: photos, English and Chinese text, synthesised speech.
+"""Real evaluation data from Debian packages: photos, English and Chinese text, synthesised speech,
+composed music.
 
 Nothing here is downloaded at run time: every source is a file that a Debian package installs
 (``make bench-zoo`` installs the packages). Splits are made by *source file* wherever possible so
@@ -23,7 +24,12 @@ DEBIAN_PACKAGES = (
     "fortunes-zh",  # Chinese text
     "wamerican",  # /usr/share/dict/american-english
     "fonts-dejavu-core",  # fonts for rendered text
+    "xmp",  # renders tracker music modules to audio
+    "freedroid-data",  # tracker music (.mod)
+    "pingus-data",  # tracker music (.it, .s3m)
 )
+FREEDROID_MUSIC = Path("/usr/share/games/freedroid/sound")
+PINGUS_MUSIC = Path("/usr/share/games/pingus/data/music")
 LICENSES = Path("/usr/share/common-licenses")
 DICT = Path("/usr/share/dict/american-english")
 FORTUNES_ZH = Path("/usr/share/games/fortunes")
@@ -183,6 +189,34 @@ def speech(sentences: list[str], work: Path, name: str, rate: int = 16000) -> np
                 pieces.append(np.zeros(int(rate * (0.4 + 0.2 * (i % 5))), np.float32))
         write_wav(out, np.concatenate(pieces), rate)
     return read_wav(out)
+
+
+# ----------------------------------------------------------------------------- music
+
+
+def tracker_music(
+    folder: Path, package: str, work: Path, name: str, seconds: int, rate: int
+) -> list[np.ndarray]:
+    """The first ``seconds`` of every tracker module (.mod, .it, .s3m, .xm) in ``folder``, mono
+    float32 at ``rate`` Hz, rendered by xmp: composed music with real instrument samples.
+    Cached as ``work/name-*.wav``."""
+    if subprocess.run(["which", "xmp"], capture_output=True).returncode:
+        raise MissingData("xmp not found: apt-get install -y xmp")
+    modules = sorted(
+        p for p in need(folder, package).iterdir() if p.suffix in (".mod", ".it", ".s3m", ".xm")
+    )
+    pieces = []
+    for i, module in enumerate(modules):
+        out = work / f"{name}-{i:02d}.wav"
+        if not out.is_file():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                ["xmp", "-q", "--nocmd", "-f", str(rate), "-m", "-t", str(seconds),
+                 "-o", str(out), str(module)],
+                check=True, capture_output=True,
+            )  # fmt: skip
+        pieces.append(read_wav(out)[: seconds * rate])
+    return pieces
 
 
 def read_wav(path: Path) -> np.ndarray:
