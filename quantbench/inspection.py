@@ -28,6 +28,7 @@ from quantbench.graph import (
     type_text,
     untyped_tensors,
 )
+from quantbench.metrics import declared_mask_outputs, declared_output_kinds, defined_metrics
 from quantbench.progress import console
 from quantbench.stats import StatsFile
 from quantbench.table.codecs import read_table
@@ -88,6 +89,21 @@ def inspect_model(g: Graph) -> dict[str, Any]:
             if not v.type.HasField("tensor_type")
         ],
         "widened_hash": _widened_hash(g),
+        **_output_judgement(g),
+    }
+
+
+def _output_judgement(g: Graph) -> dict[str, Any]:
+    """How compare, sensitivity and recover can judge the outputs: per output its agreement
+    kind (or why none) and whether it is a probability map, and the metrics that follow."""
+    kinds = declared_output_kinds(g.model)
+    masks = declared_mask_outputs(g.model)
+    return {
+        "output_agreement": {
+            name: {"kind": kind, "reason": reason or None, "mask": name in masks}
+            for name, (kind, reason) in kinds.items()
+        },
+        "output_metrics": defined_metrics(kinds, None, masks),
     }
 
 
@@ -189,6 +205,12 @@ def _render_model(r: dict[str, Any]) -> None:
             f"work on its exact float32 widening, sha256 {r['widened_hash'][:16]} (the hash its "
             "tables record; quantbench rewrite --to float32 writes it)"
         )
+    if r.get("output_metrics"):
+        console.print(
+            "judged by (compare --fail-below, sensitivity --metric, recover --target): "
+            + ", ".join(r["output_metrics"])
+            + ("; accuracy with --labels" if _has_accuracy(r) else "")
+        )
     if r.get("not_tensors"):
         listed = escape("; ".join(r["not_tensors"]))
         console.print(f"[yellow]not tensors (quantbench cannot calibrate them):[/yellow] {listed}")
@@ -212,6 +234,12 @@ def _render_model(r: dict[str, Any]) -> None:
         console.print(t)
     else:
         console.print("no dynamic-weight convolutions")
+
+
+def _has_accuracy(r: dict[str, Any]) -> bool:
+    """Whether an output holds class scores or one probability per sample (labels score it)."""
+    kinds = [o.get("kind") for o in r.get("output_agreement", {}).values()]
+    return any(k in ("class", "decision", "unknown") for k in kinds)
 
 
 def _render_table(r: dict[str, Any], limit: int) -> None:

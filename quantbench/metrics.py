@@ -684,9 +684,18 @@ def metric_support(
     reason = _unsupported(metric, kinds, labels, masks)
     if not reason:
         return reason
-    others = (m for m in MODEL_METRICS if m != metric)
-    defined = [m for m in others if not _unsupported(m, kinds, labels, masks)]
+    defined = [m for m in defined_metrics(kinds, labels, masks) if m != metric]
     return f"{reason}; defined for it: {', '.join(defined)}"
+
+
+def defined_metrics(
+    kinds: Mapping[str, tuple[str | None, str]],
+    labels: np.ndarray | None,
+    masks: Collection[str] = (),
+) -> list[str]:
+    """The :data:`MODEL_METRICS` outputs of these kinds can give (or may: a symbolic class
+    axis), in their order."""
+    return [m for m in MODEL_METRICS if not _unsupported(m, kinds, labels, masks)]
 
 
 def _unsupported(

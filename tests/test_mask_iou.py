@@ -209,3 +209,20 @@ def test_a_map_stays_a_probability_map_through_moves_and_resizes():
         )
         model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, shape))
         assert (declared_mask_outputs(model) == {"y"}) is is_map, tail
+
+
+def test_inspect_says_how_the_outputs_can_be_judged(run_cli, tmp_path):
+    cases = (("Sigmoid", ["mask_iou", "cosine", "sqnr_db"]), (None, ["cosine", "sqnr_db"]))
+    for tail, metrics in cases:
+        path = tmp_path / f"{tail}.onnx"
+        onnx.save(_map_model(tail), path)
+        code, out, err = run_cli("inspect", path, "--json")
+        assert code == 0, err
+        doc = json.loads(out)
+        assert doc["output_metrics"] == metrics
+        assert doc["output_agreement"]["y"]["mask"] is (tail == "Sigmoid")
+        assert "one channel" in doc["output_agreement"]["y"]["reason"]
+        code, _, err = run_cli("inspect", path)
+        assert "judged by (compare --fail-below, sensitivity --metric, recover --target): " + (
+            ", ".join(metrics)
+        ) in " ".join(err.split())
