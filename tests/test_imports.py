@@ -177,3 +177,31 @@ def test_source_runs_on_the_oldest_python_pyproject_declares():
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_checkout_never_installed_imports_its_mapped_packages(tmp_path):
+    """The GPU machine runs ``python3 -m pytest tests/gpu`` on a copy of the tree that pip never
+    installed: ``quantbench.calibrators`` (top-level ``calibrators/``) failed to import there, so
+    the GPU tests importing it did not even collect."""
+    import shutil
+    import subprocess
+    import sys
+
+    for name in {root.name for root in ROOTS.values()}:
+        shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    code = (
+        "import sys\n"
+        # the installed (editable) copy must not answer: only the checkout's own layout counts
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "import quantbench.calibrators, quantbench.reports, quantbench.configs\n"
+        "print(quantbench.calibrators.__file__, quantbench.reports.__file__)\n"
+    )
+    command = [sys.executable, "-c", code]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [
+        str(tmp_path / "calibrators" / "__init__.py"),
+        str(tmp_path / "reports" / "__init__.py"),
+    ]
