@@ -20,6 +20,7 @@ from quantbench import __version__
 from quantbench.calibrators import DEFAULT_METHOD
 from quantbench.clipguard import DEFAULT_CLIP_WARN, DEFAULT_SQNR_FLOOR_DB
 from quantbench.errors import QuantbenchError
+from quantbench.metrics import DECISION_THRESHOLD
 from quantbench.progress import console
 
 app = typer.Typer(
@@ -71,6 +72,14 @@ SqnrFloorOpt = Annotated[
         metavar="DB",
         help="Flag quantized ops whose isolated SQNR is below this many dB, with the tensor, its "
         "clipped fraction and the built-in method with the lowest expected INT8 error for it.",
+    ),
+]
+MaskThresholdOpt = Annotated[
+    float,
+    typer.Option(
+        "--mask-threshold",
+        help="Where a probability map's values (outputs a Sigmoid made) count as decided, for "
+        "mask_iou: the detector's own (a DBNet text detector binarizes at 0.3).",
     ),
 ]
 AllowPartialOpt = Annotated[
@@ -471,6 +480,7 @@ def compare(
     allow_partial: AllowPartialOpt = False,
     clip_warn: ClipWarnOpt = DEFAULT_CLIP_WARN,
     sqnr_floor: SqnrFloorOpt = DEFAULT_SQNR_FLOOR_DB,
+    mask_threshold: MaskThresholdOpt = DECISION_THRESHOLD,
     labels: Annotated[
         Path | None,
         typer.Option(help=".npy of labels (integers: accuracy; any dtype: metric scripts)."),
@@ -529,6 +539,7 @@ def compare(
         allow_partial=allow_partial,
         clip_warn=clip_warn,
         sqnr_floor=sqnr_floor,
+        mask_threshold=mask_threshold,
         labels=labels,
         metric_script=metric_script,
         exclude=exclude,
@@ -674,6 +685,7 @@ def sensitivity(
             "with --labels | a --metric-script name)."
         ),
     ] = "sqnr_db",
+    mask_threshold: MaskThresholdOpt = DECISION_THRESHOLD,
     labels: Annotated[
         Path | None, typer.Option(help=".npy of labels (integers add accuracy).")
     ] = None,
@@ -706,6 +718,7 @@ def sensitivity(
         method=method,
         metric=metric,
         max_samples=max_samples,
+        mask_threshold=mask_threshold,
         labels=labels,
         metric_script=metric_script,
         exclude=exclude,
@@ -727,7 +740,9 @@ def sensitivity(
         from quantbench.results import base_document, write_json
 
         doc = base_document("sensitivity", open_graph(model), _command_line())
-        doc.update({"method": method, "metric": metric, "rows": rows})
+        doc.update(
+            {"method": method, "metric": metric, "mask_threshold": mask_threshold, "rows": rows}
+        )
         write_json(doc, json_out)
         console.print(f"wrote {json_out}")
 
@@ -749,6 +764,7 @@ def recover(
             "outputs are probability maps."
         ),
     ] = None,
+    mask_threshold: MaskThresholdOpt = DECISION_THRESHOLD,
     labels: Annotated[
         Path | None, typer.Option(help=".npy of labels (integers: needed for accuracy_drop).")
     ] = None,
@@ -796,6 +812,7 @@ def recover(
         calib_data,
         data,
         target=target,
+        mask_threshold=mask_threshold,
         labels=labels,
         metric_script=metric_script,
         method=method,

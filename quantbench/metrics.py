@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from quantbench.errors import QuantbenchError
 from quantbench.outputaxes import (
     OutputParts,
     channel_class_doubts,
@@ -85,6 +86,16 @@ CLASS, POSITION, UNKNOWN = "class", "position", "unknown"
 DECISION, DECISION_THRESHOLD = "decision", 0.5
 #: IoU of a probability map's decisions (:func:`is_mask`): its own metric, beside agreement
 MASK_IOU = "mask_iou"
+
+
+def check_mask_threshold(value: float) -> float:
+    """``--mask-threshold``: a probability strictly between 0 and 1."""
+    if not 0.0 < value < 1.0:
+        raise QuantbenchError(
+            f"--mask-threshold {value:g}: a probability map's decision threshold lies strictly "
+            "between 0 and 1 (0.5 by default; a DBNet text detector binarizes at 0.3)"
+        )
+    return value
 #: an output's agreement metrics (the mask's included), and those only outputs with positions have
 AGREEMENT_KEYS = ("agreement", "top5_agreement", "sequence_agreement", "ctc_agreement", MASK_IOU)
 SEQUENCE_KEYS = ("sequence_agreement", "ctc_agreement")
@@ -302,6 +313,8 @@ class AgreementAccumulator:
     #: per sample of an (N, T, C) output, FP32's and the candidate's argmax paths
     paths_a: list[np.ndarray] = field(default_factory=list)
     paths_b: list[np.ndarray] = field(default_factory=list)
+    #: a probability map's decision threshold (``--mask-threshold``: a detector's own)
+    mask_threshold: float = DECISION_THRESHOLD
     #: a probability map's values compared (:func:`is_mask`), and those above the threshold
     #: on both sides and on either
     mask_values: int = 0
@@ -375,9 +388,9 @@ class AgreementAccumulator:
             self._tally_labels(da.astype(np.int64), db.astype(np.int64), labels, finite_a, finite_b)
 
     def _update_mask(self, a: np.ndarray, b: np.ndarray) -> None:
-        """A probability map's decisions at :data:`DECISION_THRESHOLD`, pooled over samples."""
+        """A probability map's decisions at :attr:`mask_threshold`, pooled over samples."""
         self._note_finite(a, b)
-        da, db = a > DECISION_THRESHOLD, b > DECISION_THRESHOLD
+        da, db = a > self.mask_threshold, b > self.mask_threshold
         self.mask_values += a.size
         self.mask_both += int(np.count_nonzero(da & db))
         self.mask_either += int(np.count_nonzero(da | db))
@@ -444,7 +457,9 @@ class AgreementAccumulator:
         notes = [self._agreement_note()]
         finite = not (self.nonfinite_a or self.nonfinite_b)
         if self.mask and finite and not self.mask_either:
-            notes.append(f"mask IoU undefined: no value above {DECISION_THRESHOLD} on either side")
+            notes.append(
+                f"mask IoU undefined: no value above {self.mask_threshold:g} on either side"
+            )
         return "; ".join(n for n in notes if n)
 
     def _agreement_note(self) -> str:
@@ -530,10 +545,15 @@ class OutputLayout:
     unbatched: bool = False
     #: outputs a Sigmoid made (:func:`probability_outputs`)
     probabilities: frozenset[str] = frozenset()
+    #: where a probability map's values count as decided (:data:`MASK_IOU`)
+    mask_threshold: float = DECISION_THRESHOLD
 
     @classmethod
-    def of(cls, model: Any, unbatched: bool = False) -> OutputLayout:
-        """What ``model``'s graph says (``unbatched``: data feeds it one sample at a time)."""
+    def of(
+        cls, model: Any, unbatched: bool = False, mask_threshold: float = DECISION_THRESHOLD
+    ) -> OutputLayout:
+        """What ``model``'s graph says (``unbatched``: data feeds it one sample at a time;
+        ``mask_threshold``: a probability map's decisions, :data:`MASK_IOU`)."""
         doubts, unless = class_axis_evidence(model)
         first = channels_first_outputs(model)
         return cls(
@@ -545,6 +565,7 @@ class OutputLayout:
             channel_class_doubts(model, first),
             unbatched,
             probability_outputs(model),
+            mask_threshold,
         )
 
     def pieces(self, name: str, shape: Sequence[int]) -> list[tuple[str, tuple[slice, ...]]]:
@@ -588,6 +609,7 @@ class OutputLayout:
             unbatched=self.unbatched,
             samples_second=name in self.samples_second,
             probability=name in self.probabilities,
+            mask_threshold=self.mask_threshold,
         )
 
 
@@ -805,7 +827,7 @@ class OutputsAccumulator:
             row.update({k: v for k, v in drift.metrics().items() if k != "clip_fraction"})
             row["agreement_kind"] = agree.kind if agree.applies else None
             row["agreement_note"] = agree.note() or None
-            row["mask_threshold"] = DECISION_THRESHOLD if agree.mask else None
+            row["mask_threshold"] = agree.mask_threshold if agree.mask else None
             row["nonfinite"] = drift.nonfinite()
             out[name] = row
             for part in self.parts_of(name):

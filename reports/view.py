@@ -220,8 +220,8 @@ _OUTPUT_METRICS = (
         Column(
             "Mask IoU",
             "num",
-            "a Sigmoid's probability map: values above the threshold (0.5) in both A and B "
-            "over those above it in either",
+            "a Sigmoid's probability map: values above its threshold (0.5 unless "
+            "--mask-threshold) in both A and B over those above it in either",
         ),
         fmt_pct,
     ),

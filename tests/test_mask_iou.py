@@ -113,9 +113,9 @@ def _files(tmp_path, model: onnx.ModelProto, samples: int = 24):
     return path, data, x
 
 
-def _iou_by_onnxruntime(fp32: str, candidate: str, x: np.ndarray) -> float:
-    a = ort.InferenceSession(fp32).run(None, {"x": x})[0] > 0.5
-    b = ort.InferenceSession(candidate).run(None, {"x": x})[0] > 0.5
+def _iou_by_onnxruntime(fp32: str, candidate: str, x: np.ndarray, at: float = 0.5) -> float:
+    a = ort.InferenceSession(fp32).run(None, {"x": x})[0] > at
+    b = ort.InferenceSession(candidate).run(None, {"x": x})[0] > at
     return float((a & b).sum() / (a | b).sum())
 
 
@@ -140,6 +140,14 @@ def test_compare_reports_and_gates_the_mask_iou(run_cli, tmp_path):
     assert code == 1, err
     code, _, err = run_cli("compare", "fp32", int8, *gate, f"mask_iou={expected - 0.01}")
     assert code == 0, err
+    at_03 = _iou_by_onnxruntime(str(path), str(int8), x, at=0.3)
+    assert at_03 != pytest.approx(expected)  # the threshold matters on this map
+    code, _, err = run_cli("compare", "fp32", int8, *args, "--mask-threshold", "0.3")
+    assert code == 0, err
+    row = json.loads(out.read_text())["outputs"][0]
+    assert row["mask_iou"] == pytest.approx(at_03) and row["mask_threshold"] == 0.3
+    code, _, err = run_cli("compare", "fp32", int8, *args, "--mask-threshold", "1")
+    assert code == 2 and "--mask-threshold 1: a probability map's decision threshold" in err
 
 
 def test_a_mask_gate_on_a_model_without_one_says_what_is_defined(run_cli, tmp_path):
@@ -154,13 +162,19 @@ def test_a_mask_gate_on_a_model_without_one_says_what_is_defined(run_cli, tmp_pa
 
 
 def test_recover_aims_at_the_mask_by_default_and_sensitivity_ranks_by_it(run_cli, tmp_path):
-    path, data, _ = _files(tmp_path, _map_model("Sigmoid"))
+    path, data, x = _files(tmp_path, _map_model("Sigmoid"))
     common = ["--data", data, "--calib-data", data, "-m", "minmax"]
-    code, _, err = run_cli("recover", path, *common, "-o", tmp_path / "rec")
+    rec = ["-o", tmp_path / "rec", "--mask-threshold", ".3"]
+    code, _, err = run_cli("recover", path, *common, *rec)
     assert code in (0, 1), err
     assert "target: mask_iou=0.99 (the default for this model's outputs" in " ".join(err.split())
     doc = json.loads((tmp_path / "rec" / "m.recovery.json").read_text())
     assert doc["recovery"]["target"] == "mask_iou=0.99"
+    assert doc["recovery"]["mask_threshold"] == 0.3
+    step0 = doc["recovery"]["steps"][0]["metric"]
+    int8 = tmp_path / "plain.onnx"  # step 0 is plain INT8: the same IoU as onnxruntime's
+    assert run_cli("quantize", path, "--data", data, "-m", "minmax", "-o", int8)[0] == 0
+    assert step0 == pytest.approx(_iou_by_onnxruntime(str(path), str(int8), x, at=0.3))
     out = tmp_path / "s.json"
     code, _, err = run_cli("sensitivity", path, *common, "--metric", "mask_iou", "--json", out)
     assert code == 0, err

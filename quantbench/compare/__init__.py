@@ -24,7 +24,9 @@ from quantbench.executors import ExecutorSpec
 from quantbench.fileio import check_not_an_input, check_output_path
 from quantbench.graph import calibration_tensors, check_float_model, open_graph
 from quantbench.metrics import (
+    DECISION_THRESHOLD,
     MODEL_METRICS,
+    check_mask_threshold,
     declared_mask_outputs,
     declared_output_kinds,
     metric_support,
@@ -98,6 +100,7 @@ def compare(
     allow_partial: bool = False,
     clip_warn: float = DEFAULT_CLIP_WARN,
     sqnr_floor: float = DEFAULT_SQNR_FLOOR_DB,
+    mask_threshold: float = DECISION_THRESHOLD,
     labels: str | Path | np.ndarray | None = None,
     metric_script: str | Path | None = None,
     exclude: list[str] | None = None,
@@ -157,6 +160,7 @@ def compare(
     needs_int8 = any(s.lower().startswith("int8") for s in (a, b))
     check_clip_warn(clip_warn)
     check_sqnr_floor(sqnr_floor)
+    check_mask_threshold(mask_threshold)
     for spec in (a, b):  # every int8 method is checked before any inference
         if spec.lower().startswith("int8:") and spec.partition(":")[2].strip():
             check_methods([spec.partition(":")[2]])
@@ -201,6 +205,7 @@ def compare(
         latency_runs=latency_runs,
         show_progress=show_progress,
         sqnr_floor=sqnr_floor,
+        mask_threshold=mask_threshold,
     )
     doc = base_document("compare", graph, command or f"quantbench compare {a} {b} --model {model}")
     doc["data"] = {

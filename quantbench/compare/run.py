@@ -37,6 +37,7 @@ from quantbench.isolated import (
 )
 from quantbench.jsonsafe import from_json_float, json_float
 from quantbench.metrics import (
+    DECISION_THRESHOLD,
     DRIFT_KEYS,
     MASK_IOU,
     SEQUENCE_KEYS,
@@ -266,15 +267,17 @@ def run_comparison(
     latency_runs: int = 100,
     show_progress: bool = True,
     sqnr_floor: float = DEFAULT_SQNR_FLOOR_DB,
+    mask_threshold: float = DECISION_THRESHOLD,
 ) -> dict[str, Any]:
-    """Everything ``compare`` measures, as the ``layers/outputs/task/latency/flags`` parts."""
+    """Everything ``compare`` measures, as the ``layers/outputs/task/latency/flags`` parts
+    (``mask_threshold``: where a probability map's values count as decided)."""
     cands = [resolve(s, graph, ctx) for s in specs]
     xp = device_arrays(provider)
     drift = DeviceDrift(xp) if xp is not None else None
     ref_runner, ref_fetch, sides = prepare_sides(graph, cands, provider, threads, xp)
     ref_out = _output_names(graph.model)
     usable = not labels_accuracy_reason(labels)
-    layout = OutputLayout.of(graph.model, source.unbatched)
+    layout = OutputLayout.of(graph.model, source.unbatched, mask_threshold)
     for side in sides:
         if metric_script is not None:
             side.script = metric_script.session()

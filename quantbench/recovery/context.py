@@ -23,6 +23,7 @@ from quantbench.data import open_data
 from quantbench.executors import ExecutorSpec
 from quantbench.fp16 import FP16, FP32, emulate_fp16, strongly_typed_fp16
 from quantbench.graph import Graph, open_graph
+from quantbench.metrics import DECISION_THRESHOLD
 from quantbench.qdq import QuantizeResult, quantize_model
 from quantbench.recovery.evaluation import Evaluator
 from quantbench.stats import StatsFile
@@ -99,8 +100,10 @@ def prepare(
     threads: int | None = None,
     show_progress: bool = False,
     executor: ExecutorSpec | None = None,
+    mask_threshold: float = DECISION_THRESHOLD,
 ) -> RecoveryContext:
-    """Calibrate, plan the full INT8 model and run FP32 over the evaluation data once."""
+    """Calibrate, plan the full INT8 model and run FP32 over the evaluation data once
+    (``mask_threshold``: where a probability map's values count as decided)."""
     method = check_methods([method])[0]  # a bad name or option fails before any inference
     graph = model if isinstance(model, Graph) else open_graph(model)
     label_array = load_labels(labels)
@@ -135,5 +138,7 @@ def prepare(
     )
     if label_array is not None:
         label_array = labels_for_samples(label_array, max_samples, labels)
-    evaluator = Evaluator(graph, source, label_array, provider, threads)
+    evaluator = Evaluator(
+        graph, source, label_array, provider, threads, mask_threshold=mask_threshold
+    )
     return RecoveryContext(graph, stats, table, plan, evaluator, method, excluded, auto)

@@ -24,6 +24,7 @@ from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph
 from quantbench.jsonsafe import json_float
 from quantbench.metrics import (
+    DECISION_THRESHOLD,
     MASK_IOU,
     MODEL_METRICS,
     SEQUENCE_KEYS,
@@ -178,10 +179,14 @@ class Evaluator:
     #: samples per reference batch (tells a time-major output's samples axis)
     batch_sizes: list[int] = field(default_factory=list)
     evaluations: int = 0
+    #: where a probability map's values count as decided (``--mask-threshold``)
+    mask_threshold: float = DECISION_THRESHOLD
 
     def __post_init__(self) -> None:
         self.outputs = [o.name for o in self.graph.model.graph.output]
-        self.layout = OutputLayout.of(self.graph.model, self.source.unbatched)
+        self.layout = OutputLayout.of(
+            self.graph.model, self.source.unbatched, self.mask_threshold
+        )
         if self.reference:  # a worker's copy: the driver's FP32 outputs, no second FP32 pass
             self.num_samples = self.source.num_samples or 0
             self.attach_script(self.script)
@@ -319,6 +324,7 @@ class EvaluationJob:
     #: what the variants are built from (quantbench.recovery.context.RecoveryContext)
     table: Any = None
     exclude: tuple[str, ...] = ()
+    mask_threshold: float = DECISION_THRESHOLD
 
 
 def evaluation_job(
@@ -354,6 +360,7 @@ def evaluation_job(
         batch_sizes=evaluator.batch_sizes,
         table=table,
         exclude=exclude,
+        mask_threshold=evaluator.mask_threshold,
     )
 
 
@@ -380,6 +387,7 @@ def worker_evaluator(job: EvaluationJob) -> Evaluator:
         reference=job.reference,
         batch_labels=job.batch_labels,
         batch_sizes=job.batch_sizes,
+        mask_threshold=job.mask_threshold,
     )
 
 

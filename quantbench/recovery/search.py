@@ -31,6 +31,7 @@ from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec
 from quantbench.fp16 import check_high_precision, declared_precisions
 from quantbench.graph import Graph, open_graph
+from quantbench.metrics import DECISION_THRESHOLD, check_mask_threshold
 from quantbench.progress import info, warn
 from quantbench.qdq import QuantizeResult
 from quantbench.recovery.context import RecoveryContext, prepare
@@ -85,6 +86,7 @@ class RecoveryResult:
         section: dict[str, Any] = {
             "target": self.target.text,
             "metric": self.target.metric,
+            "mask_threshold": self.context.evaluator.mask_threshold,
             "precision": self.precision,
             "method": self.context.method,
             "met": self.met,
@@ -168,6 +170,7 @@ def recover(
     threads: int | None = None,
     show_progress: bool = False,
     executor: ExecutorSpec | None = None,
+    mask_threshold: float = DECISION_THRESHOLD,
 ) -> RecoveryResult:
     """Keep the fewest ops in ``precision`` (greedy, worst first) until ``target`` is met
     (``None``: :func:`default_target`, said in one line).
@@ -185,6 +188,7 @@ def recover(
     tgt = None if target is None else parse_target(target, labels is not None, custom=custom)
     if precision is not None:
         check_high_precision(precision, "--precision")
+    check_mask_threshold(mask_threshold)
     _check_budget(budget, 0)  # a bad budget fails before any inference
     start_provider(provider)  # CUDA starts while the model loads
     source = model if isinstance(model, Graph) else open_graph(model)
@@ -213,6 +217,7 @@ def recover(
         threads=threads,
         show_progress=show_progress,
         executor=executor,
+        mask_threshold=mask_threshold,
     )
     ctx.precision = precision
     ctx.evaluator.attach_script(script)

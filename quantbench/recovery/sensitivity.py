@@ -26,7 +26,7 @@ from quantbench.compare import load_labels
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec, run_tasks, task_threads
 from quantbench.graph import Graph, open_graph
-from quantbench.metrics import MASK_IOU, SEQUENCE_KEYS
+from quantbench.metrics import DECISION_THRESHOLD, MASK_IOU, SEQUENCE_KEYS, check_mask_threshold
 from quantbench.progress import warn
 from quantbench.recovery.context import RecoveryContext, prepare, quantize_except
 from quantbench.recovery.evaluation import (
@@ -195,6 +195,7 @@ def sensitivity(
     threads: int | None = None,
     show_progress: bool = False,
     executor: ExecutorSpec | None = None,
+    mask_threshold: float = DECISION_THRESHOLD,
 ) -> list[dict[str, Any]]:
     """Rank every quantized op of ``model`` by the output drift it causes (worst first).
 
@@ -206,6 +207,7 @@ def sensitivity(
         executor.validate()
     script = None if metric_script is None else load_metric_script(metric_script, RESERVED)
     check_rank_metric(metric, labels is not None, custom=script is not None)
+    check_mask_threshold(mask_threshold)
     start_provider(provider)  # CUDA starts while the model loads
     graph = (
         model
@@ -231,6 +233,7 @@ def sensitivity(
         threads=threads,
         show_progress=show_progress,
         executor=executor,
+        mask_threshold=mask_threshold,
     )
     ctx.evaluator.attach_script(script)
     ctx.evaluator.require(metric, "--metric")  # after the FP32 pass, before any variant
