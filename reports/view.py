@@ -402,8 +402,11 @@ def recovery_section(recovery: dict[str, Any]) -> RecoverySection | None:
         )
         points.append((number, step.get("metric"), len(kept)))
     final = tuple(str(k) for k in steps[-1].get("kept_high_precision") or [])
+    shown = str(recovery.get("target") or MISSING)
+    if metric == MASK_IOU and as_finite(recovery.get("mask_threshold")) is not None:
+        shown += f" (decisions at {recovery['mask_threshold']:g})"
     return RecoverySection(
-        target=str(recovery.get("target") or MISSING),
+        target=shown,
         chart=recovery_chart(points, target, metric) if len(points) > 1 else None,
         rows=tuple(rows),
         kept_final=final,

@@ -171,6 +171,9 @@ def test_recover_aims_at_the_mask_by_default_and_sensitivity_ranks_by_it(run_cli
     doc = json.loads((tmp_path / "rec" / "m.recovery.json").read_text())
     assert doc["recovery"]["target"] == "mask_iou=0.99"
     assert doc["recovery"]["mask_threshold"] == 0.3
+    page = tmp_path / "rec.html"
+    assert run_cli("report", tmp_path / "rec" / "m.recovery.json", "-o", page)[0] == 0
+    assert "mask_iou=0.99 (decisions at 0.3)" in page.read_text()
     step0 = doc["recovery"]["steps"][0]["metric"]
     int8 = tmp_path / "plain.onnx"  # step 0 is plain INT8: the same IoU as onnxruntime's
     assert run_cli("quantize", path, "--data", data, "-m", "minmax", "-o", int8)[0] == 0
