@@ -320,6 +320,9 @@ class AgreementAccumulator:
     mask_values: int = 0
     mask_both: int = 0
     mask_either: int = 0
+    #: values above the threshold in FP32 and in the candidate
+    mask_a: int = 0
+    mask_b: int = 0
 
     def update(
         self,
@@ -335,7 +338,7 @@ class AgreementAccumulator:
         if self.unbatched:  # the sample axis the model does not have
             a, b, batch = a[None], b[None], 1
         if a.shape == b.shape and is_mask(a.shape, self.probability):
-            self._update_mask(a, b)
+            self.update_mask(a, b)
         self.kind, self.reason = agreement_kind(
             a.shape,
             self.name,
@@ -387,13 +390,28 @@ class AgreementAccumulator:
         if labels is not None:
             self._tally_labels(da.astype(np.int64), db.astype(np.int64), labels, finite_a, finite_b)
 
-    def _update_mask(self, a: np.ndarray, b: np.ndarray) -> None:
-        """A probability map's decisions at :attr:`mask_threshold`, pooled over samples."""
+    def update_mask(self, a: np.ndarray, b: np.ndarray) -> None:
+        """A probability map's decisions at :attr:`mask_threshold`, pooled over samples (also
+        for a part of an output that a Sigmoid made: a detector's scores)."""
         self._note_finite(a, b)
         da, db = a > self.mask_threshold, b > self.mask_threshold
         self.mask_values += a.size
         self.mask_both += int(np.count_nonzero(da & db))
         self.mask_either += int(np.count_nonzero(da | db))
+        self.mask_a += int(np.count_nonzero(da))
+        self.mask_b += int(np.count_nonzero(db))
+
+    def mask_decisions(self) -> dict[str, int] | None:
+        """How many values each side decided (above the threshold), both did, and were
+        compared: what a mask IoU rests on (4 decisions make a fragile IoU)."""
+        if not self.mask:
+            return None
+        return {
+            "fp32": self.mask_a,
+            "candidate": self.mask_b,
+            "both": self.mask_both,
+            "values": self.mask_values,
+        }
 
     def _note_finite(self, a: np.ndarray, b: np.ndarray) -> tuple[bool, bool]:
         """Whether each side's values are all finite; a side that is not stays marked."""
@@ -568,6 +586,15 @@ class OutputLayout:
             mask_threshold,
         )
 
+    def part_op(self, name: str, part: str) -> str:
+        """The op that made part row ``part`` of output ``name`` (:attr:`parts`)."""
+        axis, bounds = self.parts[name]
+        return {part_name(name, a, b, axis): op for a, b, op in bounds}[part]
+
+    def sigmoid_parts(self, name: str) -> bool:
+        """Whether output ``name`` joins a part a Sigmoid made (a detector's class scores)."""
+        return name in self.parts and any(op == "Sigmoid" for *_, op in self.parts[name][1])
+
     def pieces(self, name: str, shape: Sequence[int]) -> list[tuple[str, tuple[slice, ...]]]:
         """Output ``name``'s parts (:attr:`parts`) in an array of ``shape``: (row name, index);
         none when the run's shape does not hold the parts the graph declared."""
@@ -663,12 +690,14 @@ def declared_output_kinds(model: Any, unbatched: bool = False) -> dict[str, tupl
 def mask_outputs(
     shapes: Mapping[str, Sequence[int | str | None] | None], layout: OutputLayout
 ) -> frozenset[str]:
-    """The outputs of these shapes that are probability maps (:func:`is_mask`); one of
-    unknown rank counts when a Sigmoid made it."""
+    """The outputs of these shapes that are probability maps (:func:`is_mask`), or join one
+    (:meth:`OutputLayout.sigmoid_parts`: a YOLO head's class scores); one of unknown rank
+    counts when a Sigmoid made it."""
     return frozenset(
         name
         for name, shape in shapes.items()
         if (name in layout.probabilities if shape is None else layout.mask(shape, name))
+        or layout.sigmoid_parts(name)
     )
 
 
@@ -774,6 +803,8 @@ class OutputsAccumulator:
     part_of: dict[str, str] = field(default_factory=dict)
     #: outputs with parts in the graph that a batch did not hold: judged whole only
     unsplit: set[str] = field(default_factory=set)
+    #: part row -> the decisions of a part a Sigmoid made (a detector's class scores)
+    part_masks: dict[str, AgreementAccumulator] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.drift = {n: DriftAccumulator() for n in self.names}
@@ -806,11 +837,22 @@ class OutputsAccumulator:
             # some batches only (the whole output still is)
             for row in known:
                 del self.drift[row], self.part_of[row]
+                self.part_masks.pop(row, None)
             self.unsplit.add(name)
             return
         for row, index in pieces:
             self.part_of[row] = name
             self.drift.setdefault(row, DriftAccumulator()).update(a[index], b[index])
+            shape = a[index].shape
+            if self.layout.part_op(name, row) == "Sigmoid" and is_mask(
+                (1, *shape) if self.layout.unbatched else shape, True
+            ):
+                self.part_masks.setdefault(row, self._mask_accumulator(row))
+                self.part_masks[row].update_mask(a[index], b[index])
+
+    def _mask_accumulator(self, row: str) -> AgreementAccumulator:
+        threshold = self.layout.mask_threshold
+        return AgreementAccumulator(name=row, probability=True, mask_threshold=threshold)
 
     def label_output(self, reference: Mapping[str, np.ndarray]) -> str | None:
         kinds = {n: self.layout.kind(np.shape(reference[n]), n)[0] for n in self.names}
@@ -828,6 +870,7 @@ class OutputsAccumulator:
             row["agreement_kind"] = agree.kind if agree.applies else None
             row["agreement_note"] = agree.note() or None
             row["mask_threshold"] = agree.mask_threshold if agree.mask else None
+            row["mask_decisions"] = agree.mask_decisions()
             row["nonfinite"] = drift.nonfinite()
             out[name] = row
             for part in self.parts_of(name):
@@ -839,12 +882,18 @@ class OutputsAccumulator:
         return [row for row, output in self.part_of.items() if output == name]
 
     def _part_row(self, part: str, output: str) -> dict[str, Any]:
+        """A part's drift, and the mask IoU of a part a Sigmoid made (a detector's scores)."""
         drift = self.drift[part]
         row: dict[str, Any] = dict.fromkeys(AGREEMENT_KEYS)
         row.update({k: v for k, v in drift.metrics().items() if k != "clip_fraction"})
-        axis, bounds = self.layout.parts[output]
-        made = {part_name(output, a, b, axis): op for a, b, op in bounds}[part]
+        made = self.layout.part_op(output, part)
         row.update(agreement_kind=None, agreement_note=None, part_of=output, part_made_by=made)
+        mask = self.part_masks.get(part)
+        row["mask_threshold"] = mask.mask_threshold if mask is not None else None
+        row["mask_decisions"] = mask.mask_decisions() if mask is not None else None
+        if mask is not None:
+            row[MASK_IOU] = mask.metrics()[MASK_IOU]
+            row["agreement_note"] = mask.note() or None
         row["nonfinite"] = drift.nonfinite()
         return row
 

@@ -133,6 +133,10 @@ def test_compare_reports_and_gates_the_mask_iou(run_cli, tmp_path):
     assert row["mask_iou"] == pytest.approx(expected)
     assert row["mask_threshold"] == 0.5 and row["agreement"] is None
     assert "mask IoU (decisions at 0.5), cosine and SQNR stand" in " ".join(err.split())
+    decided = int((ort.InferenceSession(str(path)).run(None, {"x": x})[0] > 0.5).sum())
+    assert row["mask_decisions"]["fp32"] == decided
+    assert row["mask_decisions"]["values"] == x.shape[0] * 8 * 8
+    assert f"mask y (B), decisions at 0.5: FP32 {decided:,}," in " ".join(err.split())
     page = html.read_text()
     assert "Mask IoU" in page and f"{expected * 100:.2f}%" in page
     gate = ["--model", path, "--data", data, "--no-latency", "--fail-below"]
@@ -243,3 +247,35 @@ def test_inspect_says_how_the_outputs_can_be_judged(run_cli, tmp_path):
         assert "judged by (compare --fail-below, sensitivity --metric, recover --target): " + (
             ", ".join(metrics)
         ) in " ".join(err.split())
+
+
+def test_a_detectors_class_scores_are_judged_by_their_decisions(tmp_path):
+    """A YOLOv8-like head joins boxes and Sigmoid class scores: the scores' part gets a mask
+    IoU, and a detector whose FP32 decides 3 anchor-classes and whose INT8 loses one and
+    invents another agrees on 2 of 4 (by hand), resting on 3 and 3 decisions of 32 values."""
+    from test_metrics_layout import _detector_head
+
+    from quantbench.graph import open_graph
+    from quantbench.metrics import OutputsAccumulator
+    from quantbench.recovery.evaluation import default_target
+
+    model = _detector_head()
+    scores = np.full((2, 2, 8), 0.1, np.float32)
+    scores[0, 0, 0], scores[0, 1, 3], scores[1, 0, 5] = 0.9, 0.8, 0.7
+    changed = scores.copy()
+    changed[1, 0, 5], changed[1, 1, 1] = 0.3, 0.6
+    boxes = np.full((2, 4, 8), 100.0, np.float32)
+    a, b = np.concatenate([boxes, scores], 1), np.concatenate([boxes + 1, changed], 1)
+    acc = OutputsAccumulator(["y"], layout=OutputLayout.of(model))
+    acc.update({"y": a}, {"y": b})
+    rows = acc.rows()
+    part = rows["y[4:6 on axis 1]"]
+    assert part["mask_iou"] == pytest.approx(0.5) and part["mask_threshold"] == 0.5
+    assert part["mask_decisions"] == {"fp32": 3, "candidate": 3, "both": 2, "values": 32}
+    assert rows["y"]["mask_threshold"] is None  # boxes and scores together are no map
+    assert rows["y[0:4 on axis 1]"]["mask_threshold"] is None
+    assert acc.model_metrics()["mask_iou"] == pytest.approx(0.5)
+    assert declared_mask_outputs(model) == {"y"}
+    path = tmp_path / "head.onnx"
+    onnx.save(model, path)
+    assert default_target(open_graph(path), None) == "mask_iou=0.99"

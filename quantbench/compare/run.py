@@ -497,7 +497,7 @@ def _document(
                     row.update({k: UNDEFINED for k in ("agreement", "top5_agreement")})
                 if row["agreement_kind"] == "position":
                     row.update({k: UNDEFINED for k in SEQUENCE_KEYS if row.get(k) is not None})
-                if row["mask_threshold"] is not None:
+                if row.get("mask_threshold") is not None:
                     row[MASK_IOU] = UNDEFINED
             outputs.append(row)
     layers.sort(key=lambda r: (r["candidate"], r["index"], r["view"]))

@@ -36,11 +36,26 @@ def _print_parts(outputs: list[dict]) -> None:
         if o.get("part_of"):
             where = o["name"][len(o["part_of"]) :]
             parts.setdefault(o["part_of"], {})[where] = f"{o.get('part_made_by')} {where}"
+    masked = {o["part_of"] for o in outputs if o.get("part_of") and o.get("mask_decisions")}
     for name, made in parts.items():
+        worst = "SQNR, cosine and mask IoU" if name in masked else "SQNR and cosine"
         console.print(
             f"output {escape(name)} joins values that different ops made "
             f"({escape(', '.join(made.values()))}): each part is judged too, and the model's "
-            "SQNR and cosine are its worst part's"
+            f"{worst} are its worst part's"
+        )
+
+
+def _print_masks(outputs: list[dict]) -> None:
+    """What each mask IoU rests on: the values each side decided (a few make a fragile IoU)."""
+    for o in outputs:
+        counts = o.get("mask_decisions")
+        if not counts:
+            continue
+        console.print(
+            f"mask {escape(o['name'])} ({o['candidate']}), decisions at {o['mask_threshold']:g}: "
+            f"FP32 {counts['fp32']:,}, {o['candidate']} {counts['candidate']:,}, both "
+            f"{counts['both']:,} of {counts['values']:,} values"
         )
 
 
@@ -101,6 +116,7 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
     for name, note in notes.items():
         console.print(f"output {escape(name)}: {escape(note)}")
     _print_parts(outputs)
+    _print_masks(outputs)
     _print_nonfinite(doc)
     ranking = doc.get("ranking", [])[:worst]
     if ranking:
