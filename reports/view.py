@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from markupsafe import Markup
@@ -283,13 +283,29 @@ def output_rows(outputs: list[dict[str, Any]]) -> tuple[tuple[Cell, ...], ...]:
         cells.append(text_cell(o.get("name"), "name"))
         for key, _column, formatter in _OUTPUT_METRICS:
             if _shown(key, outputs):
-                cells.append(number_cell(o.get(key), formatter, _undefined_css(o.get(key))))
+                cell = number_cell(o.get(key), formatter, _undefined_css(o.get(key)))
+                if key == MASK_IOU and (told := _decisions_text(o)):
+                    cell = replace(cell, title=told)
+                cells.append(cell)
         if counted:
             cells.append(nonfinite_cell(o.get("nonfinite")))
         if noted:
             cells.append(text_cell(o.get("agreement_note"), "note"))
         rows.append(tuple(cells))
     return tuple(rows)
+
+
+def _decisions_text(output: dict[str, Any]) -> str:
+    """What a mask IoU rests on, for its cell's tooltip."""
+    counts = as_dict(output.get("mask_decisions"))
+    if not counts:
+        return ""
+    side = output.get("candidate") or "B"
+    return (
+        f"decisions at {output.get('mask_threshold')}: FP32 {counts.get('fp32'):,}, {side} "
+        f"{counts.get('candidate'):,}, both {counts.get('both'):,} of {counts.get('values'):,} "
+        "values"
+    )
 
 
 def speedup(latency: dict[str, Any]) -> float | None:

@@ -139,6 +139,7 @@ def test_compare_reports_and_gates_the_mask_iou(run_cli, tmp_path):
     assert f"mask y (B), decisions at 0.5: FP32 {decided:,}," in " ".join(err.split())
     page = html.read_text()
     assert "Mask IoU" in page and f"{expected * 100:.2f}%" in page
+    assert f'title="decisions at 0.5: FP32 {decided:,}, B ' in page
     gate = ["--model", path, "--data", data, "--no-latency", "--fail-below"]
     code, _, err = run_cli("compare", "fp32", int8, *gate, f"mask_iou={expected + 0.01}")
     assert code == 1, err
