@@ -330,11 +330,15 @@ def choose_auto(
 def judge_description(model: Any) -> str:
     """What :func:`_judged_sqnr` scores on ``model``, in words: the worst output's SQNR, and
     which outputs count as their parts at equal power."""
-    parts = OutputLayout.of(model).parts
+    layout = OutputLayout.of(model)
+    parts = layout.parts
+    if layout.exact and len(layout.exact) == len(model.graph.output):
+        return "worst integer output's share of changed values, in dB"
+    which = "worst float output's SQNR" if layout.exact else "worst output's SQNR"
     if not parts:
-        return "worst output's SQNR"
+        return which
     whose = "its" if len(parts) == 1 else "their"
-    return f"worst output's SQNR, {', '.join(parts)} scored as {whose} parts at equal power"
+    return f"{which}, {', '.join(parts)} scored as {whose} parts at equal power"
 
 
 def _static_batch(graph: Graph) -> int:
@@ -667,8 +671,11 @@ def _judged_sqnr(acc: OutputsAccumulator) -> float:
     does not decide alone: on dddd-det the worst part alone chose the mix (objectness 17.4 dB
     against mse's 17.0) over mse, which was 5 dB better on the boxes, and lost 2.6 points of
     box F1."""
+    measured = [name for name in acc.names if name not in acc.layout.exact]
+    if not measured:  # integers only (class ids): fewer changed values score higher
+        return min(_agreement_db(acc.agreement[name]) for name in acc.names)
     scores = []
-    for name in acc.names:
+    for name in measured:
         parts = acc.parts_of(name)
         if not parts:
             scores.append(_sqnr(acc.drift[name]))
@@ -715,6 +722,15 @@ def _output_task(job: AutoJob, candidate: tuple[str, CalibrationTable]) -> float
         graph, {name: table}, source, where.provider, where.threads, job.reference
     )
     return scores[name]
+
+
+def _agreement_db(acc: Any) -> float:
+    """An integer output's score in dB: -10 log10 of the share of values that changed (1 %
+    changed scores 20 dB, none 120 dB); undefined counts as the worst."""
+    agreement = acc.metrics()["agreement"]
+    if agreement is None:
+        return -math.inf
+    return -10 * math.log10(max(1.0 - agreement, 1e-12))
 
 
 def _sqnr(acc: Any) -> float:

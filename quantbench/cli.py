@@ -678,13 +678,13 @@ def sensitivity(
     calib_data: CalibDataOpt,
     method: AutoMethodOpt = DEFAULT_METHOD,
     metric: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="Rank by sqnr_db | cosine | top1_agreement | sequence_agreement | "
-            "ctc_agreement | mask_iou (| accuracy "
-            "with --labels | a --metric-script name)."
+            "ctc_agreement | mask_iou (| accuracy with --labels | a --metric-script name). "
+            "Default: sqnr_db, top1_agreement for a model whose outputs are all integers."
         ),
-    ] = "sqnr_db",
+    ] = None,
     mask_threshold: MaskThresholdOpt = DECISION_THRESHOLD,
     labels: Annotated[
         Path | None, typer.Option(help=".npy of labels (integers add accuracy).")
@@ -731,6 +731,7 @@ def sensitivity(
         show_progress=True,
         executor=_executor(executor, workers, ray_address),
     )
+    metric = rows[0]["ranked_by"] if rows else metric
     console.print(f"{metric}: only this op INT8 / only this op FP32, worst first")
     for row in rows:
         alone, kept = row["only_quantized"][metric], row["only_fp32"][metric]

@@ -37,6 +37,12 @@ Agreement (argmax) depends on the output's shape (:func:`agreement_kind`):
   scores, a music transcriber's note posteriorgram): the values above 0.5 on both sides over
   those above it on either, over every value of every sample. Per-element agreement would say
   99 % where only the background agrees, and argmax over such a map means nothing;
+* ``exact``: an integer or bool output (class ids an ArgMax made, token ids, counts, NMS
+  indices): its values are labels, not measurements, so they agree or not, element by element
+  (``agreement``), and sample by sample where axis 0 holds the samples
+  (``sequence_agreement``); cosine and SQNR of class numbers would mean nothing and are not
+  computed (the model's cosine and SQNR are its float outputs'). A batch whose two outputs
+  differ in shape (a variable-size output) agrees nowhere;
 * none: rank <= 1, a class axis of size 1 (e.g. a text detector's ``[N, 1, H, W]`` probability
   map, a raw score), or a box/coordinate output: argmax means nothing and only the drift
   metrics stand; :func:`agreement_kind` says why.
@@ -55,6 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx
 
 from quantbench.errors import QuantbenchError
 from quantbench.outputaxes import (
@@ -81,7 +88,7 @@ MODEL_METRICS = (
     "accuracy",
     "accuracy_drop",
 )
-CLASS, POSITION, UNKNOWN = "class", "position", "unknown"
+CLASS, POSITION, UNKNOWN, EXACT = "class", "position", "unknown", "exact"
 #: a probability's decision (:func:`agreement_kind`), taken at this threshold
 DECISION, DECISION_THRESHOLD = "decision", 0.5
 #: IoU of a probability map's decisions (:func:`is_mask`): its own metric, beside agreement
@@ -125,6 +132,8 @@ class DriftAccumulator:
     amax: float | None = None
     nonfinite_a: int = 0
     nonfinite_b: int = 0
+    #: batches whose two tensors differed in shape (a variable-size output: NonZero, NMS)
+    mismatched: int = 0
 
     def update(self, a: np.ndarray, b: np.ndarray) -> None:
         """Add one batch. Dot products run in float32 BLAS (accumulated in float64 across
@@ -133,8 +142,9 @@ class DriftAccumulator:
         float64)."""
         a32 = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
         b32 = np.ascontiguousarray(b, dtype=np.float32).reshape(-1)
-        if a32.shape != b32.shape:
-            raise ValueError(f"shape mismatch {np.shape(a)} vs {np.shape(b)}")
+        if a32.shape != b32.shape:  # a variable-size output: no value pairs up
+            self.note_mismatch(max(a32.size, b32.size))
+            return
         self.n += a32.size
         with np.errstate(over="ignore", invalid="ignore"):
             d = a32 - b32
@@ -160,10 +170,17 @@ class DriftAccumulator:
         if self.amax is not None and self.amax > 0:
             self.clipped += count_clipped(a32, self.amax)
 
+    def note_mismatch(self, size: int) -> None:
+        """A batch whose tensors differ in shape: no value pairs up, so the tensor is undefined
+        from now on (never compared on the batches that happened to match)."""
+        self.mismatched += 1
+        self.n += size
+
     @property
     def defined(self) -> bool:
-        """False once any compared value was NaN/Inf (or nothing was compared)."""
-        return self.n > 0 and not (self.nonfinite_a or self.nonfinite_b)
+        """False once any compared value was NaN/Inf or a batch's shapes differed (or nothing
+        was compared)."""
+        return self.n > 0 and not (self.nonfinite_a or self.nonfinite_b or self.mismatched)
 
     def nonfinite(self) -> dict[str, int]:
         """NaN/Inf counts: in the FP32 reference, in the candidate, out of ``elements``."""
@@ -217,6 +234,7 @@ def agreement_kind(
     doubt_unless_size: int | None = None,
     channel_doubt: str = "",
     probability: bool = False,
+    exact: bool = False,
 ) -> tuple[str | None, str]:
     """Which argmax agreement an output of ``shape`` supports, and why not when none.
 
@@ -232,7 +250,10 @@ def agreement_kind(
     :func:`channel_class_doubts`): then it has no agreement either.
     ``probability``: a Sigmoid made the output (:func:`probability_outputs`); with one value
     per sample its decision at 0.5 is what agrees or not (``"decision"``).
+    ``exact``: the output holds integers or bools, compared value by value (``"exact"``).
     """
+    if exact:
+        return EXACT, ""
     if _COORDINATES.search(name):
         return None, f"{name!r} holds boxes/coordinates (by its name): argmax over it means nothing"
     if probability and all(isinstance(d, int) and d == 1 for d in shape[1:]):
@@ -296,6 +317,12 @@ class AgreementAccumulator:
     samples_second: bool = False
     #: a Sigmoid made the output (:func:`probability_outputs`)
     probability: bool = False
+    #: the output holds integers or bools (:data:`EXACT`)
+    exact: bool = False
+    #: batches of an exact output whose two sides differed in shape
+    mismatched: int = 0
+    #: every batch of an exact output held the samples on axis 0 (sequences are per sample)
+    sampled: bool = True
     kind: str | None = None
     reason: str = ""
     samples: int = 0
@@ -347,7 +374,11 @@ class AgreementAccumulator:
             self.doubt_unless_size,
             self.channel_doubt,
             self.probability,
+            self.exact,
         )
+        if self.kind == EXACT:
+            self._update_exact(a, b, labels, batch)
+            return
         if self.kind == DECISION and a.shape == b.shape:
             self._update_decisions(a, b, labels)
             return
@@ -389,6 +420,27 @@ class AgreementAccumulator:
         self.top1 += int((da == db).sum())
         if labels is not None:
             self._tally_labels(da.astype(np.int64), db.astype(np.int64), labels, finite_a, finite_b)
+
+    def _update_exact(
+        self, a: np.ndarray, b: np.ndarray, labels: np.ndarray | None, batch: int | None
+    ) -> None:
+        """Integers or bools: equal or not, element by element and sample by sample; a batch
+        whose shapes differ (a variable-size output) agrees nowhere. With labels, a
+        one-value-per-sample output (class ids) is scored against them."""
+        n = batch if batch is not None else (a.shape[0] if a.ndim else 1)
+        self.sampled &= a.ndim >= 1 and a.shape[0] == n and b.ndim >= 1 and b.shape[0] == n
+        self.samples += n
+        if a.shape != b.shape:
+            self.mismatched += 1
+            self.positions += max(a.size, b.size)
+            return
+        same = a == b
+        self.positions += same.size
+        self.top1 += int(same.sum())
+        if self.sampled and same.size:
+            self.sequences += int(same.reshape(n, -1).all(axis=1).sum())
+        if labels is not None and a.ndim == 1 and a.shape[0] == n:
+            self._tally_labels(a, b, labels, True, True)
 
     def update_mask(self, a: np.ndarray, b: np.ndarray) -> None:
         """A probability map's decisions at :attr:`mask_threshold`, pooled over samples (also
@@ -436,7 +488,7 @@ class AgreementAccumulator:
 
     @property
     def applies(self) -> bool:
-        return self.kind in (CLASS, POSITION, DECISION)
+        return self.kind in (CLASS, POSITION, DECISION, EXACT)
 
     @property
     def mask(self) -> bool:
@@ -454,6 +506,11 @@ class AgreementAccumulator:
         if self.mask_either:
             out[MASK_IOU] = self.mask_both / self.mask_either
         if not self.applies or not self.samples:
+            return out
+        if self.kind == EXACT:
+            out["agreement"] = self.top1 / self.positions if self.positions else None
+            several = self.sampled and self.positions > self.samples  # more than one per sample
+            out["sequence_agreement"] = self.sequences / self.samples if several else None
             return out
         out.update(
             {
@@ -490,6 +547,14 @@ class AgreementAccumulator:
                 f"agreement of the decisions at {DECISION_THRESHOLD} (a Sigmoid's probability, "
                 "one per sample)"
             )
+        if self.kind == EXACT:
+            differ = (
+                f"; its shape differed between FP32 and the candidate on {self.mismatched} "
+                "batch(es) (a variable-size output: NonZero, NMS), which agree nowhere"
+                if self.mismatched
+                else ""
+            )
+            return f"integers: compared exactly (equal or not; no cosine or SQNR){differ}"
         return ""
 
     def accuracy(self) -> dict[str, float | None] | None:
@@ -565,6 +630,8 @@ class OutputLayout:
     probabilities: frozenset[str] = frozenset()
     #: where a probability map's values count as decided (:data:`MASK_IOU`)
     mask_threshold: float = DECISION_THRESHOLD
+    #: outputs holding integers or bools, compared exactly (:data:`EXACT`)
+    exact: frozenset[str] = frozenset()
 
     @classmethod
     def of(
@@ -584,6 +651,7 @@ class OutputLayout:
             unbatched,
             probability_outputs(model),
             mask_threshold,
+            exact_outputs(model),
         )
 
     def part_op(self, name: str, part: str) -> str:
@@ -620,6 +688,7 @@ class OutputLayout:
             self.doubt_unless_size.get(name),
             self.channel_doubt.get(name, ""),
             name in self.probabilities,
+            name in self.exact,
         )
 
     def mask(self, shape: Sequence[int | str | None], name: str) -> bool:
@@ -637,7 +706,24 @@ class OutputLayout:
             samples_second=name in self.samples_second,
             probability=name in self.probabilities,
             mask_threshold=self.mask_threshold,
+            exact=name in self.exact,
         )
+
+
+#: ONNX element types compared exactly: integers and bools
+_EXACT_TYPES = frozenset(
+    getattr(onnx.TensorProto, name)
+    for name in ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "BOOL")
+)
+
+
+def exact_outputs(model: Any) -> frozenset[str]:
+    """The outputs a model declares as integers or bools (:data:`EXACT`)."""
+    return frozenset(
+        v.name
+        for v in model.graph.output
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in _EXACT_TYPES
+    )
 
 
 def part_name(output: str, start: int, stop: int, axis: int) -> str:
@@ -662,8 +748,9 @@ def labels_accuracy_reason(labels: np.ndarray | None) -> str:
 
 def accuracy_output(kinds: Mapping[str, str | None]) -> str | None:
     """The output accuracy is measured on: the first one holding class scores, else the first
-    probability (its decision against 0 / 1 labels)."""
-    for wanted in (CLASS, DECISION):
+    probability (its decision against 0 / 1 labels), else the first integer one (class ids,
+    scored where it holds one per sample)."""
+    for wanted in (CLASS, DECISION, EXACT):
         found = next((name for name, kind in kinds.items() if kind == wanted), None)
         if found is not None:
             return found
@@ -769,11 +856,18 @@ def _unsupported(
             return f"{metric} needs integer class labels; {reason}"
         wanted, what = (CLASS, DECISION), "no output holds class scores [N, C] or a probability"
     elif metric == "top1_agreement":
-        wanted, what = (CLASS, POSITION, DECISION), "no output supports agreement"
+        wanted, what = (CLASS, POSITION, DECISION, EXACT), "no output supports agreement"
     elif metric == "top5_agreement":
         wanted, what = (CLASS, POSITION), "no output supports argmax agreement"
+    elif metric == "sequence_agreement":
+        wanted, what = (POSITION, EXACT), "no output has positions (N, ..., C) or integers"
     elif metric in SEQUENCE_KEYS:
         wanted, what = (POSITION,), "no output has per-position scores (N, ..., C)"
+    elif metric in ("cosine", "sqnr_db") and kinds and all(k == EXACT for k, _ in kinds.values()):
+        return (
+            f"{metric} is not defined for this model: every output holds integers, compared "
+            "exactly (no cosine or SQNR of class numbers)"
+        )
     else:
         return ""
     found = [kind for kind, _ in kinds.values()]
@@ -822,7 +916,8 @@ class OutputsAccumulator:
         label_output = self.label_output(reference)
         for name in self.names:
             a, b = reference[name], candidate[name]
-            self.drift[name].update(a, b)
+            if name not in self.layout.exact:  # class numbers have no cosine or SQNR
+                self.drift[name].update(a, b)
             lab = labels if name == label_output and self.labels_usable else None
             self.agreement[name].update(a, b, lab, batch)
             self._update_parts(name, np.asarray(a), np.asarray(b))
@@ -871,6 +966,13 @@ class OutputsAccumulator:
             row["agreement_note"] = agree.note() or None
             row["mask_threshold"] = agree.mask_threshold if agree.mask else None
             row["mask_decisions"] = agree.mask_decisions()
+            if drift.mismatched:
+                differ = (
+                    f"its shape differed between FP32 and the candidate on {drift.mismatched} "
+                    "batch(es) (a variable-size output: NonZero, NMS): not compared value by value"
+                )
+                row["agreement_note"] = "; ".join(filter(None, (row["agreement_note"], differ)))
+            row["shape_mismatches"] = drift.mismatched + agree.mismatched
             row["nonfinite"] = drift.nonfinite()
             out[name] = row
             for part in self.parts_of(name):
@@ -931,8 +1033,14 @@ def model_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
         return min(values)  # type: ignore[type-var]
 
     agreeing = [r for r in rows if r.get("agreement_kind")]
-    ranked = [r for r in agreeing if r.get("agreement_kind") != DECISION]  # no top-5 of 2
-    sequences = [r for r in rows if r.get("agreement_kind") == POSITION]
+    ranked = [r for r in agreeing if r.get("agreement_kind") in (CLASS, POSITION)]  # top-5
+    sequences = [
+        r
+        for r in rows
+        if r.get("agreement_kind") == POSITION
+        or (r.get("agreement_kind") == EXACT and r.get("sequence_agreement") is not None)
+    ]
+    measured = [r for r in rows if r.get("agreement_kind") != EXACT]  # cosine, SQNR
     decoded = [r for r in sequences if r.get("ctc_agreement") is not None]  # (N, T, C) only
     masks = [r for r in rows if r.get("mask_threshold") is not None]
     return {
@@ -941,8 +1049,8 @@ def model_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
         "sequence_agreement": worst("sequence_agreement", sequences),
         "ctc_agreement": worst("ctc_agreement", decoded),
         MASK_IOU: worst(MASK_IOU, masks),
-        "cosine": worst("cosine", rows),
-        "sqnr_db": worst("sqnr_db", rows),
+        "cosine": worst("cosine", measured),
+        "sqnr_db": worst("sqnr_db", measured),
     }
 
 

@@ -522,6 +522,8 @@ def _drift_row(acc: DriftAccumulator) -> dict[str, Any]:
         k: (UNDEFINED if acc.n and not acc.defined else _clean(metrics[k])) for k in DRIFT_KEYS
     }
     row["nonfinite"] = acc.nonfinite()
+    if acc.mismatched:  # a variable-size tensor: its values do not pair up
+        row["shape_mismatches"] = acc.mismatched
     return row
 
 

@@ -81,7 +81,10 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
         )
     t = Table(title="Outputs against FP32", title_justify="left")
     outputs = doc.get("outputs", [])
-    sequences = any(o.get("agreement_kind") == "position" for o in outputs)
+    sequences = any(
+        o.get("agreement_kind") == "position" or o.get("sequence_agreement") is not None
+        for o in outputs
+    )
     masks = any(o.get("mask_threshold") is not None for o in outputs)
     columns = [
         *("side", "output", "agree", "top-5", "seq", "ctc", "mask IoU"),

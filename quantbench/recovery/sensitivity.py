@@ -26,7 +26,14 @@ from quantbench.compare import load_labels
 from quantbench.errors import QuantbenchError
 from quantbench.executors import ExecutorSpec, run_tasks, task_threads
 from quantbench.graph import Graph, open_graph
-from quantbench.metrics import DECISION_THRESHOLD, MASK_IOU, SEQUENCE_KEYS, check_mask_threshold
+from quantbench.metrics import (
+    DECISION_THRESHOLD,
+    MASK_IOU,
+    SEQUENCE_KEYS,
+    check_mask_threshold,
+    declared_output_kinds,
+    metric_support,
+)
 from quantbench.progress import warn
 from quantbench.recovery.context import RecoveryContext, prepare, quantize_except
 from quantbench.recovery.evaluation import (
@@ -45,6 +52,12 @@ from quantbench.widen import float32_work_graph
 
 VIEWS = ("only_quantized", "only_fp32")
 RANK_METRICS = ("sqnr_db", "cosine", "top1_agreement", "top5_agreement", *SEQUENCE_KEYS, MASK_IOU)
+
+
+def default_rank_metric(graph: Graph, labels: np.ndarray | None, unbatched: bool) -> str:
+    """``sqnr_db``, or ``top1_agreement`` where every output holds integers (class ids)."""
+    kinds = declared_output_kinds(graph.model, unbatched)
+    return "top1_agreement" if metric_support("sqnr_db", kinds, labels) else "sqnr_db"
 
 
 def check_rank_metric(metric: str, has_labels: bool, custom: bool = False) -> None:
@@ -171,6 +184,7 @@ def rank_ops(
     ranked.sort(key=lambda r: badness(r[key_view], metric), reverse=True)
     for rank, row in enumerate(ranked, 1):
         row["rank"] = rank
+        row["ranked_by"] = metric
         for view in views:
             row[view] = json_metrics(row[view])
     return ranked
@@ -181,7 +195,7 @@ def sensitivity(
     calib_data: object,
     eval_data: object,
     method: str = DEFAULT_METHOD,
-    metric: str = "sqnr_db",
+    metric: str | None = None,
     max_samples: int | None = None,
     *,
     labels: str | Path | np.ndarray | None = None,
@@ -201,12 +215,14 @@ def sensitivity(
 
     Each row: ``rank``, ``node``, ``op_type``, ``only_quantized`` and ``only_fp32`` (metric
     dicts: top1/top5 agreement, cosine, sqnr_db, and accuracy/accuracy_drop with labels),
-    ``seconds``.
+    ``seconds`` and ``ranked_by``: ``metric``, by default ``sqnr_db``, or ``top1_agreement``
+    for a model whose outputs are all integers (no SQNR of class numbers).
     """
     if executor is not None:
         executor.validate()
     script = None if metric_script is None else load_metric_script(metric_script, RESERVED)
-    check_rank_metric(metric, labels is not None, custom=script is not None)
+    if metric is not None:
+        check_rank_metric(metric, labels is not None, custom=script is not None)
     check_mask_threshold(mask_threshold)
     start_provider(provider)  # CUDA starts while the model loads
     graph = (
@@ -216,6 +232,8 @@ def sensitivity(
     )
     label_array = load_labels(labels)
     unbatched = data_unbatched(graph, eval_data, preset)
+    if metric is None:
+        metric = default_rank_metric(graph, label_array, unbatched)
     check_declared(graph, metric, label_array, "--metric", unbatched)  # before calibration
     ctx = prepare(
         graph,

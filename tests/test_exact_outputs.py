@@ -1,0 +1,200 @@
+"""Integer and bool outputs (class ids an ArgMax made, token ids, NonZero/NMS indices) are
+labels, not measurements: compare checks them value by value and never reports a cosine or SQNR
+of class numbers; an output whose size varies with the data (NonZero, NMS) is told, not a crash.
+Expected values are worked out by hand or with numpy from onnxruntime's own outputs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from quantbench.autocalib import judge_description
+from quantbench.metrics import (
+    AgreementAccumulator,
+    DriftAccumulator,
+    declared_output_kinds,
+    metric_support,
+    model_metrics,
+)
+
+
+def _argmax_model(with_probabilities: bool = True) -> onnx.ModelProto:
+    """x[N,6,16] -> MatMul(16->10) -> ArgMax -> ids int64[N,6] (and Softmax -> prob[N,6,10])."""
+    w = np.random.default_rng(0).standard_normal((16, 10)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["logits"]),
+        helper.make_node("ArgMax", ["logits"], ["ids"], axis=-1, keepdims=0),
+        helper.make_node("Softmax", ["logits"], ["prob"], axis=-1),
+    ]
+    outputs = [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 6])]
+    if with_probabilities:
+        outputs.append(helper.make_tensor_value_info("prob", TensorProto.FLOAT, ["N", 6, 10]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 16])],
+        outputs,
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _nonzero_model(threshold: float) -> onnx.ModelProto:
+    """x -> MatMul -> Sigmoid -> p; NonZero(p > threshold) -> idx int64[3, K]: K varies."""
+    w = np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["logits"]),
+        helper.make_node("Sigmoid", ["logits"], ["p"]),
+        helper.make_node("Greater", ["p", "t"], ["g"]),
+        helper.make_node("NonZero", ["g"], ["idx"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 16])],
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, [3, "K"])],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array(threshold, np.float32), "t"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_integers_agree_value_by_value_and_sample_by_sample():
+    """[[1,2,3],[4,5,6]] vs [[1,2,0],[4,5,6]]: 5 of 6 values, 1 of 2 samples."""
+    acc = AgreementAccumulator(name="ids", exact=True)
+    acc.update(np.array([[1, 2, 3], [4, 5, 6]]), np.array([[1, 2, 0], [4, 5, 6]]), batch=2)
+    m = acc.metrics()
+    assert acc.kind == "exact"
+    assert m["agreement"] == pytest.approx(5 / 6) and m["sequence_agreement"] == 0.5
+    assert m["top5_agreement"] is None and m["ctc_agreement"] is None
+    assert "compared exactly" in acc.note()
+    labels = AgreementAccumulator(name="label", exact=True)  # one class id per sample
+    labels.update(np.array([1, 2, 3]), np.array([1, 0, 3]), np.array([1, 2, 2]), batch=3)
+    assert labels.metrics()["agreement"] == pytest.approx(2 / 3)
+    assert labels.metrics()["sequence_agreement"] is None  # one value per sample: no sequence
+    assert labels.accuracy() == {"A": pytest.approx(2 / 3), "B": pytest.approx(1 / 3),
+                                 "delta": pytest.approx(-1 / 3)}  # fmt: skip
+
+
+def test_a_batch_whose_shapes_differ_agrees_nowhere():
+    """Batch 1: 6 equal values; batch 2: [3, 4] vs [3, 5], 15 values that cannot pair up:
+    6 of 21 agree. The drift of such a float tensor is undefined, never an exception."""
+    acc = AgreementAccumulator(name="idx", exact=True)
+    acc.update(np.ones((3, 2), np.int64), np.ones((3, 2), np.int64), batch=8)
+    acc.update(np.ones((3, 4), np.int64), np.ones((3, 5), np.int64), batch=8)
+    assert acc.metrics()["agreement"] == pytest.approx(6 / 21)
+    assert acc.metrics()["sequence_agreement"] is None  # axis 0 is not the samples
+    assert "differed between FP32 and the candidate on 1 batch(es)" in acc.note()
+    drift = DriftAccumulator()
+    drift.update(np.ones((2, 4), np.float32), np.ones((2, 4), np.float32))
+    drift.update(np.ones((3, 4), np.float32), np.ones((2, 4), np.float32))
+    assert drift.mismatched == 1 and drift.metrics()["cosine"] is None
+
+
+def test_the_model_cosine_and_sqnr_are_its_float_outputs():
+    rows = [
+        {"agreement_kind": "exact", "agreement": 0.9, "cosine": None, "sqnr_db": None},
+        {"agreement_kind": "class", "agreement": 0.95, "cosine": 0.99, "sqnr_db": 30.0},
+    ]
+    m = model_metrics(rows)
+    assert m["top1_agreement"] == 0.9 and m["cosine"] == 0.99 and m["sqnr_db"] == 30.0
+    kinds = declared_output_kinds(_argmax_model(with_probabilities=False))
+    assert kinds["ids"][0] == "exact"
+    reason = metric_support("sqnr_db", kinds, None)
+    assert "every output holds integers" in reason
+    assert reason.endswith("defined for it: top1_agreement, sequence_agreement")
+    assert metric_support("top1_agreement", kinds, None) == ""
+    assert judge_description(_argmax_model(False)) == (
+        "worst integer output's share of changed values, in dB"
+    )
+    assert judge_description(_argmax_model(True)) == "worst float output's SQNR"
+
+
+def _save(tmp_path, model: onnx.ModelProto, name: str = "m.onnx"):
+    path = tmp_path / name
+    onnx.save(model, path)
+    return path
+
+
+def _data(tmp_path, samples: int = 40):
+    x = np.random.default_rng(1).standard_normal((samples, 6, 16)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x)
+    return tmp_path / "d.npz", x
+
+
+def test_compare_checks_class_ids_exactly(run_cli, tmp_path):
+    path = _save(tmp_path, _argmax_model())
+    data, x = _data(tmp_path)
+    int8, out = tmp_path / "q.onnx", tmp_path / "c.json"
+    assert run_cli("quantize", path, "--data", data, "-m", "minmax", "-o", int8)[0] == 0
+    code, _, err = run_cli("compare", "fp32", int8, "--model", path, "--data", data,
+                           "--no-latency", "--json", out, "--batch-size", "8")  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    ids = next(o for o in doc["outputs"] if o["name"] == "ids")
+    a = ort.InferenceSession(str(path)).run(["ids"], {"x": x})[0]
+    b = ort.InferenceSession(str(int8)).run(["ids"], {"x": x})[0]
+    assert ids["agreement"] == pytest.approx(float((a == b).mean()))
+    assert ids["sequence_agreement"] == pytest.approx(float((a == b).all(axis=1).mean()))
+    assert ids["cosine"] is None and ids["sqnr_db"] is None and ids["agreement_kind"] == "exact"
+    assert "integers: compared exactly" in " ".join(err.split())
+    prob = next(o for o in doc["outputs"] if o["name"] == "prob")
+    gate = f"cosine={prob['cosine'] - 1e-6}"
+    code, _, err = run_cli("compare", "fp32", int8, "--model", path, "--data", data,
+                           "--no-latency", "--fail-below", gate)  # fmt: skip
+    assert code == 0, err  # the model's cosine is prob's, not a cosine of class numbers
+
+
+def test_a_variable_size_output_is_told_not_a_crash(run_cli, tmp_path):
+    """NonZero of a thresholded map: a candidate that decides more elements returns more
+    indices. compare stopped with an internal error (ValueError: shape mismatch)."""
+    path = _save(tmp_path, _nonzero_model(0.5))
+    other = _save(tmp_path, _nonzero_model(0.45), "other.onnx")
+    data, x = _data(tmp_path)
+    out = tmp_path / "c.json"
+    code, _, err = run_cli("compare", "fp32", other, "--model", path, "--data", data,
+                           "--no-latency", "--json", out, "--batch-size", "8")  # fmt: skip
+    assert code == 0, err
+    row = json.loads(out.read_text())["outputs"][0]
+    same = total = mismatched = 0
+    for start in range(0, len(x), 8):  # the same batches, by hand
+        feed = {"x": x[start : start + 8]}
+        a = ort.InferenceSession(str(path)).run(None, feed)[0]
+        b = ort.InferenceSession(str(other)).run(None, feed)[0]
+        if a.shape == b.shape:
+            same, total = same + int((a == b).sum()), total + a.size
+        else:
+            mismatched, total = mismatched + 1, total + max(a.size, b.size)
+    assert mismatched > 0  # the test needs batches of different sizes
+    assert row["agreement"] == pytest.approx(same / total)
+    assert row["shape_mismatches"] == mismatched
+    assert f"differed between FP32 and the candidate on {mismatched} batch(es)" in " ".join(
+        err.split()
+    )
+
+
+def test_sensitivity_and_auto_rank_an_integer_only_model_by_its_changed_values(run_cli, tmp_path):
+    path = _save(tmp_path, _argmax_model(with_probabilities=False))
+    data, _ = _data(tmp_path)
+    out = tmp_path / "s.json"
+    code, _, err = run_cli("sensitivity", path, "--data", data, "--calib-data", data,
+                           "--json", out)  # fmt: skip
+    assert code == 0, err
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["ranked_by"] == "top1_agreement"
+    assert "top1_agreement: only this op INT8" in err
+    code, _, err = run_cli("calibrate", path, "--data", data, "-o", tmp_path / "t.cache")
+    assert code == 0, err
+    assert "worst integer output's share of changed values, in dB" in " ".join(err.split())
+    assert "-inf" not in err  # every candidate got a score
