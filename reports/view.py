@@ -563,6 +563,11 @@ def _first_output(outputs: list[dict[str, Any]]) -> dict[str, Any]:
     return next((o for o in outputs if as_number(o.get("agreement")) is not None), {})
 
 
+def _agreement_title(output: dict[str, Any]) -> str:
+    """What an output's agreement is: argmax (top-1), or equal values (integers)."""
+    return "exact agreement" if output.get("agreement_kind") == "exact" else "top-1 agreement"
+
+
 def _worst_mask(outputs: list[dict[str, Any]]) -> dict[str, Any]:
     """The probability map with the lowest mask IoU (an undefined one first), or {}."""
     masks = [o for o in outputs if o.get("mask_threshold") is not None]
@@ -623,7 +628,7 @@ def verdict_cards(
         undefined = as_finite(output.get("agreement")) is None
         cards.append(
             Card(
-                "Top-1 agreement",
+                _agreement_title(output).capitalize(),
                 fmt_pct(output["agreement"]),
                 detail,
                 "bad" if undefined else "",
@@ -718,7 +723,7 @@ def headline(results: dict[str, Any], labels: tuple[str, str], latency: LatencyS
     output = _first_output(outputs)
     if output:
         name = _output_name(output, outputs)
-        parts.append(f"top-1 agreement {fmt_pct(output['agreement'])} on {name}")
+        parts.append(f"{_agreement_title(output)} {fmt_pct(output['agreement'])} on {name}")
     if mask := _worst_mask(outputs):
         name = _output_name(mask, outputs)
         parts.append(f"mask IoU {fmt_pct(mask.get(MASK_IOU))} on {name}")

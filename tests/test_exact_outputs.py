@@ -139,10 +139,13 @@ def test_compare_checks_class_ids_exactly(run_cli, tmp_path):
     int8, out = tmp_path / "q.onnx", tmp_path / "c.json"
     assert run_cli("quantize", path, "--data", data, "-m", "minmax", "-o", int8)[0] == 0
     code, _, err = run_cli("compare", "fp32", int8, "--model", path, "--data", data,
-                           "--no-latency", "--json", out, "--batch-size", "8")  # fmt: skip
+                           "--no-latency", "--json", out, "--batch-size", "8",
+                           "--report", tmp_path / "r.html")  # fmt: skip
     assert code == 0, err
     doc = json.loads(out.read_text())
     ids = next(o for o in doc["outputs"] if o["name"] == "ids")
+    page = (tmp_path / "r.html").read_text()
+    assert f"exact agreement {ids['agreement'] * 100:.2f}% on ids" in page
     a = ort.InferenceSession(str(path)).run(["ids"], {"x": x})[0]
     b = ort.InferenceSession(str(int8)).run(["ids"], {"x": x})[0]
     assert ids["agreement"] == pytest.approx(float((a == b).mean()))
