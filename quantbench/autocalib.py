@@ -97,10 +97,16 @@ class AutoTable:
     #: the winning candidate: :data:`MIX` or a method name
     chosen: str = MIX
     holdout: str = ""
-    #: how the candidates were scored, in words (:func:`judge_description`)
-    judged_by: str = "worst output's SQNR"
+    #: how the candidates were scored, in words (:func:`judge_description`), or why they
+    #: were not ("not judged: ...")
+    judged_by: str = ""
     #: taken from an earlier run's identical judgement (:mod:`quantbench.automemo`)
     reused: bool = False
+
+    @property
+    def judged(self) -> bool:
+        """False when no candidate could be scored and a data-free method was used."""
+        return not self.judged_by.startswith("not judged")
 
     @property
     def fallback(self) -> bool:
@@ -294,7 +300,7 @@ def judge_auto(
         graph, fit, source, methods, provider=provider, threads=threads, executor=executor, job=job
     )
     result.holdout = source.description if holdout_data is not None else note
-    result.judged_by = judge_description(graph.model)
+    result.judged_by = result.judged_by or judge_description(graph.model)
     return result
 
 
@@ -467,9 +473,11 @@ def auto_table(
     output = {MIX: scored_output[MIX], **{m: scored_output[same_as[m]] for m in method_list}}
     # the highest output SQNR wins; ties go to the mix, then to the methods in list order
     order = [MIX, *tables]
-    chosen = max(order, key=lambda c: (output[c], -order.index(c)))
-    if all(math.isnan(v) or v == -math.inf for v in output.values()):
-        chosen = _unjudged(method_list, base_name)
+    chosen = max(order, key=lambda c: (_ranked(output[c]), -order.index(c)))
+    unjudged = ""
+    if all(_ranked(v) == -math.inf for v in output.values()):
+        varied = any(math.isnan(v) for v in output.values())
+        chosen, unjudged = _unjudged(method_list, base_name, varied)
     table = mixed
     if chosen != MIX:
         table = _relabelled(tables[chosen], chosen)
@@ -478,11 +486,11 @@ def auto_table(
     else:
         # tensors no quantized op reads (a TensorRT cache still lists them: TensorRT may run
         # their layers in INT8) take the best whole-model single method, not the tie-break base
-        single = max(method_list, key=lambda m: (output[m], -method_list.index(m)))
+        single = max(method_list, key=lambda m: (_ranked(output[m]), -method_list.index(m)))
         for name, entry in tables[single].entries.items():
             if name not in choices:
                 table.set(name, entry.amax, single)
-    return AutoTable(table, method_list, choices, output, chosen)
+    return AutoTable(table, method_list, choices, output, chosen, judged_by=unjudged)
 
 
 def _nothing_to_judge(
@@ -518,16 +526,28 @@ def _data_free_or(method_list: list[str], otherwise: str) -> str:
     return registry.DATA_FREE_METHOD if registry.DATA_FREE_METHOD in method_list else otherwise
 
 
-def _unjudged(method_list: list[str], base_name: str) -> str:
+def _unjudged(method_list: list[str], base_name: str, varied: bool) -> tuple[str, str]:
     """The choice when no candidate's output SQNR is defined (NaN or Inf in the slice's FP32
-    outputs): the most robust method that needs no data, not the first in line, and said."""
+    outputs; ``varied``: outputs whose size differs between FP32 and the candidates, such as
+    NonZero or NMS indices): the most robust method that needs no data, not the first in
+    line, and said; and why, for :attr:`AutoTable.judged_by`."""
     fallback = _data_free_or(method_list, base_name)
-    warn(
-        "--method auto: no candidate's output SQNR is defined on the judging slice (its FP32 "
-        f"outputs hold NaN or Inf: see the non-finite samples above); using {fallback}, "
-        "unjudged"
+    why = (
+        "the outputs' sizes differ between FP32 and the candidates (a variable-size output: "
+        "NonZero, NMS), so no value pairs up"
+        if varied
+        else "its FP32 outputs hold NaN or Inf: see the non-finite samples above"
     )
-    return fallback
+    warn(
+        f"--method auto: no candidate's output SQNR is defined on the judging slice ({why}); "
+        f"using {fallback}, unjudged"
+    )
+    return fallback, f"not judged: {why}"
+
+
+def _ranked(score: float) -> float:
+    """A candidate's score for ranking: an undefined one (NaN) ranks with the worst."""
+    return -math.inf if math.isnan(score) else score
 
 
 def isolated_sqnr(
@@ -674,6 +694,8 @@ def _judged_sqnr(acc: OutputsAccumulator) -> float:
     measured = [name for name in acc.names if name not in acc.layout.exact]
     if not measured:  # integers only (class ids): fewer changed values score higher
         return min(_agreement_db(acc.agreement[name]) for name in acc.names)
+    if any(acc.drift[name].mismatched for name in measured):
+        return math.nan  # an output's size varied: nothing pairs up, said by _unjudged
     scores = []
     for name in measured:
         parts = acc.parts_of(name)

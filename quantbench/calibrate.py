@@ -443,7 +443,7 @@ def summarize(result: CalibrationResult) -> None:
     if result.auto is not None:
         scores = ", ".join(f"{k} {v:.2f} dB" for k, v in result.auto.output_sqnr_db.items())
         auto = result.auto
-        if scores:
+        if scores and auto.judged:
             info(f"auto: chose {auto.chosen} ({auto.judged_by} on {auto.holdout}: {scores})")
         else:
             info(f"auto: {auto.chosen} ({auto.judged_by})")

@@ -201,3 +201,41 @@ def test_sensitivity_and_auto_rank_an_integer_only_model_by_its_changed_values(r
     assert code == 0, err
     assert "worst integer output's share of changed values, in dB" in " ".join(err.split())
     assert "-inf" not in err  # every candidate got a score
+
+
+def _gathered_model() -> onnx.ModelProto:
+    """p = Sigmoid(MatMul(Relu(MatMul(x)))); vals = p[p > 0.5] (NonZero + GatherND): a float
+    output whose length is the number of decisions, as after an NMS. The second MatMul's small
+    weights keep p near 0.5, where INT8 moves decisions."""
+    rng = np.random.default_rng(0)
+    model = _nonzero_model(0.5)
+    graph = model.graph
+    graph.node[1].input[0] = "l2"  # Sigmoid reads a second MatMul
+    graph.node.insert(1, helper.make_node("Relu", ["logits"], ["r"]))
+    graph.node.insert(2, helper.make_node("MatMul", ["r", "w2"], ["l2"]))
+    graph.initializer.append(
+        numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32) * 0.05, "w2")
+    )
+    graph.node.extend(
+        [
+            helper.make_node("Transpose", ["idx"], ["idx_t"], perm=[1, 0]),
+            helper.make_node("GatherND", ["p", "idx_t"], ["vals"]),
+        ]
+    )
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info("vals", TensorProto.FLOAT, ["K"]))
+    return model
+
+
+def test_auto_says_it_cannot_judge_outputs_whose_size_varies(run_cli, tmp_path):
+    """Every candidate's output length differed from FP32's on the judging slice: auto listed
+    "-inf dB" for each, 'chose' one and blamed NaN/Inf; it now says why it judged nothing and
+    uses the data-free method."""
+    path = _save(tmp_path, _gathered_model())
+    data, _ = _data(tmp_path, samples=400)  # a judging slice of 64 samples, 1,536 decisions
+    code, _, err = run_cli("calibrate", path, "--data", data, "-o", tmp_path / "t.cache")
+    assert code == 0, err
+    text = " ".join(err.split())
+    said = "auto: percentile:99.99 (not judged: the outputs' sizes differ between FP32 and the"
+    assert said in text
+    assert "NaN or Inf" not in text
