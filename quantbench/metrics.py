@@ -72,6 +72,7 @@ from quantbench.outputaxes import (
     concat_parts,
     probability_outputs,
     samples_second_outputs,
+    value_free_outputs,
 )
 
 #: drift metrics of one tensor pair (each undefined when the tensor holds NaN/Inf).
@@ -89,6 +90,11 @@ MODEL_METRICS = (
     "accuracy_drop",
 )
 CLASS, POSITION, UNKNOWN, EXACT = "class", "position", "unknown", "exact"
+#: why an integer output no float value reaches is not compared
+VALUE_FREE = (
+    "integers no float value reaches (a copy of an integer input, a shape): quantization "
+    "cannot change them, so they are not compared"
+)
 #: a probability's decision (:func:`agreement_kind`), taken at this threshold
 DECISION, DECISION_THRESHOLD = "decision", 0.5
 #: IoU of a probability map's decisions (:func:`is_mask`): its own metric, beside agreement
@@ -319,6 +325,8 @@ class AgreementAccumulator:
     probability: bool = False
     #: the output holds integers or bools (:data:`EXACT`)
     exact: bool = False
+    #: integers no float value reaches (:func:`value_free_outputs`): never compared
+    value_free: bool = False
     #: batches of an exact output whose two sides differed in shape
     mismatched: int = 0
     #: every batch of an exact output held the samples on axis 0 (sequences are per sample)
@@ -362,6 +370,9 @@ class AgreementAccumulator:
         samples the feed held, which tells a time-major ``[T, N, C]`` output (``T != N``) from a
         batch-first one, so that a sequence is one sample's, not one time step's."""
         a, b = np.asarray(a), np.asarray(b)
+        if self.value_free:
+            self.kind, self.reason = None, VALUE_FREE
+            return
         if self.unbatched:  # the sample axis the model does not have
             a, b, batch = a[None], b[None], 1
         if a.shape == b.shape and is_mask(a.shape, self.probability):
@@ -632,6 +643,8 @@ class OutputLayout:
     mask_threshold: float = DECISION_THRESHOLD
     #: outputs holding integers or bools, compared exactly (:data:`EXACT`)
     exact: frozenset[str] = frozenset()
+    #: integer outputs no float value reaches (:func:`value_free_outputs`): not compared
+    value_free: frozenset[str] = frozenset()
 
     @classmethod
     def of(
@@ -641,6 +654,7 @@ class OutputLayout:
         ``mask_threshold``: a probability map's decisions, :data:`MASK_IOU`)."""
         doubts, unless = class_axis_evidence(model)
         first = channels_first_outputs(model)
+        fixed = value_free_outputs(model)
         return cls(
             first,
             doubts,
@@ -651,7 +665,8 @@ class OutputLayout:
             unbatched,
             probability_outputs(model),
             mask_threshold,
-            exact_outputs(model),
+            exact_outputs(model) - fixed,
+            fixed,
         )
 
     def part_op(self, name: str, part: str) -> str:
@@ -680,6 +695,8 @@ class OutputLayout:
 
     def kind(self, shape: Sequence[int | str | None], name: str) -> tuple[str | None, str]:
         """:func:`agreement_kind` of output ``name`` with this layout."""
+        if name in self.value_free:
+            return None, VALUE_FREE
         return agreement_kind(
             (1, *shape) if self.unbatched else shape,
             name,
@@ -707,6 +724,7 @@ class OutputLayout:
             probability=name in self.probabilities,
             mask_threshold=self.mask_threshold,
             exact=name in self.exact,
+            value_free=name in self.value_free,
         )
 
 
@@ -770,8 +788,11 @@ def output_kinds(
 
 def declared_output_kinds(model: Any, unbatched: bool = False) -> dict[str, tuple[str | None, str]]:
     """:func:`output_kinds` of a model's outputs as it declares them (``unbatched``: fed one
-    sample at a time, :attr:`OutputLayout.unbatched`)."""
-    return output_kinds(declared_output_shapes(model), OutputLayout.of(model, unbatched))
+    sample at a time, :attr:`OutputLayout.unbatched`), less those no float value reaches
+    (:func:`value_free_outputs`: nothing to judge them by)."""
+    layout = OutputLayout.of(model, unbatched)
+    shapes = declared_output_shapes(model)
+    return output_kinds({k: v for k, v in shapes.items() if k not in layout.value_free}, layout)
 
 
 def mask_outputs(
@@ -916,7 +937,7 @@ class OutputsAccumulator:
         label_output = self.label_output(reference)
         for name in self.names:
             a, b = reference[name], candidate[name]
-            if name not in self.layout.exact:  # class numbers have no cosine or SQNR
+            if name not in self.layout.exact | self.layout.value_free:  # no SQNR of integers
                 self.drift[name].update(a, b)
             lab = labels if name == label_output and self.labels_usable else None
             self.agreement[name].update(a, b, lab, batch)
@@ -973,6 +994,7 @@ class OutputsAccumulator:
                 )
                 row["agreement_note"] = "; ".join(filter(None, (row["agreement_note"], differ)))
             row["shape_mismatches"] = drift.mismatched + agree.mismatched
+            row["value_free"] = name in self.layout.value_free
             row["nonfinite"] = drift.nonfinite()
             out[name] = row
             for part in self.parts_of(name):
@@ -1040,7 +1062,8 @@ def model_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
         if r.get("agreement_kind") == POSITION
         or (r.get("agreement_kind") == EXACT and r.get("sequence_agreement") is not None)
     ]
-    measured = [r for r in rows if r.get("agreement_kind") != EXACT]  # cosine, SQNR
+    # cosine and SQNR: float outputs only
+    measured = [r for r in rows if r.get("agreement_kind") != EXACT and not r.get("value_free")]
     decoded = [r for r in sequences if r.get("ctc_agreement") is not None]  # (N, T, C) only
     masks = [r for r in rows if r.get("mask_threshold") is not None]
     return {

@@ -9,6 +9,8 @@
   and class scores), and where each part lies.
 - :func:`probability_outputs`: outputs a Sigmoid made (through reshapes only): probabilities,
   whose decision at 0.5 a binary classifier's agreement reads.
+- :func:`value_free_outputs`: integer outputs no float value reaches (shapes, copies of integer
+  inputs), which quantization cannot change.
 
 Pure graph analysis: no data, no metrics (:mod:`quantbench.metrics` uses these).
 """
@@ -191,6 +193,40 @@ def probability_outputs(model: Any) -> frozenset[str]:
         for v in model.graph.output
         if (node := _maker(v.name, producer, through=_RANGE_KEEPING)) is not None
         and node.op_type == "Sigmoid"
+    )
+
+
+#: ops that read only their input's shape, never its values
+_SHAPE_READERS = frozenset({"Shape", "Size"})
+_FLOATS = frozenset(
+    getattr(onnx.TensorProto, name) for name in ("FLOAT", "FLOAT16", "BFLOAT16", "DOUBLE")
+)
+
+
+def value_free_outputs(model: Any) -> frozenset[str]:
+    """Integer or bool outputs that no float value reaches (a float input, weight or Constant,
+    through any op but Shape/Size): a sequence length, an attention mask or token ids passed
+    through. INT8 cannot change them, so their agreement (always 1) would prove nothing. One
+    pass in graph order (ONNX graphs are topologically sorted); an op with a subgraph (If,
+    Loop) counts as reached."""
+    reached = {v.name for v in model.graph.input if v.type.tensor_type.elem_type in _FLOATS}
+    reached |= {i.name for i in model.graph.initializer if i.data_type in _FLOATS}
+    reached |= {
+        n.output[0]
+        for n in model.graph.node
+        if n.op_type == "Constant" and any(a.t.data_type in _FLOATS for a in n.attribute)
+    }
+    for node in model.graph.node:
+        if node.op_type in _SHAPE_READERS:
+            continue
+        nested = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                     for a in node.attribute)  # fmt: skip
+        if nested or any(i in reached for i in node.input if i):
+            reached.update(o for o in node.output if o)
+    return frozenset(
+        v.name
+        for v in model.graph.output
+        if v.name not in reached and v.type.tensor_type.elem_type not in _FLOATS
     )
 
 

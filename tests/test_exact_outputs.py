@@ -17,10 +17,13 @@ from quantbench.autocalib import judge_description
 from quantbench.metrics import (
     AgreementAccumulator,
     DriftAccumulator,
+    OutputLayout,
+    OutputsAccumulator,
     declared_output_kinds,
     metric_support,
     model_metrics,
 )
+from quantbench.outputaxes import value_free_outputs
 
 
 def _argmax_model(with_probabilities: bool = True) -> onnx.ModelProto:
@@ -239,3 +242,55 @@ def test_auto_says_it_cannot_judge_outputs_whose_size_varies(run_cli, tmp_path):
     said = "auto: percentile:99.99 (not judged: the outputs' sizes differ between FP32 and the"
     assert said in text
     assert "NaN or Inf" not in text
+
+
+def _token_model() -> onnx.ModelProto:
+    """ids int64[N,6] -> Gather(embedding) -> MatMul -> tag = ArgMax int64[N,6]; the ids and
+    their Shape also returned as outputs (a BERT export passes its inputs through)."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Gather", ["emb", "ids"], ["e"]),
+        helper.make_node("MatMul", ["e", "w"], ["logits"]),
+        helper.make_node("ArgMax", ["logits"], ["tag"], axis=-1, keepdims=0),
+        helper.make_node("Identity", ["ids"], ["ids_out"]),
+        helper.make_node("Shape", ["logits"], ["shape"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 6])],
+        [
+            helper.make_tensor_value_info("tag", TensorProto.INT64, ["N", 6]),
+            helper.make_tensor_value_info("ids_out", TensorProto.INT64, ["N", 6]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [3]),
+        ],
+        [
+            numpy_helper.from_array(rng.standard_normal((50, 16)).astype(np.float32), "emb"),
+            numpy_helper.from_array(rng.standard_normal((16, 10)).astype(np.float32), "w"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_integers_no_float_value_reaches_are_not_compared():
+    """MiniLM's export returns input_ids and attention_mask through Identity: compared exactly
+    they 'agree' 100 % whatever INT8 does, which made top1_agreement defined and recover's
+    default target met by plain INT8. The tags an ArgMax made from the (float) embedding are
+    compared; the copies and the shape are not."""
+    model = _token_model()
+    assert value_free_outputs(model) == {"ids_out", "shape"}
+    kinds = declared_output_kinds(model)
+    assert set(kinds) == {"tag"} and kinds["tag"][0] == "exact"
+    acc = OutputsAccumulator(["tag", "ids_out", "shape"], layout=OutputLayout.of(model))
+    ids = np.arange(12).reshape(2, 6)
+    acc.update(
+        {"tag": ids % 3, "ids_out": ids, "shape": np.array([2, 6, 10])},
+        {"tag": (ids + 1) % 3, "ids_out": ids, "shape": np.array([2, 6, 10])},
+        batch=2,
+    )
+    rows = acc.rows()
+    assert rows["ids_out"]["agreement"] is None and rows["ids_out"]["value_free"] is True
+    assert "quantization cannot change them" in rows["ids_out"]["agreement_note"]
+    assert acc.model_metrics()["top1_agreement"] == 0.0  # the tags alone: none agree

@@ -14,6 +14,8 @@ from quantbench.progress import console
 
 def _standing(output: dict[str, Any]) -> str:
     """What still judges an output without argmax agreement."""
+    if output.get("value_free"):
+        return ""
     if output.get("mask_threshold") is not None:
         return f"; mask IoU (decisions at {output['mask_threshold']}), cosine and SQNR stand"
     return "; cosine and SQNR stand"

@@ -233,7 +233,8 @@ class Evaluator:
         if self.fp32_metrics.get(metric) is not None:
             return
         first = self.reference[0]
-        kinds = {o: self.layout.kind(np.shape(first[o]), o) for o in self.outputs}
+        judged = [o for o in self.outputs if o not in self.layout.value_free]
+        kinds = {o: self.layout.kind(np.shape(first[o]), o) for o in judged}
         masks = mask_outputs({o: np.shape(first[o]) for o in self.outputs}, self.layout)
         reason = metric_support(metric, kinds, self.labels, masks)
         if not reason and metric not in METRICS:
