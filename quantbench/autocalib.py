@@ -691,9 +691,11 @@ def _judged_sqnr(acc: OutputsAccumulator) -> float:
     does not decide alone: on dddd-det the worst part alone chose the mix (objectness 17.4 dB
     against mse's 17.0) over mse, which was 5 dB better on the boxes, and lost 2.6 points of
     box F1."""
-    measured = [name for name in acc.names if name not in acc.layout.exact]
+    layout = acc.layout
+    measured = [name for name in acc.names if name not in layout.exact | layout.value_free]
     if not measured:  # integers only (class ids): fewer changed values score higher
-        return min(_agreement_db(acc.agreement[name]) for name in acc.names)
+        ids = [name for name in acc.names if name in layout.exact]
+        return min((_agreement_db(acc.agreement[name]) for name in ids), default=math.inf)
     if any(acc.drift[name].mismatched for name in measured):
         return math.nan  # an output's size varied: nothing pairs up, said by _unjudged
     scores = []

@@ -294,3 +294,16 @@ def test_integers_no_float_value_reaches_are_not_compared():
     assert rows["ids_out"]["agreement"] is None and rows["ids_out"]["value_free"] is True
     assert "quantization cannot change them" in rows["ids_out"]["agreement_note"]
     assert acc.model_metrics()["top1_agreement"] == 0.0  # the tags alone: none agree
+
+
+def test_auto_scores_a_model_that_passes_its_inputs_through(run_cli, tmp_path):
+    """The pass-through outputs are not compared: auto must not read their missing SQNR as
+    'undefined' for every candidate (it did, and judged nothing)."""
+    path = _save(tmp_path, _token_model())
+    ids = np.random.default_rng(2).integers(0, 50, (200, 6)).astype(np.int64)
+    np.savez(tmp_path / "ids.npz", ids=ids)
+    code, _, err = run_cli("calibrate", path, "--data", tmp_path / "ids.npz", "-o",
+                           tmp_path / "t.cache")  # fmt: skip
+    assert code == 0, err
+    text = " ".join(err.split())
+    assert "auto: chose" in text and "not judged" not in text and "-inf" not in text
