@@ -394,3 +394,14 @@ def test_a_gate_value_is_shown_with_a_digit_more_than_its_limit():
     assert _against(0.99993, 0.99993) == "0.99993"
     assert _against(25.123456, 20) == "25.12"
     assert _against(0.99999999, 0.9999999) == "0.99999999"
+
+
+def test_compare_calibrates_on_at_most_calib_max_samples(run_cli, cnn_path, cnn_data, tmp_path):
+    """sensitivity and recover had --calib-max-samples; compare had no such option and
+    calibrated on every sample."""
+    out = tmp_path / "c.json"
+    code, _, err = run_cli("compare", "fp32", "int8", "--model", cnn_path, "--data", cnn_data,
+                           "--calib-data", cnn_data, "--calib-max-samples", "8", "-m", "minmax",
+                           "--no-latency", "--json", out)  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out.read_text())["data"]["calib_samples"] == 8
