@@ -28,7 +28,13 @@ from quantbench.graph import (
     type_text,
     untyped_tensors,
 )
-from quantbench.metrics import declared_mask_outputs, declared_output_kinds, defined_metrics
+from quantbench.metrics import (
+    VALUE_FREE,
+    declared_mask_outputs,
+    declared_output_kinds,
+    defined_metrics,
+)
+from quantbench.outputaxes import value_free_outputs
 from quantbench.progress import console
 from quantbench.stats import StatsFile
 from quantbench.table.codecs import read_table
@@ -98,10 +104,12 @@ def _output_judgement(g: Graph) -> dict[str, Any]:
     kind (or why none) and whether it is a probability map, and the metrics that follow."""
     kinds = declared_output_kinds(g.model)
     masks = declared_mask_outputs(g.model)
+    fixed = dict.fromkeys(value_free_outputs(g.model), (None, VALUE_FREE))
     return {
         "output_agreement": {
-            name: {"kind": kind, "reason": reason or None, "mask": name in masks}
-            for name, (kind, reason) in kinds.items()
+            v.name: {"kind": kind, "reason": reason or None, "mask": v.name in masks}
+            for v in g.model.graph.output
+            for kind, reason in [kinds.get(v.name) or fixed.get(v.name) or (None, "")]
         },
         "output_metrics": defined_metrics(kinds, None, masks),
     }
