@@ -307,3 +307,13 @@ def test_auto_scores_a_model_that_passes_its_inputs_through(run_cli, tmp_path):
     assert code == 0, err
     text = " ".join(err.split())
     assert "auto: chose" in text and "not judged" not in text and "-inf" not in text
+
+
+def test_recover_says_why_a_variable_size_output_leaves_its_metric_undefined(run_cli, tmp_path):
+    path = _save(tmp_path, _gathered_model())
+    data, _ = _data(tmp_path, samples=400)
+    code, _, err = run_cli("recover", path, "--data", data, "--calib-data", data, "-m", "minmax",
+                           "--target", "sqnr_db=20", "-o", tmp_path / "rec")  # fmt: skip
+    assert code in (0, 1), err
+    text = " ".join(err.split())
+    assert "step 0: plain INT8, sqnr_db=undefined (output sizes differed from FP32's on" in text

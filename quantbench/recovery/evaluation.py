@@ -47,7 +47,7 @@ METRICS = MODEL_METRICS
 #: metrics that need labels.
 LABELLED = frozenset({"accuracy", "accuracy_drop"})
 #: names a metric script may not return (built-ins, and the NaN/Inf count of an evaluation).
-RESERVED = frozenset({*METRICS, "nonfinite"})
+RESERVED = frozenset({*METRICS, "nonfinite", "shape_mismatches"})
 
 _TOLERANCE = 1e-9
 _TARGET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([-+0-9.eE]+|inf)\s*$")
@@ -304,6 +304,8 @@ class Evaluator:
                 session.update(ref, {o: got[o] for o in self.outputs}, lab)
         metrics: dict[str, float | None] = dict(acc.model_metrics())
         metrics["nonfinite"] = sum(d.nonfinite_b for d in acc.drift.values())
+        rows = acc.rows().values()  # batches whose output sizes differed (NonZero, NMS)
+        metrics["shape_mismatches"] = max((r.get("shape_mismatches") or 0 for r in rows), default=0)
         if session is not None:
             metrics.update(session.compute())
         return metrics

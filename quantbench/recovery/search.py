@@ -135,6 +135,18 @@ def _step(
     return record, variant, met
 
 
+def _why_undefined(metrics: dict[str, Any]) -> str:
+    """Why a step's metric is undefined, as a parenthesis ('' when nothing is known)."""
+    if bad := metrics.get("nonfinite"):
+        return f" ({bad} NaN/Inf output values)"
+    if differed := metrics.get("shape_mismatches"):
+        return (
+            f" (output sizes differed from FP32's on {differed} batch(es): a variable-size "
+            "output such as NonZero or NMS; a --metric-script can judge it)"
+        )
+    return ""
+
+
 def _announce(record: dict[str, Any], target: Target) -> None:
     kept = record["kept_high_precision"]
     added = f"+{kept[-1]}" if kept else "plain INT8"
@@ -142,8 +154,7 @@ def _announce(record: dict[str, Any], target: Target) -> None:
     if isinstance(value, float):
         shown = f"{value:.4g}"
     elif value is None:
-        bad = record["metrics"].get("nonfinite")
-        shown = f"undefined ({bad} NaN/Inf output values)" if bad else "undefined"
+        shown = "undefined" + _why_undefined(record["metrics"])
     else:
         shown = str(value)
     info(f"step {record['step']}: {added}, {target.metric}={shown} ({record['seconds']:.1f} s)")
