@@ -338,7 +338,8 @@ def judge_description(model: Any) -> str:
     which outputs count as their parts at equal power."""
     layout = OutputLayout.of(model)
     parts = layout.parts
-    if layout.exact and len(layout.exact) == len(model.graph.output):
+    floats = {o.name for o in model.graph.output} - layout.exact - layout.value_free
+    if not floats:
         return "worst integer output's share of changed values, in dB"
     which = "worst float output's SQNR" if layout.exact else "worst output's SQNR"
     if not parts:

@@ -307,6 +307,7 @@ def test_auto_scores_a_model_that_passes_its_inputs_through(run_cli, tmp_path):
     assert code == 0, err
     text = " ".join(err.split())
     assert "auto: chose" in text and "not judged" not in text and "-inf" not in text
+    assert "worst integer output's share of changed values" in text  # the tags, not the copies
 
 
 def test_recover_says_why_a_variable_size_output_leaves_its_metric_undefined(run_cli, tmp_path):
