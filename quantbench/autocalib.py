@@ -50,6 +50,7 @@ from quantbench.graph import Graph
 from quantbench.isolated import build_isolated, rename_twins, shared_upgrades
 from quantbench.jsonsafe import json_float
 from quantbench.metrics import DriftAccumulator, OutputLayout, OutputsAccumulator
+from quantbench.outputaxes import selection_sources
 from quantbench.progress import warn
 from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
 from quantbench.stats import StatsFile
@@ -342,6 +343,10 @@ def judge_description(model: Any) -> str:
     if not floats:
         return "worst integer output's share of changed values, in dB"
     which = "worst float output's SQNR" if layout.exact else "worst output's SQNR"
+    chosen_from = selection_sources(model)
+    if chosen_from:
+        listed = ", ".join(f"{o} on {', '.join(t)}" for o, t in chosen_from.items())
+        which += f" ({listed}: the tensors its NMS/NonZero chose from)"
     if not parts:
         return which
     whose = "its" if len(parts) == 1 else "their"
@@ -661,11 +666,13 @@ def output_sqnrs(
     :func:`quantbench.outputaxes.concat_parts`) judged over its parts (:func:`_judged_sqnr`;
     ``-inf`` when one is undefined, e.g. holds NaN). One pass: each batch runs FP32 once (or
     ``reference``: FP32 outputs per batch computed before), then every candidate."""
-    outputs = [o.name for o in graph.model.graph.output]
-    fp32 = None if reference is not None else OnnxRuntimeRunner(graph.model, provider, threads)
+    outputs, extra = judged_tensors(graph)
+    fp32 = None
+    if reference is None:
+        fp32 = OnnxRuntimeRunner(_exposed(graph, graph.model, extra), provider, threads)
     runners = {
         name: OnnxRuntimeRunner(
-            quantize_model(graph, table, allow_partial=True).model,
+            _exposed(graph, quantize_model(graph, table, allow_partial=True).model, extra),
             provider,
             threads,
             generated_from=graph.model,
@@ -683,6 +690,25 @@ def output_sqnrs(
     if fp32 is not None:
         fp32.close()
     return {name: _judged_sqnr(acc) for name, acc in accs.items()}
+
+
+def judged_tensors(graph: Graph) -> tuple[list[str], list[str]]:
+    """The tensors candidates are scored on, and those of them that are not graph outputs:
+    every output, except that one after an op whose output size depends on the data (NMS,
+    NonZero) is replaced by the float tensors that op chose from
+    (:func:`quantbench.outputaxes.selection_sources`): FP32's and a candidate's selections
+    differ in size, so nothing would pair up and no candidate could be judged."""
+    outputs = [o.name for o in graph.model.graph.output]
+    chosen_from = selection_sources(graph.model)
+    judged = [o for o in outputs if o not in chosen_from]
+    for sources in chosen_from.values():
+        judged += [t for t in sources if t not in judged]
+    return judged, [t for t in judged if t not in outputs]
+
+
+def _exposed(graph: Graph, model: Any, extra: list[str]) -> Any:
+    """``model`` also outputting ``extra`` (tensors of ``graph``'s model), or itself."""
+    return expose(model, extra, graph.elem_types) if extra else model
 
 
 def _judged_sqnr(acc: OutputsAccumulator) -> float:
@@ -713,9 +739,10 @@ def _judged_sqnr(acc: OutputsAccumulator) -> float:
 def reference_outputs(
     graph: Graph, held_out: DataSource, provider: str | None, threads: int | None
 ) -> list[dict[str, np.ndarray]]:
-    """FP32 outputs of every batch of ``held_out`` (computed once, sent to the workers)."""
-    outputs = [o.name for o in graph.model.graph.output]
-    runner = OnnxRuntimeRunner(graph.model, provider, threads)
+    """FP32 outputs of every batch of ``held_out`` (computed once, sent to the workers): the
+    tensors :func:`judged_tensors` names."""
+    outputs, extra = judged_tensors(graph)
+    runner = OnnxRuntimeRunner(_exposed(graph, graph.model, extra), provider, threads)
     found = [runner.infer(feed, outputs) for feed in held_out.batches()]
     runner.close()
     return found

@@ -11,6 +11,8 @@
   whose decision at 0.5 a binary classifier's agreement reads.
 - :func:`value_free_outputs`: integer outputs no float value reaches (shapes, copies of integer
   inputs), which quantization cannot change.
+- :func:`selection_sources`: outputs after an op whose output size depends on the data (NMS,
+  NonZero), and the float tensors that op chose from.
 
 Pure graph analysis: no data, no metrics (:mod:`quantbench.metrics` uses these).
 """
@@ -228,6 +230,47 @@ def value_free_outputs(model: Any) -> frozenset[str]:
         for v in model.graph.output
         if v.name not in reached and v.type.tensor_type.elem_type not in _FLOATS
     )
+
+
+#: ops whose output size depends on the values they read: FP32 and INT8 may select differently
+_SELECTIONS = frozenset({"NonMaxSuppression", "NonZero", "Compress"})
+_COMPARISONS = frozenset({"Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal"})
+
+
+def selection_sources(model: Any) -> dict[str, list[str]]:
+    """Outputs downstream of an op whose output size depends on the data (NonMaxSuppression,
+    NonZero, Compress) -> the float tensors that op chose from: NMS's boxes and scores, the
+    values a NonZero's or Compress' comparison read. What FP32 and INT8 select differs in size,
+    so those outputs cannot be compared value by value; the tensors they select from can."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    constants = constant_tensors(model)
+    found: dict[str, list[str]] = {}
+    for value in model.graph.output:
+        sources: list[str] = []
+        seen: set[str] = set()
+        stack = [value.name]
+        while stack:
+            node = producer.get(stack.pop())
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.op_type in _SELECTIONS:
+                sources += [t for t in _chosen_from(node, producer, constants) if t not in sources]
+            stack += [i for i in node.input if i]
+        if sources:
+            found[value.name] = sources
+    return found
+
+
+def _chosen_from(node: Any, producer: Mapping[str, Any], constants: Collection[str]) -> list[str]:
+    """The float tensors a selection op chose from (see :func:`selection_sources`)."""
+    if node.op_type == "NonMaxSuppression":
+        return [t for t in node.input[:2] if t]
+    condition = node.input[0] if node.op_type == "NonZero" else node.input[1]
+    compared = producer.get(condition)
+    if compared is None or compared.op_type not in _COMPARISONS:
+        return []
+    return [t for t in compared.input if t and t not in constants]
 
 
 def samples_second_outputs(model: Any) -> frozenset[str]:

@@ -230,12 +230,31 @@ def _gathered_model() -> onnx.ModelProto:
     return model
 
 
-def test_auto_says_it_cannot_judge_outputs_whose_size_varies(run_cli, tmp_path):
+def test_auto_judges_outputs_of_varying_size_on_what_they_chose_from(run_cli, tmp_path):
     """Every candidate's output length differed from FP32's on the judging slice: auto listed
-    "-inf dB" for each, 'chose' one and blamed NaN/Inf; it now says why it judged nothing and
-    uses the data-free method."""
+    "-inf dB" for each and 'chose' one. It now scores the tensor the NonZero chose from (p)."""
     path = _save(tmp_path, _gathered_model())
     data, _ = _data(tmp_path, samples=400)  # a judging slice of 64 samples, 1,536 decisions
+    code, _, err = run_cli("calibrate", path, "--data", data, "-o", tmp_path / "t.cache")
+    assert code == 0, err
+    text = " ".join(err.split())
+    assert "auto: chose" in text and "(vals on p: the tensors its NMS/NonZero chose from)" in text
+    assert "not judged" not in text and "nan dB" not in text
+
+
+def test_auto_says_it_cannot_judge_outputs_whose_size_varies(run_cli, tmp_path):
+    """Where the selection's source cannot be traced (NonZero of a cast, not a comparison),
+    auto says why it judged nothing instead of ranking undefined scores or blaming NaN/Inf."""
+    model = _gathered_model()
+    greater = next(n for n in model.graph.node if n.op_type == "Greater")
+    index = list(model.graph.node).index(greater)
+    model.graph.node.remove(greater)
+    model.graph.node.insert(index, helper.make_node("Round", ["p"], ["rounded"]))
+    model.graph.node.insert(
+        index + 1, helper.make_node("Cast", ["rounded"], ["g"], to=TensorProto.BOOL)
+    )
+    path = _save(tmp_path, model)
+    data, _ = _data(tmp_path, samples=400)
     code, _, err = run_cli("calibrate", path, "--data", data, "-o", tmp_path / "t.cache")
     assert code == 0, err
     text = " ".join(err.split())
@@ -318,3 +337,64 @@ def test_recover_says_why_a_variable_size_output_leaves_its_metric_undefined(run
     assert code in (0, 1), err
     text = " ".join(err.split())
     assert "step 0: plain INT8, sqnr_db=undefined (output sizes differed from FP32's on" in text
+
+
+def _nms_model() -> onnx.ModelProto:
+    """x[N,50,16] -> boxes [N,50,4] (MatMul), scores [N,1,50] (MatMul, Sigmoid, Transpose) ->
+    NonMaxSuppression -> selected indices int64[K, 3]; the scores are an output too."""
+    rng = np.random.default_rng(0)
+    inits = {
+        "wb": rng.standard_normal((16, 4)).astype(np.float32) * 3,
+        "ws": rng.standard_normal((16, 1)).astype(np.float32),
+        "most": np.array([20], np.int64),
+        "iou": np.array([0.5], np.float32),
+        "least": np.array([0.6], np.float32),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "wb"], ["boxes"]),
+        helper.make_node("MatMul", ["x", "ws"], ["s0"]),
+        helper.make_node("Sigmoid", ["s0"], ["s1"]),
+        helper.make_node("Transpose", ["s1"], ["scores"], perm=[0, 2, 1]),
+        helper.make_node(
+            "NonMaxSuppression", ["boxes", "scores", "most", "iou", "least"], ["sel"]
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 50, 16])],
+        [
+            helper.make_tensor_value_info("sel", TensorProto.INT64, ["K", 3]),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", 1, 50]),
+        ],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_an_nms_detector_is_compared_and_judged(run_cli, tmp_path):
+    """The selected indices are compared exactly (batches that selected another number agree
+    nowhere); auto scores the boxes and scores NMS chose from, not the indices."""
+    from quantbench.outputaxes import selection_sources
+
+    model = _nms_model()
+    assert selection_sources(model) == {"sel": ["boxes", "scores"]}
+    path = _save(tmp_path, model)
+    x = np.random.default_rng(0).standard_normal((64, 50, 16)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x)
+    code, _, err = run_cli("calibrate", path, "--data", tmp_path / "d.npz", "-o",
+                           tmp_path / "t.cache")  # fmt: skip
+    assert code == 0, err
+    text = " ".join(err.split())
+    assert "(sel on boxes, scores: the tensors its NMS/NonZero chose from)" in text
+    assert "not judged" not in text
+    out = tmp_path / "c.json"
+    code, _, err = run_cli("compare", "fp32", "int8", "--model", path, "--data",
+                           tmp_path / "d.npz", "--table", tmp_path / "t.cache",
+                           "--batch-size", "8", "--no-latency", "--json", out)  # fmt: skip
+    assert code == 0, err
+    rows = {o["name"]: o for o in json.loads(out.read_text())["outputs"]}
+    assert rows["sel"]["agreement_kind"] == "exact" and rows["sel"]["cosine"] is None
+    assert rows["scores"]["mask_threshold"] == 0.5 and rows["scores"]["cosine"] > 0.99
