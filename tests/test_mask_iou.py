@@ -280,3 +280,19 @@ def test_a_detectors_class_scores_are_judged_by_their_decisions(tmp_path):
     path = tmp_path / "head.onnx"
     onnx.save(model, path)
     assert default_target(open_graph(path), None) == "mask_iou=0.99"
+
+
+def test_a_mask_target_fp32_never_decides_says_so(run_cli, tmp_path):
+    """Every probability is 0.5 (a zero convolution): nothing is above 0.6 in FP32 itself, so
+    no candidate can be judged by mask IoU; recover says that in one line, before any variant."""
+    model = _map_model("Sigmoid")
+    model.graph.initializer[0].CopyFrom(
+        numpy_helper.from_array(np.zeros((1, 3, 3, 3), np.float32), "w")
+    )
+    path, data, _ = _files(tmp_path, model)
+    code, _, err = run_cli("recover", path, "--data", data, "--calib-data", data, "-m", "minmax",
+                           "--mask-threshold", "0.6", "-o", tmp_path / "rec")  # fmt: skip
+    assert code == 2
+    text = " ".join(err.split())
+    assert "--target mask_iou: undefined on this data: no value of FP32's probability" in text
+    assert "above 0.6; --mask-threshold sets the model's own threshold" in text

@@ -248,6 +248,11 @@ class Evaluator:
                     "needs outputs of more than 5 classes (with 5 or fewer, the top 5 hold every "
                     "class whatever the model does); use top1_agreement"
                 )
+            elif not nonfinite and metric == MASK_IOU:
+                reason = (
+                    f"undefined on this data: no value of FP32's probability maps is above "
+                    f"{self.mask_threshold:g}; --mask-threshold sets the model's own threshold"
+                )
             else:
                 reason = "undefined on this data: " + (nonfinite or "no value")
         raise QuantbenchError(f"{option} {metric}: {reason}")
