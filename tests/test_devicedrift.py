@@ -181,3 +181,17 @@ def test_compare_wiring_with_numpy_sums_equals_the_host_path(monkeypatch, tmp_pa
             else:
                 assert a == b, (d["tensor"], key)
     assert docs["device"]["outputs"] == docs["host"]["outputs"]
+
+
+def test_a_tensor_whose_size_differs_is_undefined_not_an_exception():
+    """A variable-size output (NonZero, NMS) of another length in the candidate: the device path
+    raised ValueError (compare's internal error); it is now undefined, as on the host."""
+    acc = DriftAccumulator()
+    drift = DeviceDrift(np)
+    drift.add(acc, np.ones(6, np.float32), np.ones(6, np.float32))
+    drift.run()
+    drift.add(acc, np.ones((3, 4), np.float32), np.ones((3, 5), np.float32))
+    drift.run()
+    drift.finish()
+    assert acc.mismatched == 1 and acc.n == 6 + 15
+    assert acc.metrics()["cosine"] is None
