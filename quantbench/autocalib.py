@@ -41,7 +41,7 @@ import numpy as np
 
 from quantbench import calibrators as registry
 from quantbench.automemo import judgement_key, load_judgement, store_judgement
-from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
+from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose, with_outputs
 from quantbench.collect import collect_stats
 from quantbench.data import DataSource, dynamic_batch, open_data
 from quantbench.errors import QuantbenchError, first_line
@@ -50,7 +50,7 @@ from quantbench.graph import Graph
 from quantbench.isolated import build_isolated, rename_twins, shared_upgrades
 from quantbench.jsonsafe import json_float
 from quantbench.metrics import DriftAccumulator, OutputLayout, OutputsAccumulator
-from quantbench.outputaxes import selection_sources
+from quantbench.outputaxes import judged_tensors, selection_sources
 from quantbench.progress import warn
 from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
 from quantbench.stats import StatsFile
@@ -666,13 +666,16 @@ def output_sqnrs(
     :func:`quantbench.outputaxes.concat_parts`) judged over its parts (:func:`_judged_sqnr`;
     ``-inf`` when one is undefined, e.g. holds NaN). One pass: each batch runs FP32 once (or
     ``reference``: FP32 outputs per batch computed before), then every candidate."""
-    outputs, extra = judged_tensors(graph)
+    outputs, extra = judged_tensors(graph.model)
     fp32 = None
     if reference is None:
-        fp32 = OnnxRuntimeRunner(_exposed(graph, graph.model, extra), provider, threads)
+        model = with_outputs(graph.model, extra, graph.elem_types)
+        fp32 = OnnxRuntimeRunner(model, provider, threads)
     runners = {
         name: OnnxRuntimeRunner(
-            _exposed(graph, quantize_model(graph, table, allow_partial=True).model, extra),
+            with_outputs(
+                quantize_model(graph, table, allow_partial=True).model, extra, graph.elem_types
+            ),
             provider,
             threads,
             generated_from=graph.model,
@@ -692,25 +695,6 @@ def output_sqnrs(
     return {name: _judged_sqnr(acc) for name, acc in accs.items()}
 
 
-def judged_tensors(graph: Graph) -> tuple[list[str], list[str]]:
-    """The tensors candidates are scored on, and those of them that are not graph outputs:
-    every output, except that one after an op whose output size depends on the data (NMS,
-    NonZero) is replaced by the float tensors that op chose from
-    (:func:`quantbench.outputaxes.selection_sources`): FP32's and a candidate's selections
-    differ in size, so nothing would pair up and no candidate could be judged."""
-    outputs = [o.name for o in graph.model.graph.output]
-    chosen_from = selection_sources(graph.model)
-    judged = [o for o in outputs if o not in chosen_from]
-    for sources in chosen_from.values():
-        judged += [t for t in sources if t not in judged]
-    return judged, [t for t in judged if t not in outputs]
-
-
-def _exposed(graph: Graph, model: Any, extra: list[str]) -> Any:
-    """``model`` also outputting ``extra`` (tensors of ``graph``'s model), or itself."""
-    return expose(model, extra, graph.elem_types) if extra else model
-
-
 def _judged_sqnr(acc: OutputsAccumulator) -> float:
     """A candidate's score: its worst output's SQNR, where an output joining kinds of values
     counts as the SQNR it would have with each part scaled to the same power (the mean of the
@@ -719,7 +703,11 @@ def _judged_sqnr(acc: OutputsAccumulator) -> float:
     against mse's 17.0) over mse, which was 5 dB better on the boxes, and lost 2.6 points of
     box F1."""
     layout = acc.layout
-    measured = [name for name in acc.names if name not in layout.exact | layout.value_free]
+    measured = [
+        name
+        for name in acc.names
+        if name not in layout.exact | layout.value_free and not layout.stands_in(name, acc.names)
+    ]
     if not measured:  # integers only (class ids): fewer changed values score higher
         ids = [name for name in acc.names if name in layout.exact]
         return min((_agreement_db(acc.agreement[name]) for name in ids), default=math.inf)
@@ -739,10 +727,11 @@ def _judged_sqnr(acc: OutputsAccumulator) -> float:
 def reference_outputs(
     graph: Graph, held_out: DataSource, provider: str | None, threads: int | None
 ) -> list[dict[str, np.ndarray]]:
-    """FP32 outputs of every batch of ``held_out`` (computed once, sent to the workers): the
-    tensors :func:`judged_tensors` names."""
-    outputs, extra = judged_tensors(graph)
-    runner = OnnxRuntimeRunner(_exposed(graph, graph.model, extra), provider, threads)
+    """FP32 outputs of every batch of ``held_out`` (computed once, sent to the workers), and
+    the tensors an NMS/NonZero chose from (:func:`quantbench.outputaxes.judged_tensors`)."""
+    outputs, extra = judged_tensors(graph.model)
+    model = with_outputs(graph.model, extra, graph.elem_types)
+    runner = OnnxRuntimeRunner(model, provider, threads)
     found = [runner.infer(feed, outputs) for feed in held_out.batches()]
     runner.close()
     return found

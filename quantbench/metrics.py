@@ -72,6 +72,7 @@ from quantbench.outputaxes import (
     concat_parts,
     probability_outputs,
     samples_second_outputs,
+    selection_sources,
     value_free_outputs,
 )
 
@@ -325,8 +326,9 @@ class AgreementAccumulator:
     probability: bool = False
     #: the output holds integers or bools (:data:`EXACT`)
     exact: bool = False
-    #: integers no float value reaches (:func:`value_free_outputs`): never compared
-    value_free: bool = False
+    #: why this tensor has no agreement at all, whatever its shape ('' when it may have):
+    #: integers no float value reaches, a tensor an NMS chose from (drift only)
+    not_compared: str = ""
     #: batches of an exact output whose two sides differed in shape
     mismatched: int = 0
     #: every batch of an exact output held the samples on axis 0 (sequences are per sample)
@@ -370,8 +372,8 @@ class AgreementAccumulator:
         samples the feed held, which tells a time-major ``[T, N, C]`` output (``T != N``) from a
         batch-first one, so that a sequence is one sample's, not one time step's."""
         a, b = np.asarray(a), np.asarray(b)
-        if self.value_free:
-            self.kind, self.reason = None, VALUE_FREE
+        if self.not_compared:
+            self.kind, self.reason = None, self.not_compared
             return
         if self.unbatched:  # the sample axis the model does not have
             a, b, batch = a[None], b[None], 1
@@ -645,6 +647,11 @@ class OutputLayout:
     exact: frozenset[str] = frozenset()
     #: integer outputs no float value reaches (:func:`value_free_outputs`): not compared
     value_free: frozenset[str] = frozenset()
+    #: outputs after an NMS/NonZero -> the float tensors it chose from
+    #: (:func:`selection_sources`), judged by their drift where a caller fetches them
+    chosen_from: Mapping[str, list[str]] = field(default_factory=dict)
+    #: the model's outputs (other tensors a caller fetches are not outputs)
+    outputs: tuple[str, ...] = ()
 
     @classmethod
     def of(
@@ -667,7 +674,29 @@ class OutputLayout:
             mask_threshold,
             exact_outputs(model) - fixed,
             fixed,
+            selection_sources(model),
+            tuple(o.name for o in model.graph.output),
         )
+
+    @property
+    def sources(self) -> frozenset[str]:
+        """The tensors NMS/NonZero outputs chose from (:attr:`chosen_from`)."""
+        return frozenset(t for tensors in self.chosen_from.values() for t in tensors)
+
+    def not_compared(self, name: str) -> str:
+        """Why tensor ``name`` has no agreement whatever its shape ('' when it may have)."""
+        if name in self.value_free:
+            return VALUE_FREE
+        if name in self.sources and name not in self.outputs:
+            outputs = ", ".join(o for o, t in self.chosen_from.items() if name in t)
+            return f"a tensor the NMS/NonZero before {outputs} chose from: judged by its drift"
+        return ""
+
+    def stands_in(self, name: str, fetched: Collection[str]) -> bool:
+        """Whether output ``name`` is judged on the tensors it chose from, all among
+        ``fetched``: its own drift (sizes that differ) then does not count."""
+        sources = self.chosen_from.get(name)
+        return bool(sources) and all(t in fetched for t in sources)
 
     def part_op(self, name: str, part: str) -> str:
         """The op that made part row ``part`` of output ``name`` (:attr:`parts`)."""
@@ -695,8 +724,8 @@ class OutputLayout:
 
     def kind(self, shape: Sequence[int | str | None], name: str) -> tuple[str | None, str]:
         """:func:`agreement_kind` of output ``name`` with this layout."""
-        if name in self.value_free:
-            return None, VALUE_FREE
+        if reason := self.not_compared(name):
+            return None, reason
         return agreement_kind(
             (1, *shape) if self.unbatched else shape,
             name,
@@ -724,7 +753,7 @@ class OutputLayout:
             probability=name in self.probabilities,
             mask_threshold=self.mask_threshold,
             exact=name in self.exact,
-            value_free=name in self.value_free,
+            not_compared=self.not_compared(name),
         )
 
 
@@ -995,6 +1024,8 @@ class OutputsAccumulator:
                 row["agreement_note"] = "; ".join(filter(None, (row["agreement_note"], differ)))
             row["shape_mismatches"] = drift.mismatched + agree.mismatched
             row["value_free"] = name in self.layout.value_free
+            stands_in = self.layout.stands_in(name, self.names)
+            row["judged_on"] = list(self.layout.chosen_from[name]) if stands_in else None
             row["nonfinite"] = drift.nonfinite()
             out[name] = row
             for part in self.parts_of(name):
@@ -1062,8 +1093,12 @@ def model_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
         if r.get("agreement_kind") == POSITION
         or (r.get("agreement_kind") == EXACT and r.get("sequence_agreement") is not None)
     ]
-    # cosine and SQNR: float outputs only
-    measured = [r for r in rows if r.get("agreement_kind") != EXACT and not r.get("value_free")]
+    # cosine and SQNR: float outputs (or the tensors an NMS chose from, standing in for them)
+    measured = [
+        r
+        for r in rows
+        if r.get("agreement_kind") != EXACT and not r.get("value_free") and not r.get("judged_on")
+    ]
     decoded = [r for r in sequences if r.get("ctc_agreement") is not None]  # (N, T, C) only
     masks = [r for r in rows if r.get("mask_threshold") is not None]
     return {

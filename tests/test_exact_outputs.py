@@ -242,9 +242,9 @@ def test_auto_judges_outputs_of_varying_size_on_what_they_chose_from(run_cli, tm
     assert "not judged" not in text and "nan dB" not in text
 
 
-def test_auto_says_it_cannot_judge_outputs_whose_size_varies(run_cli, tmp_path):
-    """Where the selection's source cannot be traced (NonZero of a cast, not a comparison),
-    auto says why it judged nothing instead of ranking undefined scores or blaming NaN/Inf."""
+def _untraced_model() -> onnx.ModelProto:
+    """:func:`_gathered_model` whose NonZero reads Cast(Round(p)), not a comparison: what it
+    chose from is not traced."""
     model = _gathered_model()
     greater = next(n for n in model.graph.node if n.op_type == "Greater")
     index = list(model.graph.node).index(greater)
@@ -253,7 +253,13 @@ def test_auto_says_it_cannot_judge_outputs_whose_size_varies(run_cli, tmp_path):
     model.graph.node.insert(
         index + 1, helper.make_node("Cast", ["rounded"], ["g"], to=TensorProto.BOOL)
     )
-    path = _save(tmp_path, model)
+    return model
+
+
+def test_auto_says_it_cannot_judge_outputs_whose_size_varies(run_cli, tmp_path):
+    """Where the selection's source cannot be traced (NonZero of a cast, not a comparison),
+    auto says why it judged nothing instead of ranking undefined scores or blaming NaN/Inf."""
+    path = _save(tmp_path, _untraced_model())
     data, _ = _data(tmp_path, samples=400)
     code, _, err = run_cli("calibrate", path, "--data", data, "-o", tmp_path / "t.cache")
     assert code == 0, err
@@ -329,8 +335,26 @@ def test_auto_scores_a_model_that_passes_its_inputs_through(run_cli, tmp_path):
     assert "worst integer output's share of changed values" in text  # the tags, not the copies
 
 
-def test_recover_says_why_a_variable_size_output_leaves_its_metric_undefined(run_cli, tmp_path):
+def test_recover_judges_a_variable_size_output_on_what_it_chose_from(run_cli, tmp_path):
+    """vals = p[p > 0.5]: recover and sensitivity score p, the Sigmoid the NonZero read, where
+    the step's sqnr_db was undefined whenever the lengths differed."""
     path = _save(tmp_path, _gathered_model())
+    data, _ = _data(tmp_path, samples=400)
+    out = tmp_path / "rec"
+    code, _, err = run_cli("recover", path, "--data", data, "--calib-data", data, "-m", "minmax",
+                           "--target", "sqnr_db=20", "-o", out)  # fmt: skip
+    assert code == 0, err
+    step0 = json.loads((out / "m.recovery.json").read_text())["recovery"]["steps"][0]
+    assert step0["metric"] is not None and step0["metric"] > 20  # p's SQNR, not undefined
+    code, _, err = run_cli("sensitivity", path, "--data", data, "--calib-data", data, "-m",
+                           "minmax", "--json", tmp_path / "s.json")  # fmt: skip
+    assert code == 0, err
+    rows = json.loads((tmp_path / "s.json").read_text())["rows"]
+    assert all(r["only_quantized"]["sqnr_db"] is not None for r in rows)
+
+
+def test_recover_says_why_a_variable_size_output_leaves_its_metric_undefined(run_cli, tmp_path):
+    path = _save(tmp_path, _untraced_model())
     data, _ = _data(tmp_path, samples=400)
     code, _, err = run_cli("recover", path, "--data", data, "--calib-data", data, "-m", "minmax",
                            "--target", "sqnr_db=20", "-o", tmp_path / "rec")  # fmt: skip

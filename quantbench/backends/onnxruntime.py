@@ -163,6 +163,13 @@ def expose(
     return out
 
 
+def with_outputs(
+    model: onnx.ModelProto, tensors: list[str], elem_types: Mapping[str, int]
+) -> onnx.ModelProto:
+    """:func:`expose` of ``tensors``, or ``model`` itself when there are none."""
+    return expose(model, tensors, elem_types) if tensors else model
+
+
 def expose_for_session(
     model: onnx.ModelProto,
     tensors: Iterable[str],

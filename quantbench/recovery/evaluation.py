@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from quantbench.backends.onnxruntime import OnnxRuntimeRunner
+from quantbench.backends.onnxruntime import OnnxRuntimeRunner, with_outputs
 from quantbench.data import DataSource, feed_num_samples, open_data
 from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph
@@ -38,6 +38,7 @@ from quantbench.metrics import (
     metric_support,
     nonfinite_text,
 )
+from quantbench.outputaxes import judged_tensors
 from quantbench.task_metrics import MetricScript, split_spec
 from quantbench.workerinput import WorkerInput
 
@@ -181,9 +182,15 @@ class Evaluator:
     evaluations: int = 0
     #: where a probability map's values count as decided (``--mask-threshold``)
     mask_threshold: float = DECISION_THRESHOLD
+    #: what each evaluation fetches: the outputs and :attr:`extra`
+    fetched: list[str] = field(default_factory=list, init=False)
+    #: tensors an NMS/NonZero chose from (:func:`quantbench.outputaxes.judged_tensors`)
+    extra: list[str] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         self.outputs = [o.name for o in self.graph.model.graph.output]
+        # and the tensors an NMS/NonZero chose from, judged where its outputs' sizes differ
+        self.fetched, self.extra = judged_tensors(self.graph.model)
         self.layout = OutputLayout.of(
             self.graph.model, self.source.unbatched, self.mask_threshold
         )
@@ -191,11 +198,11 @@ class Evaluator:
             self.num_samples = self.source.num_samples or 0
             self.attach_script(self.script)
             return
-        runner = OnnxRuntimeRunner(self.graph.model, self.provider, self.threads)
+        runner = OnnxRuntimeRunner(self._fetching(self.graph.model), self.provider, self.threads)
         seen = 0
         for feed in self.source.batches():
             n = feed_num_samples(feed, self.graph.inputs)
-            self.reference.append(runner.infer(feed, self.outputs))
+            self.reference.append(runner.infer(feed, self.fetched))
             self.batch_labels.append(self._labels_for(seen, n))
             self.batch_sizes.append(n)
             seen += n
@@ -268,11 +275,15 @@ class Evaluator:
         ]
         return "; ".join(texts)
 
+    def _fetching(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """``model`` also outputting :attr:`extra`."""
+        return with_outputs(model, self.extra, self.graph.elem_types)
+
     def evaluate(self, model: onnx.ModelProto) -> dict[str, float | None]:
         """Every metric of :data:`METRICS` (and the script's) for ``model`` (same outputs as
         the FP32 model)."""
         runner = OnnxRuntimeRunner(
-            model, self.provider, self.threads, generated_from=self.graph.model
+            self._fetching(model), self.provider, self.threads, generated_from=self.graph.model
         )
 
         def batches() -> Iterator[dict[str, np.ndarray]]:
@@ -283,7 +294,7 @@ class Evaluator:
                         f"{self.source.description}: yields more batches on a second pass; "
                         "evaluation data must be re-readable (a file or folder, not a generator)"
                     )
-                yield runner.infer(feed, self.outputs)
+                yield runner.infer(feed, self.fetched)
                 count += 1
             if count != len(self.reference):
                 raise QuantbenchError(
@@ -300,13 +311,14 @@ class Evaluator:
 
     def _score(self, candidate: Iterable[dict[str, np.ndarray]]) -> dict[str, float | None]:
         usable = not labels_accuracy_reason(self.labels)
-        acc = OutputsAccumulator(self.outputs, labels_usable=usable, layout=self.layout)
+        acc = OutputsAccumulator(self.fetched, labels_usable=usable, layout=self.layout)
         session = self.script.session() if self.script is not None else None
         for index, got in enumerate(candidate):  # the candidate drives: it checks its count
             ref, lab = self.reference[index], self.batch_labels[index]
             acc.update(ref, got, lab, self.batch_sizes[index])
             if session is not None:
-                session.update(ref, {o: got[o] for o in self.outputs}, lab)
+                ref_outputs = {o: ref[o] for o in self.outputs}  # a script sees outputs only
+                session.update(ref_outputs, {o: got[o] for o in self.outputs}, lab)
         metrics: dict[str, float | None] = dict(acc.model_metrics())
         metrics["nonfinite"] = sum(d.nonfinite_b for d in acc.drift.values())
         rows = acc.rows().values()  # batches whose output sizes differed (NonZero, NMS)
