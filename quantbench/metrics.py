@@ -1026,6 +1026,9 @@ class OutputsAccumulator:
             row["value_free"] = name in self.layout.value_free
             stands_in = self.layout.stands_in(name, self.names)
             row["judged_on"] = list(self.layout.chosen_from[name]) if stands_in else None
+            if stands_in:
+                judged = f"its drift is judged on {', '.join(row['judged_on'])}, what it chose from"
+                row["agreement_note"] = "; ".join(filter(None, (row["agreement_note"], judged)))
             row["nonfinite"] = drift.nonfinite()
             out[name] = row
             for part in self.parts_of(name):

@@ -190,6 +190,22 @@ def test_a_variable_size_output_is_told_not_a_crash(run_cli, tmp_path):
     )
 
 
+def test_compare_judges_a_float_output_of_varying_size_on_what_it_chose_from(run_cli, tmp_path):
+    """vals = p[p > 0.5]: its own drift is undefined where the lengths differ; p, the Sigmoid
+    the NonZero read, is compared beside it and is what the model's SQNR gate reads."""
+    path = _save(tmp_path, _gathered_model())
+    data, _ = _data(tmp_path, samples=400)
+    out = tmp_path / "c.json"
+    code, _, err = run_cli("compare", "fp32", "int8", "--model", path, "--data", data,
+                           "--calib-data", data, "-m", "minmax", "--no-latency", "--json", out,
+                           "--fail-below", "sqnr_db=10")  # fmt: skip
+    assert code == 0, err
+    rows = {o["name"]: o for o in json.loads(out.read_text())["outputs"]}
+    assert rows["vals"]["judged_on"] == ["p"] and rows["vals"]["shape_mismatches"] > 0
+    assert rows["p"]["sqnr_db"] > 10
+    assert "its drift is judged on p, what it chose from" in " ".join(err.split())
+
+
 def test_sensitivity_and_auto_rank_an_integer_only_model_by_its_changed_values(run_cli, tmp_path):
     path = _save(tmp_path, _argmax_model(with_probabilities=False))
     data, _ = _data(tmp_path)
@@ -422,3 +438,6 @@ def test_an_nms_detector_is_compared_and_judged(run_cli, tmp_path):
     rows = {o["name"]: o for o in json.loads(out.read_text())["outputs"]}
     assert rows["sel"]["agreement_kind"] == "exact" and rows["sel"]["cosine"] is None
     assert rows["scores"]["mask_threshold"] == 0.5 and rows["scores"]["cosine"] > 0.99
+    # the boxes NMS chose from are judged by their drift beside the outputs, never by argmax
+    assert rows["boxes"]["agreement"] is None and rows["boxes"]["sqnr_db"] > 20
+    assert "the NMS/NonZero before sel chose from" in rows["boxes"]["agreement_note"]

@@ -47,6 +47,7 @@ from quantbench.metrics import (
     OutputsAccumulator,
     labels_accuracy_reason,
 )
+from quantbench.outputaxes import judged_tensors
 from quantbench.progress import progress_bar, warn
 from quantbench.task_metrics import MetricScript, MetricSession
 
@@ -69,6 +70,8 @@ class Side:
     clip: dict[str, tuple[str, float]] = field(default_factory=dict)
     clip_acc: dict[str, ClipCounter] = field(default_factory=dict)
     pairing: dict[str, str] = field(default_factory=dict)
+    #: tensors an NMS/NonZero chose from, judged beside the outputs (both sides compute them)
+    chosen_from: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -278,13 +281,17 @@ def run_comparison(
     ref_out = _output_names(graph.model)
     usable = not labels_accuracy_reason(labels)
     layout = OutputLayout.of(graph.model, source.unbatched, mask_threshold)
+    extra = judged_tensors(graph.model)[1]
     for side in sides:
         if metric_script is not None:
             side.script = metric_script.session()
         if side.runner is not None:
             pairing = _pair_outputs(ref_out, _output_names(side.candidate.model))
-            side.outputs = OutputsAccumulator(list(pairing), labels_usable=usable, layout=layout)
+            side.chosen_from = [t for t in extra if t in side.tensors]
+            judged = [*pairing, *side.chosen_from]
+            side.outputs = OutputsAccumulator(judged, labels_usable=usable, layout=layout)
             side.pairing = pairing
+    hosted = [*ref_out, *(t for t in extra if any(t in s.chosen_from for s in sides))]
     label_iter = _label_batches(labels)
     acc_ref = OutputsAccumulator(ref_out, labels_usable=usable, layout=layout)
     seen = 0
@@ -296,7 +303,7 @@ def run_comparison(
             lab = label_iter(n) if labels is not None else None
             ref = ref_runner.infer(feed, ref_fetch)
             ref.update(feed)
-            ref_host = ref if drift is None else {o: to_host(ref[o]) for o in ref_out}
+            ref_host = ref if drift is None else {o: to_host(ref[o]) for o in hosted}
             acc_ref.update(ref_host, ref_host, lab, n)
             for side in sides:
                 _update_side(side, ref, ref_out, feed, lab, n, drift, ref_host)
@@ -403,12 +410,18 @@ def _update_side(
     got = side.runner.infer(feed, list(dict.fromkeys(list(side.pairing.values()) + side.tensors)))
     if drift is not None:
         _queue_drift(side, ref, got, drift)
-        got = {co: to_host(got[co]) for co in side.pairing.values()}
+        got = {t: to_host(got[t]) for t in [*side.pairing.values(), *side.chosen_from]}
     else:
         _host_drift(side, ref, got)
     cand_outputs = {ro: got[co] for ro, co in side.pairing.items()}
     assert side.outputs is not None
-    side.outputs.update(ref_outputs, cand_outputs, labels, batch)
+    chosen = side.chosen_from  # judged beside the outputs; a metric script sees outputs only
+    side.outputs.update(
+        {**ref_outputs, **{t: (ref_host or ref)[t] for t in chosen}},
+        {**cand_outputs, **{t: got[t] for t in chosen}},
+        labels,
+        batch,
+    )
     if side.script is not None:
         side.script.update(ref_outputs, cand_outputs, labels)
 

@@ -14,7 +14,7 @@ from quantbench.progress import console
 
 def _standing(output: dict[str, Any]) -> str:
     """What still judges an output without argmax agreement."""
-    if output.get("value_free"):
+    if output.get("value_free") or output.get("judged_on"):
         return ""
     if output.get("mask_threshold") is not None:
         return f"; mask IoU (decisions at {output['mask_threshold']}), cosine and SQNR stand"
