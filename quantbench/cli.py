@@ -683,7 +683,8 @@ def sensitivity(
         str | None,
         typer.Option(
             help="Rank by sqnr_db | cosine | top1_agreement | sequence_agreement | "
-            "ctc_agreement | mask_iou (| accuracy with --labels | a --metric-script name). "
+            "ctc_agreement | mask_iou | mean_iou (| accuracy with --labels | a --metric-script "
+            "name). "
             "Default: sqnr_db, top1_agreement for a model whose outputs are all integers."
         ),
     ] = None,
@@ -762,8 +763,9 @@ def recover(
         str | None,
         typer.Option(
             help="METRIC=VALUE: top1_agreement, sequence_agreement, ctc_agreement, mask_iou, "
-            "cosine, sqnr_db, accuracy_drop (labels), or a --metric-script name (_drop: lower "
-            "is better). Default: top1_agreement=0.99, or mask_iou=0.99 for a model whose "
+            "mean_iou, cosine, sqnr_db, accuracy_drop (labels), or a --metric-script name "
+            "(_drop: lower is better). Default: top1_agreement=0.99, or mask_iou=0.99 for a "
+            "model whose "
             "outputs are probability maps."
         ),
     ] = None,

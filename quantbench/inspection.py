@@ -30,6 +30,7 @@ from quantbench.graph import (
 )
 from quantbench.metrics import (
     VALUE_FREE,
+    declared_class_maps,
     declared_mask_outputs,
     declared_output_kinds,
     defined_metrics,
@@ -104,6 +105,7 @@ def _output_judgement(g: Graph) -> dict[str, Any]:
     kind (or why none) and whether it is a probability map, and the metrics that follow."""
     kinds = declared_output_kinds(g.model)
     masks = declared_mask_outputs(g.model)
+    maps = declared_class_maps(g.model)
     fixed = dict.fromkeys(value_free_outputs(g.model), (None, VALUE_FREE))
     return {
         "output_agreement": {
@@ -111,7 +113,7 @@ def _output_judgement(g: Graph) -> dict[str, Any]:
             for v in g.model.graph.output
             for kind, reason in [kinds.get(v.name) or fixed.get(v.name) or (None, "")]
         },
-        "output_metrics": defined_metrics(kinds, None, masks),
+        "output_metrics": defined_metrics(kinds, None, masks, maps),
     }
 
 

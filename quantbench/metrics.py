@@ -85,6 +85,7 @@ MODEL_METRICS = (
     "sequence_agreement",
     "ctc_agreement",
     "mask_iou",
+    "mean_iou",
     "cosine",
     "sqnr_db",
     "accuracy",
@@ -110,8 +111,15 @@ def check_mask_threshold(value: float) -> float:
             "between 0 and 1 (0.5 by default; a DBNet text detector binarizes at 0.3)"
         )
     return value
-#: an output's agreement metrics (the mask's included), and those only outputs with positions have
-AGREEMENT_KEYS = ("agreement", "top5_agreement", "sequence_agreement", "ctc_agreement", MASK_IOU)
+#: mean over classes of the IoU of a class map's pixels (a segmentation map, :func:`is_class_map`)
+MEAN_IOU = "mean_iou"
+#: an output's agreement metrics (the maps' included), and those only outputs with positions have
+AGREEMENT_KEYS = (
+    *("agreement", "top5_agreement", "sequence_agreement", "ctc_agreement"),
+    *(MASK_IOU, MEAN_IOU),
+)
+#: classes a class map's confusion counts may hold (more: class ids are not segmentation labels)
+_MAX_MAP_CLASSES = 1024
 SEQUENCE_KEYS = ("sequence_agreement", "ctc_agreement")
 _COORDINATES = re.compile(r"box|coord|landmark|keypoint", re.IGNORECASE)
 
@@ -360,6 +368,10 @@ class AgreementAccumulator:
     #: values above the threshold in FP32 and in the candidate
     mask_a: int = 0
     mask_b: int = 0
+    #: a class map's pixels by (FP32 class, candidate class) (:func:`is_class_map`)
+    confusion: np.ndarray | None = None
+    #: why a class map has no mean IoU ('' while it may): too many classes, negative ids
+    no_iou: str = ""
 
     def update(
         self,
@@ -417,6 +429,8 @@ class AgreementAccumulator:
         if self.kind == POSITION and a.ndim == 3:
             self.paths_a.extend(top_a.reshape(n, -1).astype(np.int32))
             self.paths_b.extend(top_b.reshape(n, -1).astype(np.int32))
+        if self.kind == POSITION and a.ndim >= 4:  # a spatial map: its pixels' classes
+            self._count_classes(top_a, top_b, b2.shape[1])
         if labels is not None and self.kind == CLASS:
             self._tally_labels(top_a, top_b, labels, finite_a, finite_b)
 
@@ -450,10 +464,51 @@ class AgreementAccumulator:
         same = a == b
         self.positions += same.size
         self.top1 += int(same.sum())
+        if a.ndim >= 3 and a.size:  # an integer class map ([N, H, W]): its pixels' classes
+            if a.dtype.kind not in "iu" or min(int(a.min()), int(b.min())) < 0:
+                self.no_iou = self.no_iou or "its values are not class ids (negative, or bools)"
+            else:
+                self._count_classes(a.ravel(), b.ravel(), int(max(a.max(), b.max())) + 1)
         if self.sampled and same.size:
             self.sequences += int(same.reshape(n, -1).all(axis=1).sum())
         if labels is not None and a.ndim == 1 and a.shape[0] == n:
             self._tally_labels(a, b, labels, True, True)
+
+    def _count_classes(self, top_a: np.ndarray, top_b: np.ndarray, classes: int) -> None:
+        """Add a class map's pixels to :attr:`confusion` (grown to ``classes``)."""
+        if self.no_iou:
+            return
+        if classes > _MAX_MAP_CLASSES:
+            self.no_iou = f"{classes} classes: more than a segmentation map's {_MAX_MAP_CLASSES}"
+            self.confusion = None
+            return
+        size = self.confusion.shape[0] if self.confusion is not None else 0
+        if classes > size:
+            grown = np.zeros((classes, classes), np.int64)
+            if self.confusion is not None:
+                grown[:size, :size] = self.confusion
+            self.confusion = grown
+        c = self.confusion.shape[0]  # type: ignore[union-attr]
+        pairs = top_a.astype(np.int64).ravel() * c + top_b.astype(np.int64).ravel()
+        self.confusion += np.bincount(pairs, minlength=c * c).reshape(c, c)  # type: ignore[operator]
+
+    def iou_classes(self) -> int | None:
+        """How many classes a class map's mean IoU averages (present in FP32 or the
+        candidate); None where the output is no class map."""
+        if self.confusion is None or self.no_iou:
+            return None
+        union = self.confusion.sum(axis=0) + self.confusion.sum(axis=1) - np.diag(self.confusion)
+        return int(np.count_nonzero(union))
+
+    def _mean_iou(self) -> float | None:
+        if not self.iou_classes():
+            return None
+        conf = self.confusion
+        assert conf is not None
+        inter = np.diag(conf).astype(np.float64)
+        union = conf.sum(axis=0) + conf.sum(axis=1) - inter
+        present = union > 0
+        return float(np.mean(inter[present] / union[present]))
 
     def update_mask(self, a: np.ndarray, b: np.ndarray) -> None:
         """A probability map's decisions at :attr:`mask_threshold`, pooled over samples (also
@@ -520,6 +575,7 @@ class AgreementAccumulator:
             out[MASK_IOU] = self.mask_both / self.mask_either
         if not self.applies or not self.samples:
             return out
+        out[MEAN_IOU] = self._mean_iou()
         if self.kind == EXACT:
             out["agreement"] = self.top1 / self.positions if self.positions else None
             several = self.sampled and self.positions > self.samples  # more than one per sample
@@ -843,6 +899,28 @@ def declared_mask_outputs(model: Any, unbatched: bool = False) -> frozenset[str]
     return mask_outputs(declared_output_shapes(model), OutputLayout.of(model, unbatched))
 
 
+def class_map_outputs(
+    shapes: Mapping[str, Sequence[int | str | None] | None], layout: OutputLayout
+) -> frozenset[str]:
+    """The outputs of these shapes that are class maps (:data:`MEAN_IOU`): a spatial map of
+    class scores (rank 4, argmax per pixel) or of class ids (integers of rank 3 or more), or
+    may be (a symbolic class axis)."""
+    found = set()
+    for name, shape in shapes.items():
+        if shape is None:
+            continue
+        kind = layout.kind(shape, name)[0]
+        rank = len(shape) + (1 if layout.unbatched else 0)
+        if (kind in (POSITION, UNKNOWN) and rank >= 4) or (kind == EXACT and rank >= 3):
+            found.add(name)
+    return frozenset(found)
+
+
+def declared_class_maps(model: Any, unbatched: bool = False) -> frozenset[str]:
+    """:func:`class_map_outputs` of a model's outputs as it declares them."""
+    return class_map_outputs(declared_output_shapes(model), OutputLayout.of(model, unbatched))
+
+
 def declared_output_shapes(model: Any) -> dict[str, tuple[int | str | None, ...] | None]:
     """Output name -> shape as an ONNX model declares it (symbolic dims as str/None; ``None``
     when the rank is not declared)."""
@@ -865,14 +943,16 @@ def metric_support(
     kinds: Mapping[str, tuple[str | None, str]],
     labels: np.ndarray | None,
     masks: Collection[str] = (),
+    class_maps: Collection[str] = (),
 ) -> str | None:
     """Why ``metric`` cannot be defined for outputs of these kinds (``masks``: those that are
-    probability maps, :func:`mask_outputs`): ``""`` when it can, a reason when it cannot (with
-    the metrics that are defined), ``None`` when only data can tell (symbolic class axis)."""
-    reason = _unsupported(metric, kinds, labels, masks)
+    probability maps, :func:`mask_outputs`; ``class_maps``: :func:`class_map_outputs`): ``""``
+    when it can, a reason when it cannot (with the metrics that are defined), ``None`` when
+    only data can tell (symbolic class axis)."""
+    reason = _unsupported(metric, kinds, labels, masks, class_maps)
     if not reason:
         return reason
-    defined = [m for m in defined_metrics(kinds, labels, masks) if m != metric]
+    defined = [m for m in defined_metrics(kinds, labels, masks, class_maps) if m != metric]
     return f"{reason}; defined for it: {', '.join(defined)}"
 
 
@@ -880,10 +960,11 @@ def defined_metrics(
     kinds: Mapping[str, tuple[str | None, str]],
     labels: np.ndarray | None,
     masks: Collection[str] = (),
+    class_maps: Collection[str] = (),
 ) -> list[str]:
     """The :data:`MODEL_METRICS` outputs of these kinds can give (or may: a symbolic class
     axis), in their order."""
-    return [m for m in MODEL_METRICS if not _unsupported(m, kinds, labels, masks)]
+    return [m for m in MODEL_METRICS if not _unsupported(m, kinds, labels, masks, class_maps)]
 
 
 def _unsupported(
@@ -891,7 +972,15 @@ def _unsupported(
     kinds: Mapping[str, tuple[str | None, str]],
     labels: np.ndarray | None,
     masks: Collection[str],
+    class_maps: Collection[str] = (),
 ) -> str | None:
+    if metric == MEAN_IOU:
+        if class_maps:
+            return ""
+        return (
+            f"{metric} is not defined for this model: no output is a class map (class scores "
+            "per pixel, [N, C, H, W] or [N, H, W, C], or class ids [N, H, W])"
+        )
     if metric == MASK_IOU:
         if masks:
             return ""
@@ -1016,6 +1105,7 @@ class OutputsAccumulator:
             row["agreement_note"] = agree.note() or None
             row["mask_threshold"] = agree.mask_threshold if agree.mask else None
             row["mask_decisions"] = agree.mask_decisions()
+            row["iou_classes"] = agree.iou_classes()
             if drift.mismatched:
                 differ = (
                     f"its shape differed between FP32 and the candidate on {drift.mismatched} "
@@ -1104,12 +1194,14 @@ def model_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     ]
     decoded = [r for r in sequences if r.get("ctc_agreement") is not None]  # (N, T, C) only
     masks = [r for r in rows if r.get("mask_threshold") is not None]
+    maps = [r for r in rows if r.get("iou_classes") is not None]
     return {
         "top1_agreement": worst("agreement", agreeing),
         "top5_agreement": worst("top5_agreement", ranked),
         "sequence_agreement": worst("sequence_agreement", sequences),
         "ctc_agreement": worst("ctc_agreement", decoded),
         MASK_IOU: worst(MASK_IOU, masks),
+        MEAN_IOU: worst(MEAN_IOU, maps),
         "cosine": worst("cosine", measured),
         "sqnr_db": worst("sqnr_db", measured),
     }

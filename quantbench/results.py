@@ -24,6 +24,7 @@ from quantbench.graph import Graph
 from quantbench.jsonsafe import dumps, from_json_float, json_float
 from quantbench.metrics import (
     MASK_IOU,
+    MEAN_IOU,
     SEQUENCE_KEYS,
     lower_is_better,
     model_metrics,
@@ -42,6 +43,7 @@ GATE_METRICS = (
     "sequence_agreement",
     "ctc_agreement",
     MASK_IOU,
+    MEAN_IOU,
     "accuracy",
     "accuracy_delta",
     "cosine",
@@ -50,7 +52,10 @@ GATE_METRICS = (
 )
 
 #: the gates read from the outputs' rows (:func:`quantbench.metrics.model_metrics`)
-_OUTPUT_GATES = ("top1_agreement", "top5_agreement", *SEQUENCE_KEYS, MASK_IOU, "cosine", "sqnr_db")
+_OUTPUT_GATES = (
+    *("top1_agreement", "top5_agreement", *SEQUENCE_KEYS, MASK_IOU, MEAN_IOU),
+    *("cosine", "sqnr_db"),
+)
 
 
 def machine_info() -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from quantbench.metrics import MASK_IOU, SEQUENCE_KEYS, lower_is_better
+from quantbench.metrics import MASK_IOU, MEAN_IOU, SEQUENCE_KEYS, lower_is_better
 from quantbench.reports import svg
 from quantbench.reports.calibration import (
     CalibrationSection,
@@ -225,6 +225,16 @@ _OUTPUT_METRICS = (
         ),
         fmt_pct,
     ),
+    (
+        MEAN_IOU,
+        Column(
+            "mIoU",
+            "num",
+            "a class map (segmentation): per class, the pixels both A and B give it over those "
+            "either does, averaged over the classes present",
+        ),
+        fmt_pct,
+    ),
     ("cosine", Column("Cosine"), lambda v: fmt_fixed(v, 6)),
     ("sqnr_db", Column("SQNR dB"), lambda v: fmt_fixed(v, 1)),
     ("rel_l2", Column("Rel. L2"), lambda v: fmt_sig(v, 3)),
@@ -251,6 +261,8 @@ def _shown(key: str, outputs: list[dict[str, Any]]) -> bool:
     an output has positions, mask IoU only when one is a probability map."""
     if key in SEQUENCE_KEYS:
         return _has_sequences(outputs)
+    if key == MEAN_IOU:
+        return any(o.get("iou_classes") is not None for o in outputs)
     return key != MASK_IOU or _has_masks(outputs)
 
 

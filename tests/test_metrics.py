@@ -93,6 +93,7 @@ def test_class_agreement_by_hand():
         "sequence_agreement": None,
         "ctc_agreement": None,
         "mask_iou": None,
+        "mean_iou": None,
     }
     # labels [1, 0, 0, 4]: A right on samples 0, 1 (2/4); B right on 1, 3 (2/4)
     assert acc.accuracy() == {"A": 0.5, "B": 0.5, "delta": 0.0}
@@ -157,6 +158,7 @@ def test_model_metrics_take_the_worst_output():
         "sequence_agreement": 0.2,
         "ctc_agreement": None,  # no (N, T, C) output carries one
         "mask_iou": None,  # no output is a probability map
+        "mean_iou": None,
         "cosine": 0.5,
         "sqnr_db": 12.0,
     }

@@ -580,6 +580,7 @@ def test_decision_agreement_and_accuracy_are_counted_at_one_half():
         "sequence_agreement": None,
         "ctc_agreement": None,
         "mask_iou": None,  # one decision per sample is no map
+        "mean_iou": None,
     }
     assert acc.accuracy() == {"A": 0.75, "B": 0.75, "delta": 0.0}
     assert "decisions at 0.5" in acc.note()

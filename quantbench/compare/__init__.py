@@ -27,6 +27,7 @@ from quantbench.metrics import (
     DECISION_THRESHOLD,
     MODEL_METRICS,
     check_mask_threshold,
+    declared_class_maps,
     declared_mask_outputs,
     declared_output_kinds,
     metric_support,
@@ -146,8 +147,9 @@ def compare(
     )
     kinds = declared_output_kinds(graph.model, source.unbatched)
     masks = declared_mask_outputs(graph.model, source.unbatched)
+    maps = declared_class_maps(graph.model, source.unbatched)
     for metric, _ in gates:
-        if reason := metric_support(metric, kinds, label_array, masks):
+        if reason := metric_support(metric, kinds, label_array, masks, maps):
             raise QuantbenchError(f"--fail-below {metric}: {reason}")
     if (
         label_array is not None

@@ -88,11 +88,16 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
         for o in outputs
     )
     masks = any(o.get("mask_threshold") is not None for o in outputs)
+    maps = any(o.get("iou_classes") is not None for o in outputs)
     columns = [
-        *("side", "output", "agree", "top-5", "seq", "ctc", "mask IoU"),
+        *("side", "output", "agree", "top-5", "seq", "ctc", "mask IoU", "mIoU"),
         *("cosine", "SQNR dB", "NaN/Inf"),
     ]
-    hidden = {*(() if sequences else ("seq", "ctc")), *(() if masks else ("mask IoU",))}
+    hidden = {
+        *(() if sequences else ("seq", "ctc")),
+        *(() if masks else ("mask IoU",)),
+        *(() if maps else ("mIoU",)),
+    }
     shown = [c for c in columns if c not in hidden]
     for col in shown:
         # output names often differ only at their end (StatefulPartitionedCall:0/:1/:2):
@@ -108,6 +113,7 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
             _fmt(o.get("sequence_agreement")),
             _fmt(o.get("ctc_agreement")),
             _fmt(o.get("mask_iou")),
+            _fmt(o.get("mean_iou")),
             _fmt(o.get("cosine"), 6),
             _fmt(o.get("sqnr_db")),
             _nonfinite_cell(o.get("nonfinite")),

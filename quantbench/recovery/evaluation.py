@@ -26,10 +26,13 @@ from quantbench.jsonsafe import json_float
 from quantbench.metrics import (
     DECISION_THRESHOLD,
     MASK_IOU,
+    MEAN_IOU,
     MODEL_METRICS,
     SEQUENCE_KEYS,
     OutputLayout,
     OutputsAccumulator,
+    class_map_outputs,
+    declared_class_maps,
     declared_mask_outputs,
     declared_output_kinds,
     labels_accuracy_reason,
@@ -96,7 +99,7 @@ def parse_target(text: str, has_labels: bool, custom: bool = False) -> Target:
     if metric in LABELLED and not has_labels:
         raise QuantbenchError(f"--target {text!r}: {metric} needs --labels LABELS.npy")
     value = float(raw)
-    fractions = ("top1_agreement", "top5_agreement", *SEQUENCE_KEYS, MASK_IOU, "accuracy")
+    fractions = ("top1_agreement", "top5_agreement", *SEQUENCE_KEYS, MASK_IOU, MEAN_IOU, "accuracy")
     if metric in (*fractions, "accuracy_drop") and not 0 <= value <= 1:
         raise QuantbenchError(f"--target {text!r}: {metric} is a fraction between 0 and 1")
     if metric == "cosine" and not -1 <= value <= 1:
@@ -132,7 +135,9 @@ def check_declared(
     ``metric`` (a symbolic class axis defers the check to :meth:`Evaluator.require`;
     ``unbatched``: the data feeds a model without a batch axis one sample at a time)."""
     kinds = declared_output_kinds(graph.model, unbatched)
-    reason = metric_support(metric, kinds, labels, declared_mask_outputs(graph.model, unbatched))
+    masks = declared_mask_outputs(graph.model, unbatched)
+    maps = declared_class_maps(graph.model, unbatched)
+    reason = metric_support(metric, kinds, labels, masks, maps)
     if reason:
         raise QuantbenchError(f"{option} {metric}: {reason}")
 
@@ -242,8 +247,10 @@ class Evaluator:
         first = self.reference[0]
         judged = [o for o in self.outputs if o not in self.layout.value_free]
         kinds = {o: self.layout.kind(np.shape(first[o]), o) for o in judged}
-        masks = mask_outputs({o: np.shape(first[o]) for o in self.outputs}, self.layout)
-        reason = metric_support(metric, kinds, self.labels, masks)
+        shapes = {o: np.shape(first[o]) for o in self.outputs}
+        masks = mask_outputs(shapes, self.layout)
+        maps = class_map_outputs({o: shapes[o] for o in judged}, self.layout)
+        reason = metric_support(metric, kinds, self.labels, masks, maps)
         if not reason and metric not in METRICS:
             returned = [k for k in self.fp32_metrics if k not in RESERVED]
             where = self.script.where if self.script else "no --metric-script"

@@ -29,6 +29,7 @@ from quantbench.graph import Graph, open_graph
 from quantbench.metrics import (
     DECISION_THRESHOLD,
     MASK_IOU,
+    MEAN_IOU,
     SEQUENCE_KEYS,
     check_mask_threshold,
     declared_output_kinds,
@@ -51,7 +52,10 @@ from quantbench.task_metrics import load_metric_script
 from quantbench.widen import float32_work_graph
 
 VIEWS = ("only_quantized", "only_fp32")
-RANK_METRICS = ("sqnr_db", "cosine", "top1_agreement", "top5_agreement", *SEQUENCE_KEYS, MASK_IOU)
+RANK_METRICS = (
+    *("sqnr_db", "cosine", "top1_agreement", "top5_agreement"),
+    *(*SEQUENCE_KEYS, MASK_IOU, MEAN_IOU),
+)
 
 
 def default_rank_metric(graph: Graph, labels: np.ndarray | None, unbatched: bool) -> str:
