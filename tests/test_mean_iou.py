@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from quantbench.metrics import (
     AgreementAccumulator,
@@ -65,32 +65,20 @@ def test_the_model_is_judged_by_its_worst_class_map():
 
 
 def _segmenter(classes: int = 4) -> onnx.ModelProto:
-    """x[N,3,8,8] -> Conv(3->classes) -> Softmax over the channels -> seg[N,classes,8,8]."""
-    w = np.random.default_rng(0).standard_normal((classes, 3, 3, 3)).astype(np.float32)
-    nodes = [
-        helper.make_node("Conv", ["x", "w"], ["logits"], pads=[1, 1, 1, 1]),
-        helper.make_node("Softmax", ["logits"], ["seg"], axis=1),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
-        [helper.make_tensor_value_info("seg", TensorProto.FLOAT, ["N", classes, 8, 8])],
-        [numpy_helper.from_array(w, "w")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+    """x[N,3,8,8] -> Conv(3->classes) -> Softmax over the channels -> y[N,classes,8,8]."""
+    from test_metrics_layout import _conv_model
+
+    return _conv_model(classes, ["Softmax"], ["N", classes, 8, 8])
 
 
 def test_a_segmenter_is_a_class_map_and_others_are_told_what_they_define():
     seg = _segmenter()
-    assert declared_class_maps(seg) == {"seg"}
+    assert declared_class_maps(seg) == {"y"}
     kinds = declared_output_kinds(seg)
     assert metric_support("mean_iou", kinds, None, (), declared_class_maps(seg)) == ""
     classifier = _segmenter()
     classifier.graph.output[0].CopyFrom(
-        helper.make_tensor_value_info("seg", TensorProto.FLOAT, ["N", 4])
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
     )
     kinds = declared_output_kinds(classifier)
     reason = metric_support("mean_iou", kinds, None, declared_mask_outputs(classifier),
