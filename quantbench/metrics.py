@@ -1000,8 +1000,9 @@ def _unsupported(
         wanted, what = (CLASS, POSITION), "no output supports argmax agreement"
     elif metric == "sequence_agreement":
         wanted, what = (POSITION, EXACT), "no output has positions (N, ..., C) or integers"
-    elif metric in SEQUENCE_KEYS:
-        wanted, what = (POSITION,), "no output has per-position scores (N, ..., C)"
+    elif metric in SEQUENCE_KEYS:  # ctc_agreement: sequences (N, T, C), not class maps
+        kinds = {name: kind for name, kind in kinds.items() if name not in class_maps}
+        wanted, what = (POSITION,), "no output has per-position scores (N, T, C)"
     elif metric in ("cosine", "sqnr_db") and kinds and all(k == EXACT for k, _ in kinds.values()):
         return (
             f"{metric} is not defined for this model: every output holds integers, compared "

@@ -109,3 +109,14 @@ def test_compare_reports_and_gates_the_mean_iou(run_cli, tmp_path):
     gate = ["--model", path, "--data", data, "--no-latency", "--fail-below"]
     assert run_cli("compare", "fp32", int8, *gate, f"mean_iou={expected + 0.01}")[0] == 1
     assert run_cli("compare", "fp32", int8, *gate, f"mean_iou={expected - 0.01}")[0] == 0
+
+
+def test_a_class_map_defines_no_ctc_agreement():
+    """ctc_agreement is computed for (N, T, C) sequences only; a segmentation map's positions
+    were listed as defining it (inspect, "defined for it")."""
+    seg = _segmenter()
+    kinds, maps = declared_output_kinds(seg), declared_class_maps(seg)
+    assert "no output has per-position scores (N, T, C)" in metric_support(
+        "ctc_agreement", kinds, None, (), maps
+    )
+    assert metric_support("sequence_agreement", kinds, None, (), maps) == ""
