@@ -591,6 +591,17 @@ def _worst_mask(outputs: list[dict[str, Any]]) -> dict[str, Any]:
     return min(masks, key=rank, default={})
 
 
+def _worst_class_map(outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The class map with the lowest mean IoU (an undefined one first), or {}."""
+    maps = [o for o in outputs if o.get("iou_classes") is not None]
+
+    def rank(o: dict[str, Any]) -> float:
+        value = as_finite(o.get(MEAN_IOU))
+        return -math.inf if value is None else value
+
+    return min(maps, key=rank, default={})
+
+
 def _output_name(output: dict[str, Any], outputs: list[dict[str, Any]]) -> str:
     """An output's name, with its side when both sides were compared."""
     name = str(output.get("name", "?"))
@@ -655,6 +666,10 @@ def verdict_cards(
         cards.append(
             Card("Mask IoU", fmt_pct(mask.get(MASK_IOU)), detail, "bad" if undefined else "")
         )
+    if seg := _worst_class_map(outputs):
+        detail = f"output {_output_name(seg, outputs)}, over {seg['iou_classes']} classes"
+        bad = "bad" if as_finite(seg.get(MEAN_IOU)) is None else ""
+        cards.append(Card("Mean IoU", fmt_pct(seg.get(MEAN_IOU)), detail, bad))
     nonfinite = nonfinite_findings(results)
     if nonfinite:
         cards.append(Card("NaN/Inf", f"{len(nonfinite)} finding(s)", nonfinite[0], "bad"))
@@ -739,6 +754,8 @@ def headline(results: dict[str, Any], labels: tuple[str, str], latency: LatencyS
     if mask := _worst_mask(outputs):
         name = _output_name(mask, outputs)
         parts.append(f"mask IoU {fmt_pct(mask.get(MASK_IOU))} on {name}")
+    if seg := _worst_class_map(outputs):
+        parts.append(f"mean IoU {fmt_pct(seg.get(MEAN_IOU))} on {_output_name(seg, outputs)}")
     if nonfinite_findings(results):
         parts.append("NaN/Inf seen: some metrics are undefined")
     for row in task_rows(as_dict(results.get("task")))[:1]:

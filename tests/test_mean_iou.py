@@ -106,6 +106,7 @@ def test_compare_reports_and_gates_the_mean_iou(run_cli, tmp_path):
     row = json.loads(out.read_text())["outputs"][0]
     assert row["mean_iou"] == pytest.approx(expected) and row["iou_classes"] == len(ious)
     assert "mIoU" in " ".join(err.split()) and "mIoU" in html.read_text()
+    assert f"mean IoU {expected * 100:.2f}% on y" in html.read_text()  # the headline
     gate = ["--model", path, "--data", data, "--no-latency", "--fail-below"]
     assert run_cli("compare", "fp32", int8, *gate, f"mean_iou={expected + 0.01}")[0] == 1
     assert run_cli("compare", "fp32", int8, *gate, f"mean_iou={expected - 0.01}")[0] == 0
