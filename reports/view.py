@@ -582,24 +582,24 @@ def _agreement_title(output: dict[str, Any]) -> str:
 
 def _worst_mask(outputs: list[dict[str, Any]]) -> dict[str, Any]:
     """The probability map with the lowest mask IoU (an undefined one first), or {}."""
-    masks = [o for o in outputs if o.get("mask_threshold") is not None]
-
-    def rank(o: dict[str, Any]) -> float:
-        value = as_finite(o.get(MASK_IOU))
-        return -math.inf if value is None else value
-
-    return min(masks, key=rank, default={})
+    return _worst(outputs, "mask_threshold", MASK_IOU)
 
 
 def _worst_class_map(outputs: list[dict[str, Any]]) -> dict[str, Any]:
     """The class map with the lowest mean IoU (an undefined one first), or {}."""
-    maps = [o for o in outputs if o.get("iou_classes") is not None]
+    return _worst(outputs, "iou_classes", MEAN_IOU)
+
+
+def _worst(outputs: list[dict[str, Any]], marker: str, metric: str) -> dict[str, Any]:
+    """Among the outputs that carry ``marker``, the one with the lowest ``metric`` (an
+    undefined one first), or {}."""
+    carrying = [o for o in outputs if o.get(marker) is not None]
 
     def rank(o: dict[str, Any]) -> float:
-        value = as_finite(o.get(MEAN_IOU))
+        value = as_finite(o.get(metric))
         return -math.inf if value is None else value
 
-    return min(maps, key=rank, default={})
+    return min(carrying, key=rank, default={})
 
 
 def _output_name(output: dict[str, Any], outputs: list[dict[str, Any]]) -> str:
