@@ -50,7 +50,6 @@ from quantbench.graph import Graph
 from quantbench.isolated import build_isolated, rename_twins, shared_upgrades
 from quantbench.jsonsafe import json_float
 from quantbench.metrics import DriftAccumulator, OutputLayout, OutputsAccumulator
-from quantbench.outputaxes import judged_tensors, selection_sources
 from quantbench.progress import warn
 from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
 from quantbench.stats import StatsFile
@@ -343,9 +342,8 @@ def judge_description(model: Any) -> str:
     if not floats:
         return "worst integer output's share of changed values, in dB"
     which = "worst float output's SQNR" if layout.exact else "worst output's SQNR"
-    chosen_from = selection_sources(model)
-    if chosen_from:
-        listed = ", ".join(f"{o} on {', '.join(t)}" for o, t in chosen_from.items())
+    if layout.chosen_from:
+        listed = ", ".join(f"{o} on {', '.join(t)}" for o, t in layout.chosen_from.items())
         which += f" ({listed}: the tensors its NMS/NonZero chose from)"
     if not parts:
         return which
@@ -666,7 +664,8 @@ def output_sqnrs(
     :func:`quantbench.outputaxes.concat_parts`) judged over its parts (:func:`_judged_sqnr`;
     ``-inf`` when one is undefined, e.g. holds NaN). One pass: each batch runs FP32 once (or
     ``reference``: FP32 outputs per batch computed before), then every candidate."""
-    outputs, extra = judged_tensors(graph.model)
+    layout = OutputLayout.of(graph.model, held_out.unbatched)
+    outputs, extra = layout.judged_tensors()
     fp32 = None
     if reference is None:
         model = with_outputs(graph.model, extra, graph.elem_types)
@@ -682,7 +681,6 @@ def output_sqnrs(
         )
         for name, table in tables.items()
     }
-    layout = OutputLayout.of(graph.model, held_out.unbatched)
     accs = {name: OutputsAccumulator(outputs, False, layout) for name in tables}
     for index, feed in enumerate(held_out.batches()):
         ref = reference[index] if fp32 is None else fp32.infer(feed, outputs)
@@ -728,8 +726,8 @@ def reference_outputs(
     graph: Graph, held_out: DataSource, provider: str | None, threads: int | None
 ) -> list[dict[str, np.ndarray]]:
     """FP32 outputs of every batch of ``held_out`` (computed once, sent to the workers), and
-    the tensors an NMS/NonZero chose from (:func:`quantbench.outputaxes.judged_tensors`)."""
-    outputs, extra = judged_tensors(graph.model)
+    the tensors an NMS/NonZero chose from (:meth:`OutputLayout.judged_tensors`)."""
+    outputs, extra = OutputLayout.of(graph.model, held_out.unbatched).judged_tensors()
     model = with_outputs(graph.model, extra, graph.elem_types)
     runner = OnnxRuntimeRunner(model, provider, threads)
     found = [runner.infer(feed, outputs) for feed in held_out.batches()]

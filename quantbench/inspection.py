@@ -30,10 +30,7 @@ from quantbench.graph import (
 )
 from quantbench.metrics import (
     VALUE_FREE,
-    declared_class_maps,
-    declared_mask_outputs,
-    declared_output_kinds,
-    defined_metrics,
+    declared_support,
 )
 from quantbench.outputaxes import value_free_outputs
 from quantbench.progress import console
@@ -103,17 +100,15 @@ def inspect_model(g: Graph) -> dict[str, Any]:
 def _output_judgement(g: Graph) -> dict[str, Any]:
     """How compare, sensitivity and recover can judge the outputs: per output its agreement
     kind (or why none) and whether it is a probability map, and the metrics that follow."""
-    kinds = declared_output_kinds(g.model)
-    masks = declared_mask_outputs(g.model)
-    maps = declared_class_maps(g.model)
+    declared = declared_support(g.model)
     fixed = dict.fromkeys(value_free_outputs(g.model), (None, VALUE_FREE))
     return {
         "output_agreement": {
-            v.name: {"kind": kind, "reason": reason or None, "mask": v.name in masks}
+            v.name: {"kind": kind, "reason": reason or None, "mask": v.name in declared.masks}
             for v in g.model.graph.output
-            for kind, reason in [kinds.get(v.name) or fixed.get(v.name) or (None, "")]
+            for kind, reason in [declared.kinds.get(v.name) or fixed.get(v.name) or (None, "")]
         },
-        "output_metrics": defined_metrics(kinds, None, masks, maps),
+        "output_metrics": declared.defined(None),
     }
 
 

@@ -58,6 +58,7 @@ import math
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -78,14 +79,19 @@ from quantbench.outputaxes import (
 
 #: drift metrics of one tensor pair (each undefined when the tensor holds NaN/Inf).
 DRIFT_KEYS = ("cosine", "sqnr_db", "rel_l2", "max_abs", "mean_abs")
+#: IoU of a probability map's decisions (:func:`is_mask`): its own metric, beside agreement
+MASK_IOU = "mask_iou"
+#: mean over classes of the IoU of a class map's pixels (a segmentation map,
+#: :func:`class_map_outputs`)
+MEAN_IOU = "mean_iou"
 #: model-level metrics built from the outputs; ``accuracy``/``accuracy_drop`` need labels.
 MODEL_METRICS = (
     "top1_agreement",
     "top5_agreement",
     "sequence_agreement",
     "ctc_agreement",
-    "mask_iou",
-    "mean_iou",
+    MASK_IOU,
+    MEAN_IOU,
     "cosine",
     "sqnr_db",
     "accuracy",
@@ -99,8 +105,15 @@ VALUE_FREE = (
 )
 #: a probability's decision (:func:`agreement_kind`), taken at this threshold
 DECISION, DECISION_THRESHOLD = "decision", 0.5
-#: IoU of a probability map's decisions (:func:`is_mask`): its own metric, beside agreement
-MASK_IOU = "mask_iou"
+#: an output's agreement metrics (the maps' included), and those only outputs with positions have
+AGREEMENT_KEYS = (
+    *("agreement", "top5_agreement", "sequence_agreement", "ctc_agreement"),
+    *(MASK_IOU, MEAN_IOU),
+)
+SEQUENCE_KEYS = ("sequence_agreement", "ctc_agreement")
+#: classes a class map's confusion counts may hold (more: class ids are not segmentation labels)
+_MAX_MAP_CLASSES = 1024
+_COORDINATES = re.compile(r"box|coord|landmark|keypoint", re.IGNORECASE)
 
 
 def check_mask_threshold(value: float) -> float:
@@ -111,17 +124,6 @@ def check_mask_threshold(value: float) -> float:
             "between 0 and 1 (0.5 by default; a DBNet text detector binarizes at 0.3)"
         )
     return value
-#: mean over classes of the IoU of a class map's pixels (a segmentation map, :func:`is_class_map`)
-MEAN_IOU = "mean_iou"
-#: an output's agreement metrics (the maps' included), and those only outputs with positions have
-AGREEMENT_KEYS = (
-    *("agreement", "top5_agreement", "sequence_agreement", "ctc_agreement"),
-    *(MASK_IOU, MEAN_IOU),
-)
-#: classes a class map's confusion counts may hold (more: class ids are not segmentation labels)
-_MAX_MAP_CLASSES = 1024
-SEQUENCE_KEYS = ("sequence_agreement", "ctc_agreement")
-_COORDINATES = re.compile(r"box|coord|landmark|keypoint", re.IGNORECASE)
 
 
 def lower_is_better(metric: str) -> bool:
@@ -368,7 +370,7 @@ class AgreementAccumulator:
     #: values above the threshold in FP32 and in the candidate
     mask_a: int = 0
     mask_b: int = 0
-    #: a class map's pixels by (FP32 class, candidate class) (:func:`is_class_map`)
+    #: a class map's pixels by (FP32 class, candidate class) (:func:`class_map_outputs`)
     confusion: np.ndarray | None = None
     #: why a class map has no mean IoU ('' while it may): too many classes, negative ids
     no_iou: str = ""
@@ -492,23 +494,24 @@ class AgreementAccumulator:
         pairs = top_a.astype(np.int64).ravel() * c + top_b.astype(np.int64).ravel()
         self.confusion += np.bincount(pairs, minlength=c * c).reshape(c, c)  # type: ignore[operator]
 
-    def iou_classes(self) -> int | None:
-        """How many classes a class map's mean IoU averages (present in FP32 or the
-        candidate); None where the output is no class map."""
+    def _class_ious(self) -> np.ndarray | None:
+        """A class map's IoU per class present in FP32 or the candidate; None where the
+        output is no class map."""
         if self.confusion is None or self.no_iou:
             return None
-        union = self.confusion.sum(axis=0) + self.confusion.sum(axis=1) - np.diag(self.confusion)
-        return int(np.count_nonzero(union))
+        inter = np.diag(self.confusion).astype(np.float64)
+        union = self.confusion.sum(axis=0) + self.confusion.sum(axis=1) - inter
+        present = union > 0
+        return inter[present] / union[present]
+
+    def iou_classes(self) -> int | None:
+        """How many classes a class map's mean IoU averages; None where it is no class map."""
+        ious = self._class_ious()
+        return None if ious is None else len(ious)
 
     def _mean_iou(self) -> float | None:
-        if not self.iou_classes():
-            return None
-        conf = self.confusion
-        assert conf is not None
-        inter = np.diag(conf).astype(np.float64)
-        union = conf.sum(axis=0) + conf.sum(axis=1) - inter
-        present = union > 0
-        return float(np.mean(inter[present] / union[present]))
+        ious = self._class_ious()
+        return float(ious.mean()) if ious is not None and len(ious) else None
 
     def update_mask(self, a: np.ndarray, b: np.ndarray) -> None:
         """A probability map's decisions at :attr:`mask_threshold`, pooled over samples (also
@@ -734,7 +737,7 @@ class OutputLayout:
             tuple(o.name for o in model.graph.output),
         )
 
-    @property
+    @cached_property
     def sources(self) -> frozenset[str]:
         """The tensors NMS/NonZero outputs chose from (:attr:`chosen_from`)."""
         return frozenset(t for tensors in self.chosen_from.values() for t in tensors)
@@ -747,6 +750,14 @@ class OutputLayout:
             outputs = ", ".join(o for o, t in self.chosen_from.items() if name in t)
             return f"a tensor the NMS/NonZero before {outputs} chose from: judged by its drift"
         return ""
+
+    def judged_tensors(self) -> tuple[list[str], list[str]]:
+        """The tensors a candidate is judged on, and those of them that are not outputs:
+        every output, joined by the tensors an NMS/NonZero chose from (:attr:`chosen_from`)."""
+        judged = list(self.outputs)
+        for tensors in self.chosen_from.values():
+            judged += [t for t in tensors if t not in judged]
+        return judged, [t for t in judged if t not in self.outputs]
 
     def stands_in(self, name: str, fetched: Collection[str]) -> bool:
         """Whether output ``name`` is judged on the tensors it chose from, all among
@@ -829,6 +840,25 @@ def exact_outputs(model: Any) -> frozenset[str]:
     )
 
 
+#: output metrics a results table shows only where some output carries them
+OPTIONAL_KEYS = (*SEQUENCE_KEYS, MASK_IOU, MEAN_IOU)
+
+
+def carried_metrics(rows: Sequence[Mapping[str, Any]]) -> frozenset[str]:
+    """The :data:`OPTIONAL_KEYS` some of these result rows carry: the sequence metrics where
+    an output has positions, mask IoU where one is a probability map, mean IoU where one is a
+    class map (what the console and HTML tables show columns for)."""
+    carried: set[str] = set()
+    if any(r.get("agreement_kind") == POSITION or r.get("sequence_agreement") is not None
+           for r in rows):  # fmt: skip
+        carried.update(SEQUENCE_KEYS)
+    if any(r.get("mask_threshold") is not None for r in rows):
+        carried.add(MASK_IOU)
+    if any(r.get("iou_classes") is not None for r in rows):
+        carried.add(MEAN_IOU)
+    return frozenset(carried)
+
+
 def part_name(output: str, start: int, stop: int, axis: int) -> str:
     """How a part of an output is named in results: ``output0[4:22 on axis 1]``."""
     return f"{output}[{start}:{stop} on axis {axis}]"
@@ -875,9 +905,42 @@ def declared_output_kinds(model: Any, unbatched: bool = False) -> dict[str, tupl
     """:func:`output_kinds` of a model's outputs as it declares them (``unbatched``: fed one
     sample at a time, :attr:`OutputLayout.unbatched`), less those no float value reaches
     (:func:`value_free_outputs`: nothing to judge them by)."""
-    layout = OutputLayout.of(model, unbatched)
-    shapes = declared_output_shapes(model)
-    return output_kinds({k: v for k, v in shapes.items() if k not in layout.value_free}, layout)
+    return dict(declared_support(model, unbatched).kinds)
+
+
+@dataclass(frozen=True)
+class OutputSupport:
+    """What outputs of given shapes can be judged by (:func:`metric_support`): each one's
+    agreement kind, less those no float value reaches, and which are probability maps and
+    class maps. One layout serves all three."""
+
+    kinds: Mapping[str, tuple[str | None, str]]
+    masks: frozenset[str] = frozenset()
+    class_maps: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(
+        cls, shapes: Mapping[str, Sequence[int | str | None] | None], layout: OutputLayout
+    ) -> OutputSupport:
+        judged = {k: v for k, v in shapes.items() if k not in layout.value_free}
+        return cls(
+            output_kinds(judged, layout),
+            mask_outputs(judged, layout),
+            class_map_outputs(judged, layout),
+        )
+
+    def support(self, metric: str, labels: np.ndarray | None) -> str | None:
+        """:func:`metric_support` of ``metric`` for these outputs."""
+        return metric_support(metric, self.kinds, labels, self.masks, self.class_maps)
+
+    def defined(self, labels: np.ndarray | None) -> list[str]:
+        """:func:`defined_metrics` for these outputs."""
+        return defined_metrics(self.kinds, labels, self.masks, self.class_maps)
+
+
+def declared_support(model: Any, unbatched: bool = False) -> OutputSupport:
+    """:class:`OutputSupport` of a model's outputs as it declares them."""
+    return OutputSupport.of(declared_output_shapes(model), OutputLayout.of(model, unbatched))
 
 
 def mask_outputs(
@@ -892,11 +955,6 @@ def mask_outputs(
         if (name in layout.probabilities if shape is None else layout.mask(shape, name))
         or layout.sigmoid_parts(name)
     )
-
-
-def declared_mask_outputs(model: Any, unbatched: bool = False) -> frozenset[str]:
-    """:func:`mask_outputs` of a model's outputs as it declares them."""
-    return mask_outputs(declared_output_shapes(model), OutputLayout.of(model, unbatched))
 
 
 def class_map_outputs(
@@ -914,11 +972,6 @@ def class_map_outputs(
         if (kind in (POSITION, UNKNOWN) and rank >= 4) or (kind == EXACT and rank >= 3):
             found.add(name)
     return frozenset(found)
-
-
-def declared_class_maps(model: Any, unbatched: bool = False) -> frozenset[str]:
-    """:func:`class_map_outputs` of a model's outputs as it declares them."""
-    return class_map_outputs(declared_output_shapes(model), OutputLayout.of(model, unbatched))
 
 
 def declared_output_shapes(model: Any) -> dict[str, tuple[int | str | None, ...] | None]:
@@ -1039,10 +1092,13 @@ class OutputsAccumulator:
     unsplit: set[str] = field(default_factory=set)
     #: part row -> the decisions of a part a Sigmoid made (a detector's class scores)
     part_masks: dict[str, AgreementAccumulator] = field(default_factory=dict)
+    #: outputs compared exactly or not at all: no cosine or SQNR of class numbers
+    undrifted: frozenset[str] = field(default=frozenset(), init=False)
 
     def __post_init__(self) -> None:
         self.drift = {n: DriftAccumulator() for n in self.names}
         self.agreement = {n: self.layout.accumulator(n) for n in self.names}
+        self.undrifted = self.layout.exact | self.layout.value_free
 
     def update(
         self,
@@ -1056,7 +1112,7 @@ class OutputsAccumulator:
         label_output = self.label_output(reference)
         for name in self.names:
             a, b = reference[name], candidate[name]
-            if name not in self.layout.exact | self.layout.value_free:  # no SQNR of integers
+            if name not in self.undrifted:
                 self.drift[name].update(a, b)
             lab = labels if name == label_output and self.labels_usable else None
             self.agreement[name].update(a, b, lab, batch)
@@ -1102,24 +1158,24 @@ class OutputsAccumulator:
             agree, drift = self.agreement[name], self.drift[name]
             row: dict[str, Any] = dict(agree.metrics())
             row.update({k: v for k, v in drift.metrics().items() if k != "clip_fraction"})
-            row["agreement_kind"] = agree.kind if agree.applies else None
-            row["agreement_note"] = agree.note() or None
-            row["mask_threshold"] = agree.mask_threshold if agree.mask else None
-            row["mask_decisions"] = agree.mask_decisions()
-            row["iou_classes"] = agree.iou_classes()
+            stands_in = self.layout.stands_in(name, self.names)
+            notes = [agree.note()]
             if drift.mismatched:
-                differ = (
+                notes.append(
                     f"its shape differed between FP32 and the candidate on {drift.mismatched} "
                     "batch(es) (a variable-size output: NonZero, NMS): not compared value by value"
                 )
-                row["agreement_note"] = "; ".join(filter(None, (row["agreement_note"], differ)))
+            if stands_in:
+                judged = ", ".join(self.layout.chosen_from[name])
+                notes.append(f"its drift is judged on {judged}, what it chose from")
+            row["agreement_kind"] = agree.kind if agree.applies else None
+            row["agreement_note"] = "; ".join(n for n in notes if n) or None
+            row["mask_threshold"] = agree.mask_threshold if agree.mask else None
+            row["mask_decisions"] = agree.mask_decisions()
+            row["iou_classes"] = agree.iou_classes()
             row["shape_mismatches"] = drift.mismatched + agree.mismatched
             row["value_free"] = name in self.layout.value_free
-            stands_in = self.layout.stands_in(name, self.names)
             row["judged_on"] = list(self.layout.chosen_from[name]) if stands_in else None
-            if stands_in:
-                judged = f"its drift is judged on {', '.join(row['judged_on'])}, what it chose from"
-                row["agreement_note"] = "; ".join(filter(None, (row["agreement_note"], judged)))
             row["nonfinite"] = drift.nonfinite()
             out[name] = row
             for part in self.parts_of(name):

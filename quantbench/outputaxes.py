@@ -262,17 +262,6 @@ def selection_sources(model: Any) -> dict[str, list[str]]:
     return found
 
 
-def judged_tensors(model: Any) -> tuple[list[str], list[str]]:
-    """The tensors a candidate is judged on by its drift, and those of them that are not graph
-    outputs: every output, except that one after an op whose output size depends on the data
-    is joined by the float tensors that op chose from (:func:`selection_sources`)."""
-    outputs = [o.name for o in model.graph.output]
-    judged = list(outputs)
-    for sources in selection_sources(model).values():
-        judged += [t for t in sources if t not in judged]
-    return judged, [t for t in judged if t not in outputs]
-
-
 def _chosen_from(node: Any, producer: Mapping[str, Any], constants: Collection[str]) -> list[str]:
     """The float tensors a selection op chose from (see :func:`selection_sources`)."""
     if node.op_type == "NonMaxSuppression":

@@ -13,7 +13,13 @@ from typing import Any
 
 from markupsafe import Markup
 
-from quantbench.metrics import MASK_IOU, MEAN_IOU, SEQUENCE_KEYS, lower_is_better
+from quantbench.metrics import (
+    MASK_IOU,
+    MEAN_IOU,
+    OPTIONAL_KEYS,
+    carried_metrics,
+    lower_is_better,
+)
 from quantbench.reports import svg
 from quantbench.reports.calibration import (
     CalibrationSection,
@@ -245,25 +251,11 @@ NONFINITE_COLUMN = Column("NaN/Inf", "num", "NaN/Inf values in FP32 and in B: me
 NOTE_COLUMN = Column("Note", "str", "why agreement is not defined for this output")
 
 
-def _has_sequences(outputs: list[dict[str, Any]]) -> bool:
-    return any(
-        o.get("agreement_kind") == "position" or o.get("sequence_agreement") is not None
-        for o in outputs
-    )
-
-
-def _has_masks(outputs: list[dict[str, Any]]) -> bool:
-    return any(o.get("mask_threshold") is not None for o in outputs)
-
-
-def _shown(key: str, outputs: list[dict[str, Any]]) -> bool:
-    """Whether the output table has a column for metric ``key``: sequence agreement only when
-    an output has positions, mask IoU only when one is a probability map."""
-    if key in SEQUENCE_KEYS:
-        return _has_sequences(outputs)
-    if key == MEAN_IOU:
-        return any(o.get("iou_classes") is not None for o in outputs)
-    return key != MASK_IOU or _has_masks(outputs)
+def _shown_keys(outputs: list[dict[str, Any]]) -> list[str]:
+    """The metrics the output table has columns for: the optional ones only where an output
+    carries them (:func:`quantbench.metrics.carried_metrics`)."""
+    carried = carried_metrics(outputs)
+    return [k for k, _, _ in _OUTPUT_METRICS if k not in OPTIONAL_KEYS or k in carried]
 
 
 def _sides(rows: list[dict[str, Any]]) -> set[str]:
@@ -277,7 +269,8 @@ def output_columns(outputs: list[dict[str, Any]]) -> tuple[Column, ...]:
     them."""
     columns = [Column("Side", "str")] if len(_sides(outputs)) > 1 else []
     columns.append(Column("Output", "str"))
-    columns += [c for k, c, _ in _OUTPUT_METRICS if _shown(k, outputs)]
+    shown = _shown_keys(outputs)
+    columns += [c for k, c, _ in _OUTPUT_METRICS if k in shown]
     if any(isinstance(o.get("nonfinite"), dict) for o in outputs):
         columns.append(NONFINITE_COLUMN)
     if any(o.get("agreement_note") for o in outputs):
@@ -288,13 +281,14 @@ def output_columns(outputs: list[dict[str, Any]]) -> tuple[Column, ...]:
 def output_rows(outputs: list[dict[str, Any]]) -> tuple[tuple[Cell, ...], ...]:
     counted = any(isinstance(o.get("nonfinite"), dict) for o in outputs)
     noted = any(o.get("agreement_note") for o in outputs)
+    shown = _shown_keys(outputs)
     rows = []
     both = len(_sides(outputs)) > 1
     for o in outputs:
         cells = [text_cell(o.get("candidate"))] if both else []
         cells.append(text_cell(o.get("name"), "name"))
         for key, _column, formatter in _OUTPUT_METRICS:
-            if _shown(key, outputs):
+            if key in shown:
                 cell = number_cell(o.get(key), formatter, _undefined_css(o.get(key)))
                 if key == MASK_IOU and (told := _decisions_text(o)):
                     cell = replace(cell, title=told)

@@ -16,8 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 from quantbench.metrics import (
     AgreementAccumulator,
     OutputLayout,
-    declared_mask_outputs,
     declared_output_kinds,
+    declared_support,
     metric_support,
     model_metrics,
 )
@@ -73,9 +73,9 @@ def test_mask_iou_is_undefined_without_decisions_or_with_nan():
 
 
 def test_only_sigmoid_maps_are_masks():
-    assert declared_mask_outputs(_map_model("Sigmoid")) == {"y"}
-    assert declared_mask_outputs(_map_model("Relu")) == frozenset()
-    assert declared_mask_outputs(_map_model(None)) == frozenset()
+    assert declared_support(_map_model("Sigmoid")).masks == {"y"}
+    assert declared_support(_map_model("Relu")).masks == frozenset()
+    assert declared_support(_map_model(None)).masks == frozenset()
     one = AgreementAccumulator(name="p", probability=True)  # one decision per sample: no map
     one.update(np.array([[0.7], [0.2]], np.float32), np.array([[0.6], [0.6]], np.float32))
     assert one.kind == "decision" and one.metrics()["mask_iou"] is None
@@ -97,8 +97,8 @@ def test_the_model_is_judged_by_its_worst_map():
 def test_metric_support_names_what_is_defined_instead():
     sigmoid, plain = _map_model("Sigmoid"), _map_model(None)
     kinds = declared_output_kinds(sigmoid)
-    assert metric_support("mask_iou", kinds, None, declared_mask_outputs(sigmoid)) == ""
-    reason = metric_support("top1_agreement", kinds, None, declared_mask_outputs(sigmoid))
+    assert metric_support("mask_iou", kinds, None, declared_support(sigmoid).masks) == ""
+    reason = metric_support("top1_agreement", kinds, None, declared_support(sigmoid).masks)
     assert reason.endswith("defined for it: mask_iou, cosine, sqnr_db")
     reason = metric_support("mask_iou", declared_output_kinds(plain), None, frozenset())
     assert "no output holds probabilities a Sigmoid made" in reason
@@ -230,7 +230,7 @@ def test_a_map_stays_a_probability_map_through_moves_and_resizes():
             ]
         )
         model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, shape))
-        assert (declared_mask_outputs(model) == {"y"}) is is_map, tail
+        assert (declared_support(model).masks == {"y"}) is is_map, tail
 
 
 def test_inspect_says_how_the_outputs_can_be_judged(run_cli, tmp_path):
@@ -276,7 +276,7 @@ def test_a_detectors_class_scores_are_judged_by_their_decisions(tmp_path):
     assert rows["y"]["mask_threshold"] is None  # boxes and scores together are no map
     assert rows["y[0:4 on axis 1]"]["mask_threshold"] is None
     assert acc.model_metrics()["mask_iou"] == pytest.approx(0.5)
-    assert declared_mask_outputs(model) == {"y"}
+    assert declared_support(model).masks == {"y"}
     path = tmp_path / "head.onnx"
     onnx.save(model, path)
     assert default_target(open_graph(path), None) == "mask_iou=0.99"

@@ -15,9 +15,8 @@ from onnx import TensorProto, helper
 
 from quantbench.metrics import (
     AgreementAccumulator,
-    declared_class_maps,
-    declared_mask_outputs,
     declared_output_kinds,
+    declared_support,
     metric_support,
     model_metrics,
 )
@@ -73,16 +72,16 @@ def _segmenter(classes: int = 4) -> onnx.ModelProto:
 
 def test_a_segmenter_is_a_class_map_and_others_are_told_what_they_define():
     seg = _segmenter()
-    assert declared_class_maps(seg) == {"y"}
+    assert declared_support(seg).class_maps == {"y"}
     kinds = declared_output_kinds(seg)
-    assert metric_support("mean_iou", kinds, None, (), declared_class_maps(seg)) == ""
+    assert metric_support("mean_iou", kinds, None, (), declared_support(seg).class_maps) == ""
     classifier = _segmenter()
     classifier.graph.output[0].CopyFrom(
         helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
     )
     kinds = declared_output_kinds(classifier)
-    reason = metric_support("mean_iou", kinds, None, declared_mask_outputs(classifier),
-                            declared_class_maps(classifier))  # fmt: skip
+    reason = metric_support("mean_iou", kinds, None, declared_support(classifier).masks,
+                            declared_support(classifier).class_maps)  # fmt: skip
     assert "no output is a class map" in reason
 
 
@@ -116,7 +115,7 @@ def test_a_class_map_defines_no_ctc_agreement():
     """ctc_agreement is computed for (N, T, C) sequences only; a segmentation map's positions
     were listed as defining it (inspect, "defined for it")."""
     seg = _segmenter()
-    kinds, maps = declared_output_kinds(seg), declared_class_maps(seg)
+    kinds, maps = declared_output_kinds(seg), declared_support(seg).class_maps
     assert "no output has per-position scores (N, T, C)" in metric_support(
         "ctc_agreement", kinds, None, (), maps
     )

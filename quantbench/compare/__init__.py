@@ -27,10 +27,7 @@ from quantbench.metrics import (
     DECISION_THRESHOLD,
     MODEL_METRICS,
     check_mask_threshold,
-    declared_class_maps,
-    declared_mask_outputs,
-    declared_output_kinds,
-    metric_support,
+    declared_support,
 )
 from quantbench.progress import info
 from quantbench.results import (
@@ -145,11 +142,9 @@ def compare(
     source = open_data(
         data, graph.inputs, batch_size=batch_size, max_samples=max_samples, preset=preset
     )
-    kinds = declared_output_kinds(graph.model, source.unbatched)
-    masks = declared_mask_outputs(graph.model, source.unbatched)
-    maps = declared_class_maps(graph.model, source.unbatched)
+    declared = declared_support(graph.model, source.unbatched)
     for metric, _ in gates:
-        if reason := metric_support(metric, kinds, label_array, masks, maps):
+        if reason := declared.support(metric, label_array):
             raise QuantbenchError(f"--fail-below {metric}: {reason}")
     if (
         label_array is not None

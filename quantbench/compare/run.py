@@ -47,7 +47,6 @@ from quantbench.metrics import (
     OutputsAccumulator,
     labels_accuracy_reason,
 )
-from quantbench.outputaxes import judged_tensors
 from quantbench.progress import progress_bar, warn
 from quantbench.task_metrics import MetricScript, MetricSession
 
@@ -281,7 +280,7 @@ def run_comparison(
     ref_out = _output_names(graph.model)
     usable = not labels_accuracy_reason(labels)
     layout = OutputLayout.of(graph.model, source.unbatched, mask_threshold)
-    extra = judged_tensors(graph.model)[1]
+    extra = layout.judged_tensors()[1]
     for side in sides:
         if metric_script is not None:
             side.script = metric_script.session()

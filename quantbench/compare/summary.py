@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from quantbench.fp16 import FP16, FP16_EMULATED, describe
-from quantbench.metrics import nonfinite_text
+from quantbench.metrics import OPTIONAL_KEYS, carried_metrics, nonfinite_text
 from quantbench.progress import console
 
 
@@ -83,22 +83,13 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
         )
     t = Table(title="Outputs against FP32", title_justify="left")
     outputs = doc.get("outputs", [])
-    sequences = any(
-        o.get("agreement_kind") == "position" or o.get("sequence_agreement") is not None
-        for o in outputs
-    )
-    masks = any(o.get("mask_threshold") is not None for o in outputs)
-    maps = any(o.get("iou_classes") is not None for o in outputs)
     columns = [
         *("side", "output", "agree", "top-5", "seq", "ctc", "mask IoU", "mIoU"),
         *("cosine", "SQNR dB", "NaN/Inf"),
     ]
-    hidden = {
-        *(() if sequences else ("seq", "ctc")),
-        *(() if masks else ("mask IoU",)),
-        *(() if maps else ("mIoU",)),
-    }
-    shown = [c for c in columns if c not in hidden]
+    carried = carried_metrics(outputs)
+    optional = dict(zip(("seq", "ctc", "mask IoU", "mIoU"), OPTIONAL_KEYS, strict=True))
+    shown = [c for c in columns if c not in optional or optional[c] in carried]
     for col in shown:
         # output names often differ only at their end (StatefulPartitionedCall:0/:1/:2):
         # folded onto more lines, never cut

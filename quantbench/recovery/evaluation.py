@@ -31,17 +31,12 @@ from quantbench.metrics import (
     SEQUENCE_KEYS,
     OutputLayout,
     OutputsAccumulator,
-    class_map_outputs,
-    declared_class_maps,
-    declared_mask_outputs,
-    declared_output_kinds,
+    OutputSupport,
+    declared_support,
     labels_accuracy_reason,
     lower_is_better,
-    mask_outputs,
-    metric_support,
     nonfinite_text,
 )
-from quantbench.outputaxes import judged_tensors
 from quantbench.task_metrics import MetricScript, split_spec
 from quantbench.workerinput import WorkerInput
 
@@ -114,11 +109,10 @@ DEFAULT_TARGETS = ("top1_agreement=0.99", f"{MASK_IOU}=0.99")
 def default_target(graph: Graph, labels: np.ndarray | None, unbatched: bool = False) -> str:
     """The first of :data:`DEFAULT_TARGETS` the model's outputs can give (a symbolic class
     axis counts: the data decides); one line saying what to give when none can."""
-    kinds = declared_output_kinds(graph.model, unbatched)
-    masks = declared_mask_outputs(graph.model, unbatched)
+    declared = declared_support(graph.model, unbatched)
     reasons = []
     for text in DEFAULT_TARGETS:
-        reason = metric_support(text.partition("=")[0], kinds, labels, masks)
+        reason = declared.support(text.partition("=")[0], labels)
         if not reason:
             return text
         reasons.append(reason)
@@ -134,10 +128,7 @@ def check_declared(
     """Fail in one line, before any inference, when the model's declared outputs cannot give
     ``metric`` (a symbolic class axis defers the check to :meth:`Evaluator.require`;
     ``unbatched``: the data feeds a model without a batch axis one sample at a time)."""
-    kinds = declared_output_kinds(graph.model, unbatched)
-    masks = declared_mask_outputs(graph.model, unbatched)
-    maps = declared_class_maps(graph.model, unbatched)
-    reason = metric_support(metric, kinds, labels, masks, maps)
+    reason = declared_support(graph.model, unbatched).support(metric, labels)
     if reason:
         raise QuantbenchError(f"{option} {metric}: {reason}")
 
@@ -189,16 +180,16 @@ class Evaluator:
     mask_threshold: float = DECISION_THRESHOLD
     #: what each evaluation fetches: the outputs and :attr:`extra`
     fetched: list[str] = field(default_factory=list, init=False)
-    #: tensors an NMS/NonZero chose from (:func:`quantbench.outputaxes.judged_tensors`)
+    #: tensors an NMS/NonZero chose from (:meth:`OutputLayout.judged_tensors`)
     extra: list[str] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         self.outputs = [o.name for o in self.graph.model.graph.output]
-        # and the tensors an NMS/NonZero chose from, judged where its outputs' sizes differ
-        self.fetched, self.extra = judged_tensors(self.graph.model)
         self.layout = OutputLayout.of(
             self.graph.model, self.source.unbatched, self.mask_threshold
         )
+        # and the tensors an NMS/NonZero chose from, judged where its outputs' sizes differ
+        self.fetched, self.extra = self.layout.judged_tensors()
         if self.reference:  # a worker's copy: the driver's FP32 outputs, no second FP32 pass
             self.num_samples = self.source.num_samples or 0
             self.attach_script(self.script)
@@ -245,12 +236,8 @@ class Evaluator:
         if self.fp32_metrics.get(metric) is not None:
             return
         first = self.reference[0]
-        judged = [o for o in self.outputs if o not in self.layout.value_free]
-        kinds = {o: self.layout.kind(np.shape(first[o]), o) for o in judged}
         shapes = {o: np.shape(first[o]) for o in self.outputs}
-        masks = mask_outputs(shapes, self.layout)
-        maps = class_map_outputs({o: shapes[o] for o in judged}, self.layout)
-        reason = metric_support(metric, kinds, self.labels, masks, maps)
+        reason = OutputSupport.of(shapes, self.layout).support(metric, self.labels)
         if not reason and metric not in METRICS:
             returned = [k for k in self.fp32_metrics if k not in RESERVED]
             where = self.script.where if self.script else "no --metric-script"

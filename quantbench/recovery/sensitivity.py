@@ -32,8 +32,7 @@ from quantbench.metrics import (
     MEAN_IOU,
     SEQUENCE_KEYS,
     check_mask_threshold,
-    declared_output_kinds,
-    metric_support,
+    declared_support,
 )
 from quantbench.progress import warn
 from quantbench.recovery.context import RecoveryContext, prepare, quantize_except
@@ -60,8 +59,8 @@ RANK_METRICS = (
 
 def default_rank_metric(graph: Graph, labels: np.ndarray | None, unbatched: bool) -> str:
     """``sqnr_db``, or ``top1_agreement`` where every output holds integers (class ids)."""
-    kinds = declared_output_kinds(graph.model, unbatched)
-    return "top1_agreement" if metric_support("sqnr_db", kinds, labels) else "sqnr_db"
+    sqnr_undefined = declared_support(graph.model, unbatched).support("sqnr_db", labels)
+    return "top1_agreement" if sqnr_undefined else "sqnr_db"
 
 
 def check_rank_metric(metric: str, has_labels: bool, custom: bool = False) -> None:
