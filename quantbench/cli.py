@@ -764,9 +764,9 @@ def recover(
         typer.Option(
             help="METRIC=VALUE: top1_agreement, sequence_agreement, ctc_agreement, mask_iou, "
             "mean_iou, cosine, sqnr_db, accuracy_drop (labels), or a --metric-script name "
-            "(_drop: lower is better). Default: top1_agreement=0.99, or mask_iou=0.99 for a "
-            "model whose "
-            "outputs are probability maps."
+            "(_drop: lower is better). Default: top1_agreement=0.99; mask_iou=0.99 for a "
+            "model whose outputs are probability maps; ctc_agreement=0.99 for a recognizer "
+            "(scores per frame from float input)."
         ),
     ] = None,
     mask_threshold: MaskThresholdOpt = DECISION_THRESHOLD,

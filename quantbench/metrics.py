@@ -911,22 +911,31 @@ def declared_output_kinds(model: Any, unbatched: bool = False) -> dict[str, tupl
 @dataclass(frozen=True)
 class OutputSupport:
     """What outputs of given shapes can be judged by (:func:`metric_support`): each one's
-    agreement kind, less those no float value reaches, and which are probability maps and
-    class maps. One layout serves all three."""
+    agreement kind, less those no float value reaches, and which are probability maps, class
+    maps and sequences. One layout serves all of them."""
 
     kinds: Mapping[str, tuple[str | None, str]]
     masks: frozenset[str] = frozenset()
     class_maps: frozenset[str] = frozenset()
+    #: ``(N, T, C)`` scores per position: what ``ctc_agreement`` decodes
+    sequences: frozenset[str] = frozenset()
 
     @classmethod
     def of(
         cls, shapes: Mapping[str, Sequence[int | str | None] | None], layout: OutputLayout
     ) -> OutputSupport:
         judged = {k: v for k, v in shapes.items() if k not in layout.value_free}
+        kinds = output_kinds(judged, layout)
+        extra = 1 if layout.unbatched else 0
         return cls(
-            output_kinds(judged, layout),
+            kinds,
             mask_outputs(judged, layout),
             class_map_outputs(judged, layout),
+            frozenset(
+                name
+                for name, shape in judged.items()
+                if shape is not None and kinds[name][0] == POSITION and len(shape) + extra == 3
+            ),
         )
 
     def support(self, metric: str, labels: np.ndarray | None) -> str | None:

@@ -37,12 +37,15 @@ from quantbench.qdq import QuantizeResult
 from quantbench.recovery.context import RecoveryContext, prepare
 from quantbench.recovery.evaluation import (
     RESERVED,
+    SEQUENCE_TARGET,
+    Evaluator,
     Target,
     check_declared,
     data_unbatched,
     default_target,
     json_metrics,
     parse_target,
+    reads_sequences,
 )
 from quantbench.recovery.sensitivity import parallel_job, rank_ops
 from quantbench.task_metrics import load_metric_script
@@ -106,6 +109,15 @@ class RecoveryResult:
         if self.context.auto is not None:
             section["auto"] = self.context.auto.to_dict()
         return section
+
+
+def _observed_default(graph: Graph, evaluator: Evaluator, tgt: Target, custom: bool) -> Target:
+    """The default target, once FP32 has shown the outputs' shapes: a recognizer whose
+    declared shapes hid its sequences (a symbolic or wrong rank) is judged by its text too."""
+    if tgt.text != SEQUENCE_TARGET and reads_sequences(graph, evaluator.observed_support()):
+        tgt = parse_target(SEQUENCE_TARGET, False, custom)
+    info(f"target: {tgt.text} (the default for this model's outputs; --target sets another)")
+    return tgt
 
 
 def _check_budget(budget: int | None, num_ops: int) -> int:
@@ -208,9 +220,9 @@ def recover(
         precision = own_high_precision(source.model)
     label_array = load_labels(labels)
     unbatched = data_unbatched(graph, eval_data, preset)
+    defaulted = tgt is None
     if tgt is None:
         tgt = parse_target(default_target(graph, label_array, unbatched), False, custom)
-        info(f"target: {tgt.text} (the default for this model's outputs; --target sets another)")
     check_declared(graph, tgt.metric, label_array, "--target", unbatched)  # before calibration
     ctx = prepare(
         graph,
@@ -232,6 +244,8 @@ def recover(
     )
     ctx.precision = precision
     ctx.evaluator.attach_script(script)
+    if defaulted:
+        tgt = _observed_default(graph, ctx.evaluator, tgt, custom)
     ctx.evaluator.require(tgt.metric, "--target")  # after the FP32 pass, before any variant
     limit = _check_budget(budget, len(ctx.plan.quantized))
     kept: list[str] = []
