@@ -31,11 +31,11 @@ namespace
 // stated tolerances). The few prototypes and constants used (legacy convolution API and backend
 // graph API) are declared here (the same in cuDNN 8.x and 9.x). Planning, once per shape, bias,
 // alignment and device (cached, process-wide): the backend API's heuristics (instant, then
-// fallback) give engine configurations; those whose numerical notes say anything but a plain
-// float sum of products are dropped (FFT, Winograd, down-converted inputs, reduced-precision
-// reduction, and tensor cores for FP32, i.e. TF32; FP16 keeps tensor cores with FP32
-// accumulation), as are legacy algorithms other than the GEMM-like and direct ones (legacy FP32
-// with CUDNN_FMA_MATH). Every candidate (the backend's plans and legacy Find's best) is timed on
+// fallback; FP32 also mode B) give engine configurations; those whose numerical notes say
+// anything but a plain float sum of products, or for FP32 an FFT (fft_allowed), are dropped
+// (Winograd, down-converted inputs, reduced-precision reduction, and tensor cores for FP32, i.e.
+// TF32; FP16 keeps tensor cores with FP32 accumulation), as are legacy algorithms other than the
+// GEMM-like, direct and (FP32) FFT ones (legacy FP32 with CUDNN_FMA_MATH). Every candidate (the backend's plans and legacy Find's best) is timed on
 // the caller's own buffers and the fastest is kept: the measured half of the dispatch table. The
 // bias is written into y first and added by the convolution's beta = 1 blend (FP32: two float
 // roundings, within our FP32 bound; FP16: cuDNN rounds the convolution to FP16 before the blend,
@@ -66,15 +66,34 @@ enum : int
 };
 // CUDNN_CONVOLUTION_FWD_ALGO_*: IMPLICIT_GEMM 0, IMPLICIT_PRECOMP_GEMM 1, GEMM 2, DIRECT 3, FFT 4,
 // FFT_TILING 5, WINOGRAD 6, WINOGRAD_NONFUSED 7.
-// Only 0-3 (a plain sum of products): with Winograd (6, 7) allowed, the dense 3x3 C=128 case came
-// out 1.0e-5 of max|y| away from the reference (H200), at our FP32 bound.
-bool algo_allowed(int algo)
+// FP32: 0-5, a plain sum of products or an FFT; FP16: 0-3. With Winograd (6, 7) allowed, the dense
+// 3x3 C=128 case came out 1.0e-5 of max|y| away from the reference (H200), at our FP32 bound;
+// torch's FFT engine on the same shape 3.2e-7 (fft_allowed).
+// $QUANTBENCH_DWCONV_CUDNN_ALGOS (tuning only: a bit per algo) replaces both masks.
+bool fft_allowed();
+bool algo_allowed(int algo, bool half)
 {
     static int const mask = [] {
-        char const* env = std::getenv("QUANTBENCH_DWCONV_CUDNN_ALGOS"); // tuning only: a bit per algo
-        return env != nullptr ? static_cast<int>(std::strtol(env, nullptr, 0)) : 0x0F; // 0-3
+        char const* env = std::getenv("QUANTBENCH_DWCONV_CUDNN_ALGOS");
+        return env != nullptr ? static_cast<int>(std::strtol(env, nullptr, 0)) : -1;
     }();
-    return algo >= 0 && algo < kAlgoCount && ((mask >> algo) & 1) != 0;
+    int const use = mask >= 0 ? mask : (!half && fft_allowed() ? 0x3F : 0x0F);
+    return algo >= 0 && algo < kAlgoCount && ((use >> algo) & 1) != 0;
+}
+
+// FP32 convolutions by FFT (legacy algorithms 4 and 5, backend engines whose only numerical note
+// is FFT): its error is bounded by the norm of a tile rather than by each output's own sum, but
+// it is a float computation with float accumulation, no TF32, no down-converted inputs: torch's
+// cuDNN keeps it for the dense 3x3 C=128 shape (3.2e-7 of max|y| against float64 there, our
+// FP32 bound is 1e-5), twice as fast as any plain-sum engine. $QUANTBENCH_DWCONV_CUDNN_FFT=0
+// keeps FP32 on plain sums only. FP16 never takes it.
+bool fft_allowed()
+{
+    static bool const on = [] {
+        char const* env = std::getenv("QUANTBENCH_DWCONV_CUDNN_FFT");
+        return env == nullptr || std::strcmp(env, "0") != 0;
+    }();
+    return on;
 }
 
 bool debug()
@@ -413,27 +432,30 @@ enum : int
     kAttrEngineNumericalNote = 1303,
     kAttrEngineBehaviorNote = 1305,
     kHeurInstant = 0,
+    kHeurB = 1,
     kHeurFallback = 2,
     // cudnnBackendNumericalNote_t: TENSOR_CORE 0, DOWN_CONVERT_INPUTS 1,
     // REDUCED_PRECISION_REDUCTION 2, FFT 3, NONDETERMINISTIC 4, WINOGRAD 5, WINOGRAD_TILE_4x4 6,
     // _6x6 7, _13x13 8, STRICT_NAN_PROP 9 (cuDNN 9). cudnnBackendBehaviorNote_t:
     // RUNTIME_COMPILATION 0.
     kNoteTensorCore = 0,
+    kNoteFft = 3,
     kNoteNondeterministic = 4,
     kBehaviorRuntimeCompilation = 0,
 };
 
-// An engine's arithmetic is acceptable when it is a plain sum of products in float: no FFT, no
-// Winograd, no down-converted inputs or reduced-precision reduction, and for FP32 no tensor cores
-// (which would mean TF32). Nondeterministic (split reductions) is fine; tensor cores for FP16
-// (FP16 products, FP32 accumulation) are fine. Note 9 (STRICT_NAN_PROP in cuDNN 9, as far as we
+// An engine's arithmetic is acceptable when it is a plain sum of products in float, or for FP32 an
+// FFT (fft_allowed): no Winograd, no down-converted inputs or reduced-precision reduction, and for
+// FP32 no tensor cores (which would mean TF32). Nondeterministic (split reductions) is fine;
+// tensor cores for FP16 (FP16 products, FP32 accumulation) are fine. Note 9 (STRICT_NAN_PROP in cuDNN 9, as far as we
 // know) is refused too, as in the H200 run that measured this code.
 bool notes_ok(int const* notes, int64_t n, bool half)
 {
     for (int64_t i = 0; i < n; ++i)
     {
         int const note = notes[i];
-        bool const ok = note == kNoteNondeterministic || (half && note == kNoteTensorCore);
+        bool const ok = note == kNoteNondeterministic || (half && note == kNoteTensorCore)
+            || (!half && note == kNoteFft && fft_allowed());
         if (!ok)
         {
             return false;
@@ -528,7 +550,7 @@ Plan legacy_plan(Desc handle, DWConv2DParams const& prm, bool half, bool bias)
             std::fprintf(stderr, "dwconv2d: cuDNN legacy Find %s: algo %d status %d %.4f ms %zu bytes math %d\n",
                 half ? "f16" : "f32", r.algo, r.status, static_cast<double>(r.time), r.memory, r.math_type);
         }
-        if (chosen < 0 && r.status == kSuccess && math_ok && algo_allowed(r.algo) && r.memory <= kCudnnMaxWorkspace)
+        if (chosen < 0 && r.status == kSuccess && math_ok && algo_allowed(r.algo, half) && r.memory <= kCudnnMaxWorkspace)
         {
             chosen = i;
         }
@@ -738,14 +760,24 @@ std::vector<Plan> backend_plans(Desc handle, DWConv2DParams const& prm, bool hal
     ok = ok && B.set(graph, kAttrGraphHandle, kTypeHandle, 1, &handle)
         && B.set(graph, kAttrGraphOps, kTypeBackendDescriptor, nops, ops) && B.finalize(graph);
     int compiled = 0;
-    for (int heur_mode : {static_cast<int>(kHeurInstant), static_cast<int>(kHeurFallback)})
+    // FP32 asks mode B too (slower to ask, once per plan): it lists the FFT engines torch's
+    // benchmark finds, which instant and fallback do not (fft_allowed)
+    bool const with_b = !half && fft_allowed();
+    for (int heur_mode : {static_cast<int>(kHeurInstant), with_b ? static_cast<int>(kHeurB) : -1,
+             static_cast<int>(kHeurFallback)})
     {
+        if (heur_mode < 0)
+        {
+            continue;
+        }
         Desc const heur = ok ? B.make(kDescEngineHeur) : nullptr;
         int64_t count = 0;
         bool const hok = ok && B.set(heur, kAttrHeurOpGraph, kTypeBackendDescriptor, 1, &graph)
             && B.set(heur, kAttrHeurMode, kTypeHeurMode, 1, &heur_mode) && B.finalize(heur)
             && a.BackendGetAttribute(heur, kAttrHeurResults, kTypeBackendDescriptor, 0, &count, nullptr) == kSuccess;
-        constexpr int64_t kMaxConfigs = 10;
+        // FP32 looks further down the lists: its first configurations are mostly TF32 (refused,
+        // never timed), and an FFT engine may come after them
+        int64_t const kMaxConfigs = with_b ? 48 : 10;
         std::vector<Desc> cfgs(static_cast<size_t>(hok ? std::min(count, kMaxConfigs) : 0));
         for (Desc& c : cfgs)
         {
