@@ -711,6 +711,9 @@ class OutputLayout:
     chosen_from: Mapping[str, list[str]] = field(default_factory=dict)
     #: the model's outputs (other tensors a caller fetches are not outputs)
     outputs: tuple[str, ...] = ()
+    #: an input holds integers (token ids): per-position scores are a tagger's, not frames a
+    #: CTC decoder reads (:attr:`OutputSupport.recognizer`)
+    token_inputs: bool = False
 
     @classmethod
     def of(
@@ -735,6 +738,7 @@ class OutputLayout:
             fixed,
             selection_sources(model),
             tuple(o.name for o in model.graph.output),
+            _integer_inputs(model),
         )
 
     @cached_property
@@ -908,6 +912,15 @@ def declared_output_kinds(model: Any, unbatched: bool = False) -> dict[str, tupl
     return dict(declared_support(model, unbatched).kinds)
 
 
+def _integer_inputs(model: Any) -> bool:
+    """Whether a graph input (not an initializer) holds integers."""
+    initializers = {t.name for t in model.graph.initializer}
+    types = [v.type.tensor_type.elem_type for v in model.graph.input if v.name not in initializers]
+    return any(
+        np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(t), np.integer) for t in types if t
+    )
+
+
 @dataclass(frozen=True)
 class OutputSupport:
     """What outputs of given shapes can be judged by (:func:`metric_support`): each one's
@@ -919,6 +932,10 @@ class OutputSupport:
     class_maps: frozenset[str] = frozenset()
     #: ``(N, T, C)`` scores per position: what ``ctc_agreement`` decodes
     sequences: frozenset[str] = frozenset()
+    #: a recognizer reading sequences from float input (a CTC text or speech model): every
+    #: output with agreement is a sequence and no input is token ids (a tagger's every
+    #: position counts); its text, ``ctc_agreement``, is what it is judged by
+    recognizer: bool = False
 
     @classmethod
     def of(
@@ -927,15 +944,18 @@ class OutputSupport:
         judged = {k: v for k, v in shapes.items() if k not in layout.value_free}
         kinds = output_kinds(judged, layout)
         extra = 1 if layout.unbatched else 0
+        sequences = frozenset(
+            name
+            for name, shape in judged.items()
+            if shape is not None and kinds[name][0] == POSITION and len(shape) + extra == 3
+        )
+        agreeing = {n for n, (kind, _) in kinds.items() if kind in (CLASS, POSITION, DECISION)}
         return cls(
             kinds,
             mask_outputs(judged, layout),
             class_map_outputs(judged, layout),
-            frozenset(
-                name
-                for name, shape in judged.items()
-                if shape is not None and kinds[name][0] == POSITION and len(shape) + extra == 3
-            ),
+            sequences,
+            bool(sequences) and agreeing <= sequences and not layout.token_inputs,
         )
 
     def support(self, metric: str, labels: np.ndarray | None) -> str | None:
@@ -1185,6 +1205,9 @@ class OutputsAccumulator:
             row["shape_mismatches"] = drift.mismatched + agree.mismatched
             row["value_free"] = name in self.layout.value_free
             row["judged_on"] = list(self.layout.chosen_from[name]) if stands_in else None
+            # decoded text leads where the model reads sequences (OutputSupport.recognizer)
+            decoded = row.get("ctc_agreement") is not None
+            row["reads_text"] = decoded and not self.layout.token_inputs
             row["nonfinite"] = drift.nonfinite()
             out[name] = row
             for part in self.parts_of(name):

@@ -569,6 +569,10 @@ def _first_output(outputs: list[dict[str, Any]]) -> dict[str, Any]:
     return next((o for o in outputs if as_number(o.get("agreement")) is not None), {})
 
 
+#: a recognizer's lead figure: the text a greedy CTC decoder reads (``reads_text`` rows)
+TEXT_TITLE = "CTC text agreement"
+
+
 def _agreement_title(output: dict[str, Any]) -> str:
     """What an output's agreement is: argmax (top-1), or equal values (integers)."""
     return "exact agreement" if output.get("agreement_kind") == "exact" else "top-1 agreement"
@@ -634,7 +638,14 @@ def verdict_cards(
     cards = []
     outputs = as_records(results.get("outputs"))
     output = _first_output(outputs)
-    if output:
+    if output and output.get("reads_text"):
+        detail = f"output {_output_name(output, outputs)} · frames {fmt_pct(output['agreement'])}"
+        if as_number(output.get("sequence_agreement")) is not None:
+            detail += f" · every frame {fmt_pct(output['sequence_agreement'])}"
+        undefined = as_finite(output.get("ctc_agreement")) is None
+        text = fmt_pct(output["ctc_agreement"])
+        cards.append(Card(TEXT_TITLE, text, detail, "bad" if undefined else ""))
+    elif output:
         detail = f"output {_output_name(output, outputs)}"
         if as_finite(output.get("top5_agreement")) is not None:
             detail += f" · top-5 {fmt_pct(output['top5_agreement'])}"
@@ -742,7 +753,11 @@ def headline(results: dict[str, Any], labels: tuple[str, str], latency: LatencyS
     parts = []
     outputs = as_records(results.get("outputs"))
     output = _first_output(outputs)
-    if output:
+    if output and output.get("reads_text"):
+        name = _output_name(output, outputs)
+        frames = fmt_pct(output["agreement"])
+        parts.append(f"{TEXT_TITLE} {fmt_pct(output['ctc_agreement'])} on {name} (frames {frames})")
+    elif output:
         name = _output_name(output, outputs)
         parts.append(f"{_agreement_title(output)} {fmt_pct(output['agreement'])} on {name}")
     if mask := _worst_mask(outputs):

@@ -108,3 +108,38 @@ def test_recover_aims_at_the_text_where_only_the_run_shows_the_sequences(run_cli
     expected = _text_agreement(str(path), str(int8), x)
     assert 0 < expected < 1  # the data makes INT8 change some strings
     assert doc["steps"][0]["metric"] == pytest.approx(expected)
+
+
+def _compare_json(run_cli, tmp_path, model: onnx.ModelProto, x: np.ndarray, name: str) -> tuple:
+    """FP32 against plain minmax INT8 of ``model`` on ``x``: (results JSON, report HTML, the
+    FP32 and INT8 paths)."""
+    path, data, int8 = (
+        tmp_path / f"{name}.onnx",
+        tmp_path / f"{name}.npz",
+        tmp_path / f"{name}8.onnx",
+    )
+    onnx.save(model, path)
+    np.savez(data, x=x)
+    assert run_cli("quantize", path, "--data", data, "-m", "minmax", "-o", int8)[0] == 0
+    out, page = tmp_path / f"{name}.json", tmp_path / f"{name}.html"
+    code, _, err = run_cli("compare", "fp32", int8, "--model", path, "--data", data, "--json", out)
+    assert code == 0, err
+    assert run_cli("report", out, "-o", page)[0] == 0
+    return json.loads(out.read_text()), page.read_text(), str(path), str(int8)
+
+
+def test_a_recognizers_report_leads_with_its_text(run_cli, tmp_path):
+    """The verdict card and the headline give the decoded text's agreement first, the frames'
+    beside it; a tagger (token ids in) keeps per-position agreement first."""
+    x = np.random.default_rng(3).standard_normal((300, STEPS, FEATURES)).astype(np.float32)
+    doc, page, fp32, int8 = _compare_json(run_cli, tmp_path, _recognizer(), x, "rec")
+    row = doc["outputs"][0]
+    expected = _text_agreement(fp32, int8, x)
+    assert row["reads_text"] is True and row["ctc_agreement"] == pytest.approx(expected)
+    assert 0 < expected < row["agreement"] < 1  # text agrees less often than frames do
+    frames = f"{100 * row['agreement']:.2f}%"
+    assert f"CTC text agreement {100 * expected:.2f}% on y (frames {frames})" in page
+    ids = np.random.default_rng(3).integers(0, 40, (300, STEPS)).astype(np.int64)
+    doc, page, _, _ = _compare_json(run_cli, tmp_path, _recognizer(ids_input=True), ids, "tag")
+    assert doc["outputs"][0]["reads_text"] is False
+    assert "CTC text agreement" not in page and "top-1 agreement" in page

@@ -24,13 +24,10 @@ from quantbench.errors import QuantbenchError
 from quantbench.graph import Graph
 from quantbench.jsonsafe import json_float
 from quantbench.metrics import (
-    CLASS,
-    DECISION,
     DECISION_THRESHOLD,
     MASK_IOU,
     MEAN_IOU,
     MODEL_METRICS,
-    POSITION,
     SEQUENCE_KEYS,
     OutputLayout,
     OutputsAccumulator,
@@ -107,7 +104,7 @@ def parse_target(text: str, has_labels: bool, custom: bool = False) -> Target:
 
 #: what recover aims at without a --target: the first the model's declared outputs define
 DEFAULT_TARGETS = ("top1_agreement=0.99", f"{MASK_IOU}=0.99")
-#: ... but a recognizer's text, not its frames (:func:`reads_sequences`)
+#: ... but a recognizer's text, not its frames (:attr:`OutputSupport.recognizer`)
 SEQUENCE_TARGET = "ctc_agreement=0.99"
 
 
@@ -116,7 +113,7 @@ def default_target(graph: Graph, labels: np.ndarray | None, unbatched: bool = Fa
     axis counts: the data decides), :data:`SEQUENCE_TARGET` for a recognizer; one line saying
     what to give when none can."""
     declared = declared_support(graph.model, unbatched)
-    if reads_sequences(graph, declared):
+    if declared.recognizer:
         return SEQUENCE_TARGET
     reasons = []
     for text in DEFAULT_TARGETS:
@@ -127,21 +124,6 @@ def default_target(graph: Graph, labels: np.ndarray | None, unbatched: bool = Fa
     raise QuantbenchError(
         f"{graph.path}: give --target METRIC=VALUE (e.g. sqnr_db=30): the default "
         f"{DEFAULT_TARGETS[0]} is not defined for this model: {reasons[0].partition(': ')[2]}"
-    )
-
-
-def reads_sequences(graph: Graph, declared: OutputSupport) -> bool:
-    """Whether the model reads sequences from float input (a CTC text or speech recognizer):
-    every output with agreement holds ``(N, T, C)`` scores and no input is integers (token ids
-    make a tagger, whose every position counts). Frame agreement misleads there: 99.7 % of a
-    captcha CRNN's frames agreed where 1.5 % of its decoded strings did not."""
-    agreeing = {
-        name for name, (kind, _) in declared.kinds.items() if kind in (CLASS, POSITION, DECISION)
-    }
-    return (
-        bool(declared.sequences)
-        and agreeing <= declared.sequences
-        and all(spec.is_float for spec in graph.inputs)
     )
 
 

@@ -45,7 +45,6 @@ from quantbench.recovery.evaluation import (
     default_target,
     json_metrics,
     parse_target,
-    reads_sequences,
 )
 from quantbench.recovery.sensitivity import parallel_job, rank_ops
 from quantbench.task_metrics import load_metric_script
@@ -111,10 +110,10 @@ class RecoveryResult:
         return section
 
 
-def _observed_default(graph: Graph, evaluator: Evaluator, tgt: Target, custom: bool) -> Target:
+def _observed_default(evaluator: Evaluator, tgt: Target, custom: bool) -> Target:
     """The default target, once FP32 has shown the outputs' shapes: a recognizer whose
     declared shapes hid its sequences (a symbolic or wrong rank) is judged by its text too."""
-    if tgt.text != SEQUENCE_TARGET and reads_sequences(graph, evaluator.observed_support()):
+    if tgt.text != SEQUENCE_TARGET and evaluator.observed_support().recognizer:
         tgt = parse_target(SEQUENCE_TARGET, False, custom)
     info(f"target: {tgt.text} (the default for this model's outputs; --target sets another)")
     return tgt
@@ -245,7 +244,7 @@ def recover(
     ctx.precision = precision
     ctx.evaluator.attach_script(script)
     if defaulted:
-        tgt = _observed_default(graph, ctx.evaluator, tgt, custom)
+        tgt = _observed_default(ctx.evaluator, tgt, custom)
     ctx.evaluator.require(tgt.metric, "--target")  # after the FP32 pass, before any variant
     limit = _check_budget(budget, len(ctx.plan.quantized))
     kept: list[str] = []
