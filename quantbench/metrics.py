@@ -913,11 +913,13 @@ def declared_output_kinds(model: Any, unbatched: bool = False) -> dict[str, tupl
 
 
 def _integer_inputs(model: Any) -> bool:
-    """Whether a graph input (not an initializer) holds integers."""
+    """Whether a graph input (not an initializer) holds integers (not bools: a mask)."""
     initializers = {t.name for t in model.graph.initializer}
-    types = [v.type.tensor_type.elem_type for v in model.graph.input if v.name not in initializers]
+    integers = _EXACT_TYPES - {onnx.TensorProto.BOOL}
     return any(
-        np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(t), np.integer) for t in types if t
+        v.type.tensor_type.elem_type in integers
+        for v in model.graph.input
+        if v.name not in initializers
     )
 
 

@@ -220,7 +220,7 @@ def recover(
     label_array = load_labels(labels)
     unbatched = data_unbatched(graph, eval_data, preset)
     defaulted = tgt is None
-    if tgt is None:
+    if defaulted:
         tgt = parse_target(default_target(graph, label_array, unbatched), False, custom)
     check_declared(graph, tgt.metric, label_array, "--target", unbatched)  # before calibration
     ctx = prepare(

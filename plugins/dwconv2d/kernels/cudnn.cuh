@@ -35,8 +35,9 @@ namespace
 // anything but a plain float sum of products, or for FP32 an FFT (fft_allowed), are dropped
 // (Winograd, down-converted inputs, reduced-precision reduction, and tensor cores for FP32, i.e.
 // TF32; FP16 keeps tensor cores with FP32 accumulation), as are legacy algorithms other than the
-// GEMM-like, direct and (FP32) FFT ones (legacy FP32 with CUDNN_FMA_MATH). Every candidate (the backend's plans and legacy Find's best) is timed on
-// the caller's own buffers and the fastest is kept: the measured half of the dispatch table. The
+// GEMM-like, direct and (FP32) FFT ones (legacy FP32 with CUDNN_FMA_MATH). Every candidate (the
+// backend's plans and legacy Find's best) is timed on the caller's own buffers and the fastest is
+// kept: the measured half of the dispatch table. The
 // bias is written into y first and added by the convolution's beta = 1 blend (FP32: two float
 // roundings, within our FP32 bound; FP16: cuDNN rounds the convolution to FP16 before the blend,
 // two FP16 roundings, hence FP16 with a bias takes the fused / scratch plans instead, see
@@ -447,8 +448,8 @@ enum : int
 // An engine's arithmetic is acceptable when it is a plain sum of products in float, or for FP32 an
 // FFT (fft_allowed): no Winograd, no down-converted inputs or reduced-precision reduction, and for
 // FP32 no tensor cores (which would mean TF32). Nondeterministic (split reductions) is fine;
-// tensor cores for FP16 (FP16 products, FP32 accumulation) are fine. Note 9 (STRICT_NAN_PROP in cuDNN 9, as far as we
-// know) is refused too, as in the H200 run that measured this code.
+// tensor cores for FP16 (FP16 products, FP32 accumulation) are fine. Note 9 (STRICT_NAN_PROP in
+// cuDNN 9, as far as we know) is refused too, as in the H200 run that measured this code.
 bool notes_ok(int const* notes, int64_t n, bool half)
 {
     for (int64_t i = 0; i < n; ++i)
@@ -777,8 +778,8 @@ std::vector<Plan> backend_plans(Desc handle, DWConv2DParams const& prm, bool hal
             && a.BackendGetAttribute(heur, kAttrHeurResults, kTypeBackendDescriptor, 0, &count, nullptr) == kSuccess;
         // FP32 looks further down the lists: its first configurations are mostly TF32 (refused,
         // never timed), and an FFT engine may come after them
-        int64_t const kMaxConfigs = with_b ? 48 : 10;
-        std::vector<Desc> cfgs(static_cast<size_t>(hok ? std::min(count, kMaxConfigs) : 0));
+        int64_t const max_configs = with_b ? 48 : 10;
+        std::vector<Desc> cfgs(static_cast<size_t>(hok ? std::min(count, max_configs) : 0));
         for (Desc& c : cfgs)
         {
             c = B.make(kDescEngineCfg);
