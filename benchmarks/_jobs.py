@@ -132,9 +132,10 @@ class ArrayReader:
             yield feed
 
 
-# numba (quantbench.binning_kernels) is imported by the pass itself, not by quantbench.calibrate:
+# numba (quantbench.stats.binning_kernels) is imported by the pass itself, not by
+# quantbench.calibrate:
 # named here so that "seconds" excludes it as it excludes the floor's onnxruntime import
-@job("qb-calibrate", imports=("quantbench.calibrate", "quantbench.binning_kernels"))
+@job("qb-calibrate", imports=("quantbench.calibrate", "quantbench.stats.binning_kernels"))
 def qb_calibrate(
     model: str,
     data: str,
@@ -174,7 +175,7 @@ def qb_quantize(
 ) -> dict[str, Any]:
     """One statistics pass, then a Q/DQ model per method (what ``compare ... int8`` builds)."""
     from quantbench.calibrate import calibrate
-    from quantbench.graph import open_graph
+    from quantbench.model.graph import open_graph
     from quantbench.qdq import quantize_model, write_quantized
 
     graph = open_graph(model)

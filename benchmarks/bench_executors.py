@@ -32,9 +32,9 @@ DEFAULT_SAMPLES = 128
 
 
 def _local(model: Path, data: Path) -> tuple[float, bytes]:
-    from quantbench.collect import collect_stats
-    from quantbench.data import open_data
-    from quantbench.graph import calibration_tensors, open_graph
+    from quantbench.collect.statspass import collect_stats
+    from quantbench.data.sources import open_data
+    from quantbench.model.graph import calibration_tensors, open_graph
 
     start = time.perf_counter()
     graph = open_graph(model)
@@ -47,10 +47,10 @@ def _local(model: Path, data: Path) -> tuple[float, bytes]:
 
 
 def _sharded(model: Path, data: Path, workers: int) -> dict[str, Any]:
-    from quantbench import sharded
-    from quantbench.data import open_data
-    from quantbench.executors import ExecutorSpec
-    from quantbench.graph import calibration_tensors, open_graph
+    from quantbench.collect import sharded
+    from quantbench.collect.executors import ExecutorSpec
+    from quantbench.data.sources import open_data
+    from quantbench.model.graph import calibration_tensors, open_graph
 
     start = time.perf_counter()
     spec = ExecutorSpec("processes", workers=workers)

@@ -105,7 +105,7 @@ def gpu_qb_calibrate(
 ) -> dict:
     """``quantbench calibrate --method M --no-cache --provider cuda``, Python API."""
     from quantbench.calibrate import calibrate
-    from quantbench.devicecollect import wants_device_stats
+    from quantbench.collect.devicecollect import wants_device_stats
 
     on_device = wants_device_stats("cuda")
     result = calibrate(
@@ -158,13 +158,13 @@ def gpu_ort_entropy(
 PHASES = (
     ("quantbench.calibrate", "open_graph"),
     ("quantbench.calibrate", "collect_stats"),
-    ("quantbench.devicecollect", "expose"),
-    ("quantbench.devicecollect", "DeviceOutputRunner.__init__"),
-    ("quantbench.devicecollect", "DeviceOutputRunner.infer"),
-    ("quantbench.devicecollect", "_DeviceBinner.bin"),
-    ("quantbench.devicecollect", "_DeviceBinner.results"),
-    ("quantbench.devicecollect", "StatsFile"),
-    ("quantbench.data", "StreamFingerprint.update"),
+    ("quantbench.collect.devicecollect", "expose"),
+    ("quantbench.collect.devicecollect", "DeviceOutputRunner.__init__"),
+    ("quantbench.collect.devicecollect", "DeviceOutputRunner.infer"),
+    ("quantbench.collect.devicecollect", "_DeviceBinner.bin"),
+    ("quantbench.collect.devicecollect", "_DeviceBinner.results"),
+    ("quantbench.collect.devicecollect", "StatsFile"),
+    ("quantbench.data.sources", "StreamFingerprint.update"),
 )
 
 
@@ -253,9 +253,9 @@ def _device_part_times(model: Path, data: Path, batch: int, cp: Any) -> list[str
 
     from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
     from quantbench.backends.ortdevice import DeviceOutputRunner
-    from quantbench.collect import derivation_plan
-    from quantbench.devicecollect import _DeviceBinner
-    from quantbench.graph import calibration_tensors, open_graph
+    from quantbench.collect.devicecollect import _DeviceBinner
+    from quantbench.collect.statspass import derivation_plan
+    from quantbench.model.graph import calibration_tensors, open_graph
 
     graph = open_graph(str(model))
     tensors = calibration_tensors(graph, "all")

@@ -150,7 +150,7 @@ def check_model() -> float:
 
 def preprocess(photos: list[Path]) -> dict[str, Any]:
     """Calibration / evaluation .npz (each photo + its mirror) via the imagenet preset."""
-    from quantbench.data import Preset
+    from quantbench.data.sources import Preset
 
     preset = Preset.load("imagenet")
     calib = [p for i, p in enumerate(photos) if i % CALIB_EVERY == 0]

@@ -20,7 +20,7 @@ from types import ModuleType
 import numpy as np
 
 from quantbench.errors import QuantbenchError
-from quantbench.stats import TensorStats
+from quantbench.stats.tensorstats import TensorStats
 
 CalibrateFn = Callable[[TensorStats, "str | None"], float]
 #: the same amaxes for many tensors at once (one matrix product instead of one per tensor)
@@ -39,7 +39,8 @@ DEFAULT_METHOD = "auto"
 #: what ``auto`` falls back to when there is no data to judge on (statistics files only): the
 #: single method with the smallest worst-case loss on the corpus.
 DATA_FREE_METHOD = "percentile:99.99"
-#: not a calibrator but a choice among them per tensor (:mod:`quantbench.autocalib`); reserved
+#: not a calibrator but a choice among them per tensor (:mod:`quantbench.choose.autocalib`);
+#: reserved
 #: here so that every method list and error message knows it.
 AUTO = "auto"
 _BUILTIN_MODULES = ("minmax", "entropy", "percentile", "mse")

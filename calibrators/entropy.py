@@ -46,7 +46,7 @@ tensor); candidates within float noise of the minimum are re-evaluated with the 
 so ORT "entropy" is max calibration; ``entropy:ort-2048`` shows what 2048 bins would give.
 ORT's histogram depends on how the data was split into ``collect`` calls; ours is the one ORT
 builds when it sees all values in one call. Our histogram is interpolated from the fine grid
-(:mod:`quantbench.stats`), so counts are rounded to integers before ORT's arithmetic.
+(:mod:`quantbench.stats.tensorstats`), so counts are rounded to integers before ORT's arithmetic.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ import numpy as np
 
 from quantbench.calibrators import register, register_many, table_arrays
 from quantbench.errors import QuantbenchError
-from quantbench.stats import TensorStats
+from quantbench.stats.tensorstats import TensorStats
 
 HIST_BINS = 2048
 QUANT_LEVELS = 128

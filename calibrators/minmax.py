@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from quantbench.calibrators import register
 from quantbench.errors import QuantbenchError
-from quantbench.stats import TensorStats
+from quantbench.stats.tensorstats import TensorStats
 
 
 @register(

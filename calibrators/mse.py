@@ -25,7 +25,7 @@ import numpy as np
 
 from quantbench.calibrators import register, register_many, table_arrays
 from quantbench.errors import QuantbenchError
-from quantbench.stats import TensorStats
+from quantbench.stats.tensorstats import TensorStats
 
 HIST_BINS = 2048
 START_BIN = 128

@@ -1,7 +1,8 @@
 """Percentile calibration: amax = the P-th percentile of |x| (default 99.99, as NVIDIA suggests
 for BERT-like networks, reference §1.1).
 
-The percentile is read from the fine |x| histogram of :mod:`quantbench.stats` (bins of at most
+The percentile is read from the fine |x| histogram of :mod:`quantbench.stats.tensorstats` (bins of
+at most
 ``max|x| / 8192``), linear inside a fine bin, so it is within one fine bin of the exact sample
 percentile and does not depend on how the data was batched. pytorch-quantization and onnxruntime
 instead return the left edge of the 2048-bin histogram bin where the CDF crosses P (§1.6), which
@@ -14,7 +15,7 @@ import math
 
 from quantbench.calibrators import register
 from quantbench.errors import QuantbenchError
-from quantbench.stats import TensorStats
+from quantbench.stats.tensorstats import TensorStats
 
 DEFAULT_PERCENTILE = "99.99"
 

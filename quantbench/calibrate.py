@@ -13,36 +13,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantbench import calibrators as registry
-from quantbench.autocalib import AUTO, AutoTable, choose_auto
 from quantbench.backends.onnxruntime import start_provider
-from quantbench.clipguard import (
+from quantbench.choose.autocalib import AUTO, AutoTable, choose_auto
+from quantbench.choose.clipguard import (
     DEFAULT_CLIP_WARN,
     ClipFlag,
     check_clip_warn,
     clip_flags,
     clip_warning,
 )
-from quantbench.collect import cached_stats_path, collect_stats, find_cached_stats
-from quantbench.data import can_reread, open_data
-from quantbench.devicecollect import table_device
+from quantbench.collect.devicecollect import table_device
+from quantbench.collect.executors import ExecutorSpec
+from quantbench.collect.sharded import collect_sharded
+from quantbench.collect.statspass import cached_stats_path, collect_stats, find_cached_stats
+from quantbench.data.sources import can_reread, open_data
 from quantbench.errors import QuantbenchError
-from quantbench.executors import ExecutorSpec
 from quantbench.fileio import check_not_an_input, check_output_path, write_bytes_atomic
-from quantbench.graph import (
+from quantbench.model.graph import (
     Graph,
     calibration_tensors,
     check_float_model,
     open_graph,
     untyped_tensors,
 )
+from quantbench.model.widen import float32_work_graph
 from quantbench.progress import info, warn
-from quantbench.sharded import collect_sharded
-from quantbench.stats import StatsFile, settled
+from quantbench.stats.tensorstats import StatsFile, settled
 from quantbench.table import CalibrationTable
 from quantbench.table.build import build_table, no_finite_tensors, nonfinite_report
 from quantbench.table.codecs import FORMAT_SUFFIX, encode_table
 from quantbench.table.trt_cache import DEFAULT_TRT_VERSION, check_cache_target
-from quantbench.widen import float32_work_graph
 
 __all__ = ["AUTO", "build_table", "calibrate", "obtain_stats", "CalibrationResult"]
 
@@ -84,7 +84,8 @@ def obtain_stats(
     before_inference: Callable[[], None] | None = None,
 ) -> tuple[StatsFile, Path | None, bool]:
     """Statistics for ``graph``: merged shards, a given file, the cache, or one new pass
-    (``executor``: in shards on worker processes or a Ray cluster, :mod:`quantbench.sharded`).
+    (``executor``: in shards on worker processes or a Ray cluster,
+    :mod:`quantbench.collect.sharded`).
     ``before_inference`` runs once the session is ready, before the first batch (a check that
     must pass before any inference, overlapping the start-up).
 
@@ -236,7 +237,7 @@ def method_table(
     executor: ExecutorSpec | None = None,
     use_cache: bool = True,
 ) -> tuple[CalibrationTable, AutoTable | None]:
-    """One method's table; ``auto`` through :func:`quantbench.autocalib.choose_auto`
+    """One method's table; ``auto`` through :func:`quantbench.choose.autocalib.choose_auto`
     (``use_cache``: an earlier identical judgement may be reused, and this one is kept).
 
     ``auto`` judges candidates on data; with statistics alone (``--stats``/``--merge``, no

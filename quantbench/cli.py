@@ -18,9 +18,9 @@ from rich.markup import escape
 
 from quantbench import __version__
 from quantbench.calibrators import DEFAULT_METHOD
-from quantbench.clipguard import DEFAULT_CLIP_WARN, DEFAULT_SQNR_FLOOR_DB
+from quantbench.choose.clipguard import DEFAULT_CLIP_WARN, DEFAULT_SQNR_FLOOR_DB
 from quantbench.errors import QuantbenchError
-from quantbench.metrics import DECISION_THRESHOLD
+from quantbench.evaluate.metrics import DECISION_THRESHOLD
 from quantbench.progress import console
 
 app = typer.Typer(
@@ -151,7 +151,7 @@ ReportOpt = Annotated[Path | None, typer.Option(help="Write the HTML report here
 
 def _executor(kind: str, workers: int | None, ray_address: str | None) -> object:
     """``--executor/--workers/--ray-address`` checked before any work (one-line errors)."""
-    from quantbench.executors import ExecutorSpec
+    from quantbench.collect.executors import ExecutorSpec
 
     return ExecutorSpec(kind, workers, ray_address).validate()
 
@@ -618,14 +618,14 @@ def build(
 ) -> None:
     """Build a TensorRT engine (needs TensorRT and an NVIDIA GPU)."""
     from quantbench.backends.tensorrt import build as trt_build
-    from quantbench.graph import open_graph
+    from quantbench.model.graph import open_graph
 
     if table is not None:
         _check_build_table(model, table, allow_partial)
 
     batches = None
     if calib_data is not None:
-        from quantbench.data import open_data
+        from quantbench.data.sources import open_data
 
         batches = open_data(calib_data, open_graph(model).inputs).batches()
     result = trt_build(
@@ -647,7 +647,7 @@ def build(
 def _check_build_table(model: Path, table: Path, allow_partial: bool) -> None:
     """``build --table``: the same provenance and coverage check as quantize and compare; an
     implicit-INT8 cache should cover every tensor TensorRT may run in INT8."""
-    from quantbench.graph import calibration_tensors, open_graph
+    from quantbench.model.graph import calibration_tensors, open_graph
     from quantbench.progress import warn
     from quantbench.table.codecs import read_table
     from quantbench.table.coverage import check_table
@@ -740,7 +740,7 @@ def sensitivity(
         alone, kept = row["only_quantized"][metric], row["only_fp32"][metric]
         console.print(f"{row['rank']:>4}  {escape(row['node'])}  {_num(alone)} / {_num(kept)}")
     if json_out is not None:
-        from quantbench.graph import open_graph
+        from quantbench.model.graph import open_graph
         from quantbench.results import base_document, write_json
 
         doc = base_document("sensitivity", open_graph(model), _command_line())

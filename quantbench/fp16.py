@@ -30,8 +30,8 @@ from onnx import TensorProto
 
 from quantbench.backends.onnxruntime import session_providers
 from quantbench.errors import InternalError, QuantbenchError, first_line
-from quantbench.graph import QDQ_OPS, node_labels, rename_tensors
-from quantbench.protosize import loadable
+from quantbench.model.graph import QDQ_OPS, node_labels, rename_tensors
+from quantbench.model.protosize import loadable
 
 #: onnx-ml ops the converter cannot handle at all (they take or make maps/sequences)
 ML_OPS = (
@@ -140,7 +140,8 @@ def fp16_model(
 ) -> Fp16Model:
     """The FP16 candidate for ``provider``: native where its FP16 kernels run most compute nodes,
     else emulated (FP16 storage, FP32 arithmetic). ``types``: known element types (e.g.
-    :attr:`quantbench.graph.Graph.elem_types`) for tensors ONNX shape inference cannot type."""
+    :attr:`quantbench.model.graph.Graph.elem_types`) for tensors ONNX shape inference cannot
+    type."""
     if provider != "CPUExecutionProvider":
         native = convert_fp16(model, keep_fp32=keep_fp32, provider=provider)
         if native.fp16_share >= 0.5:
@@ -284,7 +285,7 @@ def convert_fp16(
 
 
 def _name_nodes(model: onnx.ModelProto) -> None:
-    """Every node gets its label (:func:`quantbench.graph.node_labels`, the names the plan and
+    """Every node gets its label (:func:`quantbench.model.graph.node_labels`, the names the plan and
     the reports use): the block list and the report address nodes by name. Names in the float16
     converter's own scheme are moved aside first (:func:`_free_converter_names`)."""
     _free_converter_names(model)

@@ -16,7 +16,12 @@ from rich.table import Table
 
 from quantbench import calibrators as registry
 from quantbench.errors import QuantbenchError
-from quantbench.graph import (
+from quantbench.evaluate.metrics import (
+    VALUE_FREE,
+    declared_support,
+)
+from quantbench.evaluate.outputaxes import value_free_outputs
+from quantbench.model.graph import (
     QDQ_OPS,
     QUANTIZED_OPS,
     WEIGHTED_OP_TYPES,
@@ -28,15 +33,10 @@ from quantbench.graph import (
     type_text,
     untyped_tensors,
 )
-from quantbench.metrics import (
-    VALUE_FREE,
-    declared_support,
-)
-from quantbench.outputaxes import value_free_outputs
+from quantbench.model.widen import float32_graph
 from quantbench.progress import console
-from quantbench.stats import StatsFile
+from quantbench.stats.tensorstats import StatsFile
 from quantbench.table.codecs import read_table
-from quantbench.widen import float32_graph
 
 
 def kind_of(path: Path) -> str:

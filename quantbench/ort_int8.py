@@ -22,8 +22,8 @@ from pathlib import Path
 import onnx
 
 from quantbench.errors import QuantbenchError, first_line
-from quantbench.graph import QDQ_OPS, load_model
-from quantbench.protosize import loadable
+from quantbench.model.graph import QDQ_OPS, load_model
+from quantbench.model.protosize import loadable
 
 INTEGER = "integer"
 INT8_DATA = "integer (int8 data, no rescale)"

@@ -12,17 +12,17 @@ from pathlib import Path
 import onnx
 
 from quantbench import calibrators as registry
-from quantbench.autocalib import AutoTable
 from quantbench.calibrate import check_methods, method_table, obtain_stats
-from quantbench.clipguard import (
+from quantbench.choose.autocalib import AutoTable
+from quantbench.choose.clipguard import (
     DEFAULT_CLIP_WARN,
     ClipFlag,
     check_clip_warn,
     clip_flags,
     clip_warning,
 )
+from quantbench.collect.executors import ExecutorSpec
 from quantbench.errors import QuantbenchError
-from quantbench.executors import ExecutorSpec
 from quantbench.fileio import check_not_an_input, check_output_path
 from quantbench.fp16 import (
     FP16,
@@ -32,13 +32,13 @@ from quantbench.fp16 import (
     declared_precisions,
     strongly_typed_fp16,
 )
-from quantbench.graph import calibration_tensors, open_graph
+from quantbench.model.graph import calibration_tensors, open_graph
+from quantbench.model.protosize import save_model
+from quantbench.model.widen import float32_work_graph, own_high_precision, with_io_types_of
 from quantbench.progress import info, warn
-from quantbench.protosize import save_model
 from quantbench.qdq import QuantizeResult, quantize_model, table_from_qdq, write_quantized
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import format_for_path, read_table, write_table
-from quantbench.widen import float32_work_graph, own_high_precision, with_io_types_of
 
 
 @dataclass
@@ -206,7 +206,8 @@ def extract_table(
 
 def rewrite(model: str | Path, output: str | Path, to: str) -> tuple[int, Path]:
     """``to='dwconv2d'``: runtime-weight Conv -> DWConv2D; ``to='conv'``: DWConv2D -> Conv;
-    ``to='float32'``: a float16/bfloat16 model widened to float32 (:mod:`quantbench.widen`)."""
+    ``to='float32'``: a float16/bfloat16 model widened to float32
+    (:mod:`quantbench.model.widen`)."""
     from quantbench.plugins.dwconv2d import conv_to_dwconv2d, dwconv2d_to_conv, is_dwconv2d
 
     check_output_path(output)
@@ -232,7 +233,7 @@ def rewrite(model: str | Path, output: str | Path, to: str) -> tuple[int, Path]:
 
 
 def _widen(source: onnx.ModelProto, model: str | Path, output: str | Path) -> tuple[int, Path]:
-    from quantbench.widen import widen_to_float32
+    from quantbench.model.widen import widen_to_float32
 
     wide, changed = widen_to_float32(source)
     if not changed:

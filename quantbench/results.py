@@ -19,10 +19,7 @@ import numpy as np
 from quantbench import __version__
 from quantbench import calibrators as registry
 from quantbench.errors import QuantbenchError
-from quantbench.fileio import atomic_path, write_text_atomic
-from quantbench.graph import Graph
-from quantbench.jsonsafe import dumps, from_json_float, json_float
-from quantbench.metrics import (
+from quantbench.evaluate.metrics import (
     MASK_IOU,
     MEAN_IOU,
     SEQUENCE_KEYS,
@@ -30,7 +27,10 @@ from quantbench.metrics import (
     model_metrics,
     nonfinite_text,
 )
-from quantbench.stats import StatsFile
+from quantbench.fileio import atomic_path, write_text_atomic
+from quantbench.jsonsafe import dumps, from_json_float, json_float
+from quantbench.model.graph import Graph
+from quantbench.stats.tensorstats import StatsFile
 
 SCHEMA = "quantbench-results"
 SCHEMA_VERSION = 1
@@ -51,7 +51,7 @@ GATE_METRICS = (
     "min_layer_sqnr_db",
 )
 
-#: the gates read from the outputs' rows (:func:`quantbench.metrics.model_metrics`)
+#: the gates read from the outputs' rows (:func:`quantbench.evaluate.metrics.model_metrics`)
 _OUTPUT_GATES = (
     *("top1_agreement", "top5_agreement", *SEQUENCE_KEYS, MASK_IOU, MEAN_IOU),
     *("cosine", "sqnr_db"),
@@ -145,7 +145,7 @@ def calibration_results(
     model: str | Path | Graph, result: Any, command: str = ""
 ) -> dict[str, Any]:
     """Results document of ``calibrate --report`` (kind = calibration)."""
-    from quantbench.graph import open_graph
+    from quantbench.model.graph import open_graph
 
     graph = model if isinstance(model, Graph) else open_graph(model)
     doc = base_document("calibration", graph, command)
@@ -199,7 +199,7 @@ def parse_gate(text: str, custom: bool = False) -> tuple[str, float]:
 def gate_value(doc: dict[str, Any], metric: str, side: str = "B") -> float | None:
     """The value a gate judges; ``None`` when undefined (NaN/Inf, not applicable): it fails.
 
-    Output metrics are the worst output's (:func:`quantbench.metrics.model_metrics`);
+    Output metrics are the worst output's (:func:`quantbench.evaluate.metrics.model_metrics`);
     ``min_layer_sqnr_db`` is undefined when any layer is; other names are task metrics
     (``accuracy``, a metric script's numbers).
     """

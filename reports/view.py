@@ -13,7 +13,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from quantbench.metrics import (
+from quantbench.evaluate.metrics import (
     MASK_IOU,
     MEAN_IOU,
     OPTIONAL_KEYS,
@@ -253,7 +253,7 @@ NOTE_COLUMN = Column("Note", "str", "why agreement is not defined for this outpu
 
 def _shown_keys(outputs: list[dict[str, Any]]) -> list[str]:
     """The metrics the output table has columns for: the optional ones only where an output
-    carries them (:func:`quantbench.metrics.carried_metrics`)."""
+    carries them (:func:`quantbench.evaluate.metrics.carried_metrics`)."""
     carried = carried_metrics(outputs)
     return [k for k, _, _ in _OUTPUT_METRICS if k not in OPTIONAL_KEYS or k in carried]
 

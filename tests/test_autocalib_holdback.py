@@ -14,11 +14,11 @@ import pytest
 import synthetic
 from onnx import TensorProto, helper, numpy_helper
 
-from quantbench import autocalib
 from quantbench import calibrate as cal
-from quantbench.autocalib import MIX, choose_auto, held_back_count
-from quantbench.graph import open_graph
-from quantbench.stats import TensorStats
+from quantbench.choose import autocalib
+from quantbench.choose.autocalib import MIX, choose_auto, held_back_count
+from quantbench.model.graph import open_graph
+from quantbench.stats.tensorstats import TensorStats
 from quantbench.table.build import build_table
 
 
@@ -175,9 +175,9 @@ def test_isolated_scores_of_several_tables_in_one_pass_are_each_tables_own(
     """auto scores every method's isolated ops; sharing one reference graph between the
     methods' twins (its FP32 ops run once, not once a method) must give each method the
     scores its own pass gives."""
-    from quantbench.collect import collect_stats
-    from quantbench.data import open_data
-    from quantbench.graph import calibration_tensors
+    from quantbench.collect.statspass import collect_stats
+    from quantbench.data.sources import open_data
+    from quantbench.model.graph import calibration_tensors
 
     graph = open_graph(cnn_path)
     np.savez(tmp_path / "d.npz", input=synthetic.images(24))

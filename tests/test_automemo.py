@@ -56,7 +56,7 @@ def test_a_damaged_record_is_judged_again(run_cli, cnn_path, cnn_data, tmp_path)
 def test_another_build_of_quantbench_judges_again(run_cli, cnn_path, cnn_data, tmp_path,
                                                   monkeypatch):  # fmt: skip
     """An upgrade or an edited calibrator must not reuse an older build's judgement."""
-    from quantbench import automemo
+    from quantbench.choose import automemo
 
     _calibrate(run_cli, cnn_path, cnn_data, tmp_path / "a.cache")
     monkeypatch.setattr(automemo, "_code_fingerprint", lambda: "another build")

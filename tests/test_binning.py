@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 from synthetic import images, save, small_cnn
 
-from quantbench import binning, collect
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
-from quantbench.collect import collect_stats
-from quantbench.data import open_data
-from quantbench.graph import calibration_tensors, open_graph
-from quantbench.stats import TensorStats, exponent_for
+from quantbench.collect import statspass as collect
+from quantbench.collect.statspass import collect_stats
+from quantbench.data.sources import open_data
+from quantbench.model.graph import calibration_tensors, open_graph
+from quantbench.stats import binning
+from quantbench.stats.tensorstats import TensorStats, exponent_for
 
 
 def _exact_bins(values: np.ndarray, exponent: int) -> np.ndarray:
@@ -375,10 +376,10 @@ def test_an_unimportable_numba_falls_back_to_numpy(monkeypatch: pytest.MonkeyPat
     x = (rng.standard_normal(50_000) * 2).astype(np.float32)
     x[7] = np.nan
     e = exponent_for(float(np.nanmax(np.abs(x))))
-    import quantbench
+    import quantbench.stats
 
-    monkeypatch.setitem(sys.modules, "quantbench.binning_kernels", None)  # import -> ImportError
-    monkeypatch.delattr(quantbench, "binning_kernels", raising=False)
+    monkeypatch.setitem(sys.modules, "quantbench.stats.binning_kernels", None)  # -> ImportError
+    monkeypatch.delattr(quantbench.stats, "binning_kernels", raising=False)
     binning._kernels.cache_clear()
     try:
         assert binning.backend() == "numpy"

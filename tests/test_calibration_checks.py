@@ -21,12 +21,12 @@ from PIL import Image
 
 from quantbench import calibrate as cal
 from quantbench import calibrators as registry
-from quantbench.autocalib import MIX, auto_table, holdout_source
-from quantbench.clipguard import clip_flags, clip_fraction, expected_mse, expected_mses
-from quantbench.collect import stats_cache_dir
+from quantbench.choose.autocalib import MIX, auto_table, holdout_source
+from quantbench.choose.clipguard import clip_flags, clip_fraction, expected_mse, expected_mses
+from quantbench.collect.statspass import stats_cache_dir
 from quantbench.errors import QuantbenchError
-from quantbench.graph import open_graph, untyped_tensors
-from quantbench.stats import StatsFile, TensorStats
+from quantbench.model.graph import open_graph, untyped_tensors
+from quantbench.stats.tensorstats import StatsFile, TensorStats
 from quantbench.table.build import build_table
 from quantbench.table.codecs import read_table
 
@@ -364,7 +364,7 @@ def _check_unread_tensors_follow_the_best_single(auto, stats, methods) -> None:
 
 def test_mix_fills_unread_tensors_from_the_best_single_method(cnn_path, cnn_data, monkeypatch):
     """Force the mix to win (every whole-model candidate scored below it) and check the rule."""
-    import quantbench.autocalib as autocalib
+    import quantbench.choose.autocalib as autocalib
 
     graph = open_graph(cnn_path)
     stats, _, _ = cal.obtain_stats(graph, cnn_data, tensors="all", show_progress=False)
@@ -567,7 +567,7 @@ def test_auto_and_compare_leave_a_models_own_bool_cast_alone(run_cli, tmp_path):
 def test_auto_slice_batch_follows_the_input_size(tmp_path):
     """Dynamic batch: up to 16 samples per feed, at most 2**21 input values (a 224x224 RGB
     image is 150,528 values: 2**21 // 150528 = 13); a fixed batch or batchless data: None."""
-    from quantbench.autocalib import _holdout_batch
+    from quantbench.choose.autocalib import _holdout_batch
 
     small = synthetic.save(synthetic.small_cnn(), tmp_path / "s.onnx")  # input [N,3,16,16]
     np.savez(tmp_path / "s.npz", input=synthetic.images(20))

@@ -29,7 +29,7 @@ from quantbench.calibrators import (
 )
 from quantbench.calibrators import entropy as entropy_module
 from quantbench.errors import QuantbenchError
-from quantbench.stats import TensorStats
+from quantbench.stats.tensorstats import TensorStats
 from quantbench.table import scale_from_amax
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"

@@ -123,9 +123,10 @@ def test_compare_fp16_that_onnxruntime_rejects_is_exit_3(run_cli, cnn_path, cnn_
 
 def test_every_json_writer_spells_nonfinite_values_the_same_way():
     """Six converters used to disagree: NaN became "-inf" in three and null in two."""
-    from quantbench import jsonsafe, results, stats
+    from quantbench import jsonsafe, results
     from quantbench.compare import run
     from quantbench.recovery import evaluation
+    from quantbench.stats import tensorstats as stats
     from quantbench.table import json_table
 
     nan, inf = math.nan, math.inf
@@ -266,8 +267,8 @@ def _duplicate_names() -> onnx.ModelProto:
 
 def test_node_names_follow_one_rule_in_quantize_compare_and_inspect(tmp_path):
     from quantbench.compare.run import _node_of
-    from quantbench.graph import node_labels, open_graph
     from quantbench.inspection import inspect_model
+    from quantbench.model.graph import node_labels, open_graph
     from quantbench.qdq.quantize import name_nodes
 
     model = _duplicate_names()

@@ -12,7 +12,7 @@ import pytest
 from conftest import require_example
 
 from quantbench import calibrators as registry
-from quantbench.clipguard import (
+from quantbench.choose.clipguard import (
     DEFAULT_SQNR_FLOOR_DB,
     SUGGESTED_METHODS,
     OpDrift,
@@ -21,7 +21,7 @@ from quantbench.clipguard import (
     sqnr_warning,
 )
 from quantbench.errors import QuantbenchError
-from quantbench.stats import StatsFile, TensorStats
+from quantbench.stats.tensorstats import StatsFile, TensorStats
 from quantbench.table.build import build_table
 
 

@@ -7,11 +7,11 @@ import pytest
 from conftest import require_example
 
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
-from quantbench.collect import collect_stats
-from quantbench.data import open_data
-from quantbench.derivation import derivation_plan
-from quantbench.graph import calibration_tensors, open_graph
-from quantbench.stats import TensorStats
+from quantbench.collect.statspass import collect_stats
+from quantbench.data.sources import open_data
+from quantbench.model.graph import calibration_tensors, open_graph
+from quantbench.stats.derivation import derivation_plan
+from quantbench.stats.tensorstats import TensorStats
 
 
 def _direct(graph, data, tensors, batch_size):
@@ -83,7 +83,7 @@ def test_batches_read_ahead_keep_their_order_and_errors():
     surfaces in the caller as it would without the read-ahead."""
     import threading
 
-    from quantbench.data import prefetched
+    from quantbench.data.sources import prefetched
     from quantbench.errors import QuantbenchError
 
     readers = []
@@ -108,7 +108,7 @@ def test_types_are_inferred_without_weights_as_with_them(cnn_path):
     import onnx
     from onnx import shape_inference
 
-    from quantbench.graph import WEIGHTLESS_ABOVE, weightless
+    from quantbench.model.graph import WEIGHTLESS_ABOVE, weightless
 
     model = onnx.load(cnn_path)
     light = weightless(model)

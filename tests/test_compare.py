@@ -12,8 +12,8 @@ from conftest import require_example
 
 from quantbench.compare import compare
 from quantbench.errors import QuantbenchError
-from quantbench.isolated import build_isolated
-from quantbench.metrics import DriftAccumulator
+from quantbench.evaluate.isolated import build_isolated
+from quantbench.evaluate.metrics import DriftAccumulator
 from quantbench.reports import write_report
 
 
@@ -123,7 +123,7 @@ def test_isolated_view_is_exactly_one_quantized_layer(cnn_path, cnn_data):
     """The isolated twin of conv2 equals conv2 run on Q/DQ'd FP32 inputs, nothing else."""
     from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
     from quantbench.calibrate import build_table, obtain_stats
-    from quantbench.graph import open_graph
+    from quantbench.model.graph import open_graph
     from quantbench.qdq import quantize_model
 
     g = open_graph(cnn_path)
@@ -361,10 +361,10 @@ def test_method_auto_everywhere(run_cli, cnn_path, cnn_data, eval_data, tmp_path
 def test_isolated_twins_upgrade_a_shared_reference_once_in_scope(tmp_path, monkeypatch):
     """auto scores several candidates against one reference: inside shared_upgrades the
     reference is converted to the candidates' opset once; outside, every call converts."""
-    from quantbench import isolated
     from quantbench.calibrate import calibrate
-    from quantbench.graph import open_graph
-    from quantbench.isolated import shared_upgrades
+    from quantbench.evaluate import isolated
+    from quantbench.evaluate.isolated import shared_upgrades
+    from quantbench.model.graph import open_graph
     from quantbench.qdq import quantize_model
 
     path = synthetic.save(synthetic.small_cnn(opset=12), tmp_path / "m12.onnx")

@@ -7,9 +7,9 @@ import pytest
 import synthetic
 from PIL import Image
 
-from quantbench.data import open_data
+from quantbench.data.sources import open_data
 from quantbench.errors import QuantbenchError
-from quantbench.graph import open_graph
+from quantbench.model.graph import open_graph
 
 
 @pytest.fixture()
@@ -160,7 +160,7 @@ def test_file_fingerprint_hashes_every_block_in_order(tmp_path, monkeypatch):
     block in order), computed by hand here; any byte of any block changes it."""
     import hashlib
 
-    from quantbench import data as data_module
+    from quantbench.data import sources as data_module
 
     monkeypatch.setattr(data_module, "DIGEST_BLOCK", 1000)
     body = bytes(range(256)) * 10  # 2560 bytes: blocks of 1000, 1000, 560
@@ -252,7 +252,7 @@ def test_a_recurrent_state_takes_its_batch_on_axis_1(run_cli, tmp_path):
 def test_inputs_sharing_a_named_dim_must_agree_on_its_size(tmp_path):
     """src [N, src_len] and src_mask [N, src_len] fed 40 and 30 failed deep in onnxruntime
     ('BroadcastIterator ... 30 by 40') without naming the file or the inputs."""
-    from quantbench.graph import TensorSpec
+    from quantbench.model.graph import TensorSpec
 
     inputs = [TensorSpec("src", "int64", ("batch", "src_len")),
               TensorSpec("src_mask", "bool", ("batch", "src_len"))]  # fmt: skip

@@ -16,12 +16,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
-from quantbench import data
 from quantbench.calibrate import calibrate
-from quantbench.data import Batch, open_data
+from quantbench.data import sources as data
+from quantbench.data.presets import Preset, preset_names
+from quantbench.data.sources import Batch, open_data
 from quantbench.errors import QuantbenchError
-from quantbench.graph import calibration_tensors, open_graph
-from quantbench.presets import Preset, preset_names
+from quantbench.model.graph import calibration_tensors, open_graph
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -488,7 +488,7 @@ def test_presets_are_packaged_resources():
 def _probe_presets(site: Path) -> tuple[str, str]:
     """Load the imagenet preset in a fresh interpreter that imports quantbench from ``site``."""
     probe = (
-        "from quantbench.presets import Preset, preset_names; p = Preset.load('imagenet'); "
+        "from quantbench.data.presets import Preset, preset_names; p = Preset.load('imagenet'); "
         "print(p.source); print(','.join(preset_names()))"
     )
     env = {**os.environ, "PYTHONPATH": str(site)}

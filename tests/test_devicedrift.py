@@ -1,6 +1,6 @@
 """compare's device drift (quantbench.compare.devicedrift) on the CPU: its bookkeeping on numpy
 and its kernel tables read the way the kernels read them, against the host accumulators of
-quantbench.metrics and float64 numpy references. The kernels themselves run in
+quantbench.evaluate.metrics and float64 numpy references. The kernels themselves run in
 tests/gpu/test_gpu_path_drift.py."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from quantbench.compare import devicedrift
 from quantbench.compare.devicedrift import FIELDS, DeviceDrift, device_arrays
-from quantbench.metrics import ClipCounter, DriftAccumulator
+from quantbench.evaluate.metrics import ClipCounter, DriftAccumulator
 
 
 def _batches(seed: int = 4) -> list[tuple[np.ndarray, np.ndarray]]:

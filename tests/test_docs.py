@@ -12,7 +12,7 @@ import pytest
 
 import quantbench
 from quantbench import calibrators as registry
-from quantbench.stats import TensorStats
+from quantbench.stats.tensorstats import TensorStats
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")

@@ -13,8 +13,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantbench.autocalib import judge_description
-from quantbench.metrics import (
+from quantbench.choose.autocalib import judge_description
+from quantbench.evaluate.metrics import (
     AgreementAccumulator,
     DriftAccumulator,
     OutputLayout,
@@ -23,7 +23,7 @@ from quantbench.metrics import (
     metric_support,
     model_metrics,
 )
-from quantbench.outputaxes import value_free_outputs
+from quantbench.evaluate.outputaxes import value_free_outputs
 
 
 def _argmax_model(with_probabilities: bool = True) -> onnx.ModelProto:
@@ -417,7 +417,7 @@ def _nms_model() -> onnx.ModelProto:
 def test_an_nms_detector_is_compared_and_judged(run_cli, tmp_path):
     """The selected indices are compared exactly (batches that selected another number agree
     nowhere); auto scores the boxes and scores NMS chose from, not the indices."""
-    from quantbench.outputaxes import selection_sources
+    from quantbench.evaluate.outputaxes import selection_sources
 
     model = _nms_model()
     assert selection_sources(model) == {"sel": ["boxes", "scores"]}

@@ -17,8 +17,8 @@ import pytest
 from onnx import numpy_helper
 from PIL import Image
 
+from quantbench.data.presets import Preset
 from quantbench.errors import QuantbenchError
-from quantbench.presets import Preset
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
@@ -323,7 +323,7 @@ def bert_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_bert_has_encoder_structure_and_98_quantized_tensors(bert_path: Path) -> None:
-    from quantbench.graph import calibration_tensors, open_graph
+    from quantbench.model.graph import calibration_tensors, open_graph
 
     model = onnx.load(bert_path)
     onnx.checker.check_model(model)

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
+from quantbench.collect.executors import ExecutorSpec, TaskFailed, run_tasks
 from quantbench.errors import QuantbenchError
-from quantbench.executors import ExecutorSpec, TaskFailed, run_tasks
 
 
 def square_plus(shared: int, item: int) -> int:

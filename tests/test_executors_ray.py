@@ -10,7 +10,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'quan
 
 from test_executors import always_fails, dies_once, fails_once, square_plus  # noqa: E402
 
-from quantbench.executors import ExecutorSpec, TaskFailed, run_tasks  # noqa: E402
+from quantbench.collect.executors import ExecutorSpec, TaskFailed, run_tasks  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,7 @@ def test_a_model_with_a_sequence_output_is_refused_naming_it(run_cli, tmp_path):
 
 
 def test_float_models_pass(cnn_path):
-    from quantbench.graph import check_float_model, open_graph
+    from quantbench.model.graph import check_float_model, open_graph
 
     check_float_model(open_graph(cnn_path))  # no error
     check_float_model(open_graph(synthetic.small_cnn(seed=1)))

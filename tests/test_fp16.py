@@ -112,7 +112,7 @@ def _session_node_input_types(model: onnx.ModelProto) -> dict[str, list[int]]:
 
 
 def test_strongly_typed_artefact_has_fp16_scales_and_dq_outputs(tmp_path) -> None:
-    from quantbench.graph import open_graph
+    from quantbench.model.graph import open_graph
     from quantbench.qdq import quantize_model
     from quantbench.table import CalibrationTable
 
@@ -157,8 +157,8 @@ def test_isolated_fp16_view_equals_a_hand_computation() -> None:
     """Each op re-run on the FP32 reference's inputs rounded to FP16, its output rounded:
     computed here with numpy from the FP32 intermediate values."""
     from quantbench.backends.onnxruntime import expose
-    from quantbench.graph import open_graph
-    from quantbench.isolated import build_isolated_fp16
+    from quantbench.evaluate.isolated import build_isolated_fp16
+    from quantbench.model.graph import open_graph
 
     model, p = _mlp()
     graph = open_graph(model)
@@ -191,7 +191,7 @@ def test_isolated_fp16_view_equals_a_hand_computation() -> None:
 def test_strongly_typed_artefact_runs_close_to_its_emulated_verification_model() -> None:
     """The artefact `recover --precision fp16` writes and the model it verifies on compute the
     same thing: FP16 storage everywhere, INT8 where Q/DQ."""
-    from quantbench.graph import open_graph
+    from quantbench.model.graph import open_graph
     from quantbench.qdq import quantize_model
     from quantbench.table import CalibrationTable
 
@@ -226,7 +226,7 @@ def test_strongly_typed_artefact_runs_close_to_its_emulated_verification_model()
 def test_emulation_types_contrib_ops_from_the_graph_and_names_what_nothing_types() -> None:
     """ONNX shape inference cannot type com.microsoft.Gelu's output: with the graph's types
     (onnxruntime's) it is rounded like any op; without them it is reported in FP32, by name."""
-    from quantbench.graph import open_graph
+    from quantbench.model.graph import open_graph
 
     model, _ = _mlp()
     relu = next(n for n in model.graph.node if n.name == "relu")

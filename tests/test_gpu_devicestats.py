@@ -8,18 +8,19 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from quantbench import binning, devicecollect, devicestats
 from quantbench.backends import onnxruntime as ortbackend
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
-from quantbench.binning import HALF_BINS
-from quantbench.collect import collect_stats
-from quantbench.data import open_data
-from quantbench.derivation import derivation_plan
-from quantbench.devicecollect import _DeviceBinner, wants_device_stats
-from quantbench.devicestats import StatsBank
+from quantbench.collect import devicecollect
+from quantbench.collect.devicecollect import _DeviceBinner, wants_device_stats
+from quantbench.collect.statspass import collect_stats
+from quantbench.data.sources import open_data
 from quantbench.errors import QuantbenchError
-from quantbench.graph import calibration_tensors, open_graph
-from quantbench.stats import TensorStats
+from quantbench.model.graph import calibration_tensors, open_graph
+from quantbench.stats import binning, devicestats
+from quantbench.stats.binning import HALF_BINS
+from quantbench.stats.derivation import derivation_plan
+from quantbench.stats.devicestats import StatsBank
+from quantbench.stats.tensorstats import TensorStats
 
 TINY = np.float32(2.0**-149)  # the smallest float32 subnormal
 
@@ -208,7 +209,7 @@ def test_device_binner_equals_the_host_pass(cnn_path, cnn_data):
 
 
 def test_device_parts_respect_the_budget(monkeypatch):
-    from quantbench.graph import TensorSpec
+    from quantbench.model.graph import TensorSpec
 
     monkeypatch.setattr(devicecollect, "DEVICE_ACTIVATION_BUDGET", 1000)
     spec = [TensorSpec("x", "float32", ["N", 4])]

@@ -14,10 +14,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
-from quantbench.data import open_data
+from quantbench.data.presets import Preset
+from quantbench.data.sources import open_data
 from quantbench.errors import QuantbenchError
-from quantbench.graph import open_graph
-from quantbench.presets import Preset
+from quantbench.model.graph import open_graph
 
 
 def _scale_relu(dims: list) -> onnx.ModelProto:

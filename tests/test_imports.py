@@ -122,7 +122,7 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_the_graph_sees_lazy_and_relative_imports():
     graph = import_graph()
     assert "quantbench.reports" in graph["quantbench.cli"]  # imported inside a command
-    assert "quantbench.errors" in graph["quantbench.graph"]
+    assert "quantbench.errors" in graph["quantbench.model.graph"]
 
 
 @pytest.mark.parametrize("name", sorted(set(modules()) - {"quantbench.__main__"}))  # runs the CLI
@@ -146,6 +146,57 @@ def _layer(name: str) -> int:
     return 0
 
 
+#: The core's stages, lowest first ("" is the package's ``__init__``): a room (a folder of
+#: ``quantbench/`` or a module loose in it) imports only rooms on lower floors (README
+#: "Architecture" draws them). Rooms on one floor are
+#: independent of each other, but for the small base modules, which may use one another.
+FLOORS: list[set[str]] = [
+    {"errors", "fileio", "jsonsafe", "memo", "progress", "machine", "configs", ""},  # base
+    {"model"},
+    {"data", "stats"},
+    {"evaluate", "calibrators"},
+    {"table", "results"},
+    {"backends", "qdq"},
+    {"collect", "fp16", "ort_int8"},
+    {"choose"},
+    {"calibrate"},
+    {"compare", "inspection"},
+    {"recovery", "quantize"},
+]
+FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
+
+
+def _room(name: str) -> str:
+    """``quantbench.stats.binning`` -> ``stats``; ``quantbench`` (the package) -> ``""``."""
+    return name.split(".")[1] if name.count(".") else ""
+
+
+def test_every_core_room_has_a_floor():
+    rooms = {_room(n) for n in modules() if _layer(n) == 0 or n == "quantbench.quantize"}
+    assert sorted(rooms - set(FLOOR)) == [], "give the new room a floor in FLOORS"
+
+
+def test_stages_import_only_lower_floors():
+    """The stage folders (issue 40): a lower folder never imports a higher one or a sibling."""
+    core = {n for n in modules() if _layer(n) == 0 or n == "quantbench.quantize"}
+    wrong = sorted(
+        f"{name} -> {target}"
+        for name, targets in import_graph().items()
+        if name in core
+        for target in targets
+        if target in core
+        and _room(target) != _room(name)
+        and FLOOR[_room(target)] >= max(FLOOR[_room(name)], 1)  # base modules share floor 0
+    )
+    assert wrong == []
+
+
+def test_the_floor_rule_finds_an_upward_import():
+    """The rule above, fed a stats module importing the collection stage, objects."""
+    assert FLOOR[_room("quantbench.collect.statspass")] >= FLOOR[_room("quantbench.stats.grid")]
+    assert _room("quantbench") == "" and _room("quantbench.cli") == "cli"
+
+
 def test_lower_layers_do_not_import_higher_ones():
     upward = sorted(
         f"{name} -> {target}"
@@ -157,8 +208,8 @@ def test_lower_layers_do_not_import_higher_ones():
 
 
 def test_source_runs_on_the_oldest_python_pyproject_declares():
-    """quantbench/data.py imported tomllib (Python 3.11) while pyproject declared >= 3.10, the
-    Python of Ubuntu 22.04 and of TensorRT's containers: every command failed there on import.
+    """quantbench/data/sources.py imported tomllib (Python 3.11) while pyproject declared >= 3.10,
+    the Python of Ubuntu 22.04 and of TensorRT's containers: every command failed there on import.
     vermin reads the minimum version each construct and module needs from the source."""
     import re
     import subprocess

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantbench.metrics import (
+from quantbench.evaluate.metrics import (
     AgreementAccumulator,
     OutputLayout,
     declared_output_kinds,
@@ -256,8 +256,8 @@ def test_a_detectors_class_scores_are_judged_by_their_decisions(tmp_path):
     invents another agrees on 2 of 4 (by hand), resting on 3 and 3 decisions of 32 values."""
     from test_metrics_layout import _detector_head
 
-    from quantbench.graph import open_graph
-    from quantbench.metrics import OutputsAccumulator
+    from quantbench.evaluate.metrics import OutputsAccumulator
+    from quantbench.model.graph import open_graph
     from quantbench.recovery.evaluation import default_target
 
     model = _detector_head()

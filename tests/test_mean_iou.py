@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from quantbench.metrics import (
+from quantbench.evaluate.metrics import (
     AgreementAccumulator,
     declared_output_kinds,
     declared_support,

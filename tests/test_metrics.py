@@ -16,14 +16,14 @@ from onnx import TensorProto, helper, numpy_helper
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner
 from quantbench.compare import compare
 from quantbench.errors import QuantbenchError
-from quantbench.metrics import (
+from quantbench.evaluate.metrics import (
     AgreementAccumulator,
     DriftAccumulator,
     agreement_kind,
     model_metrics,
 )
+from quantbench.evaluate.task_metrics import load_metric_script
 from quantbench.recovery.evaluation import parse_target
-from quantbench.task_metrics import load_metric_script
 
 # --------------------------------------------------------------------------- definitions
 

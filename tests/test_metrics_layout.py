@@ -11,15 +11,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantbench.autocalib import _judged_sqnr, judge_description
-from quantbench.metrics import (
+from quantbench.choose.autocalib import _judged_sqnr, judge_description
+from quantbench.evaluate.metrics import (
     AgreementAccumulator,
     OutputLayout,
     OutputsAccumulator,
     agreement_kind,
     declared_output_kinds,
 )
-from quantbench.outputaxes import channels_first_outputs, class_axis_doubts, concat_parts
+from quantbench.evaluate.outputaxes import channels_first_outputs, class_axis_doubts, concat_parts
 
 
 def _conv_model(channels: int, tail: list[str], out_shape: list) -> onnx.ModelProto:

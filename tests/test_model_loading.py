@@ -13,7 +13,7 @@ from onnx import numpy_helper
 
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose, expose_for_session
 from quantbench.errors import QuantbenchError
-from quantbench.graph import calibration_tensors, open_graph
+from quantbench.model.graph import calibration_tensors, open_graph
 
 
 def _exposable(g) -> list[str]:
@@ -128,7 +128,7 @@ def test_an_unreadable_model_file_fails_in_one_line(cnn_path, monkeypatch):
 def test_a_workers_graph_keeps_the_bytes_it_was_sent(cnn_path):
     """A sharded run sends the file's bytes (not a re-serialised model) and the worker's graph
     serves its statistics session from them."""
-    from quantbench.workerinput import WorkerInput
+    from quantbench.collect.workerinput import WorkerInput
 
     g = open_graph(cnn_path)
     sent = WorkerInput.of(
@@ -142,8 +142,8 @@ def test_a_workers_graph_keeps_the_bytes_it_was_sent(cnn_path):
 
 def test_the_statistics_pass_takes_the_bytes_it_hands_to_onnxruntime(cnn_path, cnn_data):
     """Kept through the pass, the bytes would add the model's size to the peak memory."""
-    from quantbench.collect import collect_stats
-    from quantbench.data import open_data
+    from quantbench.collect.statspass import collect_stats
+    from quantbench.data.sources import open_data
 
     g = open_graph(cnn_path)
     assert g.source is not None
@@ -194,7 +194,7 @@ def test_a_shape_formula_dim_is_cut_in_signatures():
     height and width, which inspect and every shape error printed whole."""
     import numpy as np
 
-    from quantbench.graph import TensorSpec
+    from quantbench.model.graph import TensorSpec
 
     formula = (
         "(floor(floor(floor(height/2 - 1/2)/2)/2) + 1)*(floor(floor(floor(width/2 - 1/2)/2)/2) + 1)"

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from quantbench.data.npzread import MappedMember, StreamedMember, open_npz
 from quantbench.errors import QuantbenchError
-from quantbench.npzread import MappedMember, StreamedMember, open_npz
 
 
 def _rows(member, batch: int) -> np.ndarray:

@@ -15,10 +15,10 @@ import pytest
 from google.protobuf.message import EncodeError
 from onnx import numpy_helper
 
-from quantbench import protosize
 from quantbench.calibrate import calibrate
 from quantbench.compare import compare
 from quantbench.errors import QuantbenchError
+from quantbench.model import protosize
 from quantbench.quantize import quantize
 
 REAL_SERIALIZED = protosize.serialized

@@ -14,7 +14,7 @@ import synthetic
 from onnx import TensorProto, helper, numpy_helper
 
 from quantbench.errors import QuantbenchError
-from quantbench.graph import constant_tensors, open_graph
+from quantbench.model.graph import constant_tensors, open_graph
 from quantbench.ort_int8 import (
     FLOAT,
     INTEGER,

@@ -17,12 +17,12 @@ import synthetic
 from conftest import require_example
 from onnx import TensorProto, helper, numpy_helper
 
-from quantbench.autocalib import output_sqnr
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner
 from quantbench.calibrate import build_table, obtain_stats
-from quantbench.data import open_data
+from quantbench.choose.autocalib import output_sqnr
+from quantbench.data.sources import open_data
 from quantbench.errors import QuantbenchError
-from quantbench.graph import open_graph
+from quantbench.model.graph import open_graph
 from quantbench.recovery import auto_table, recover, sensitivity, write_artefacts
 from quantbench.recovery.context import prepare
 from quantbench.recovery.sensitivity import rank_ops
@@ -219,7 +219,7 @@ def test_caches_for_trtexec_carry_the_header_trtexec_reads(heavy, tmp_path):
     """trtexec's --calib calibrator is an IInt8EntropyCalibrator2 and drops a cache with
     another header, calibrating on random data instead (reference doc 2.3): an ``auto`` table
     that minmax won, and recover's cache for its trtexec line, say EntropyCalibration2."""
-    from quantbench.autocalib import _relabelled
+    from quantbench.choose.autocalib import _relabelled
     from quantbench.table.codecs import encode_table
 
     graph = open_graph(heavy["model"])

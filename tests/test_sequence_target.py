@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantbench.graph import open_graph
+from quantbench.model.graph import open_graph
 from quantbench.recovery.evaluation import default_target
 
 STEPS, FEATURES, CLASSES = 16, 8, 6

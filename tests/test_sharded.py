@@ -15,11 +15,11 @@ import pytest
 import synthetic
 from test_recover import AGREE_SCRIPT, heavy_tailed_cnn
 
-from quantbench import sharded
 from quantbench.calibrate import calibrate, method_file_name
-from quantbench.data import open_data
-from quantbench.executors import ExecutorSpec, TaskFailed
-from quantbench.graph import calibration_tensors, open_graph
+from quantbench.collect import sharded
+from quantbench.collect.executors import ExecutorSpec, TaskFailed
+from quantbench.data.sources import open_data
+from quantbench.model.graph import calibration_tensors, open_graph
 from quantbench.recovery import recover, sensitivity
 from quantbench.table.codecs import write_table
 

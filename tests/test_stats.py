@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from quantbench.errors import QuantbenchError
-from quantbench.stats import HALF_BINS, StatsFile, TensorStats, exponent_for, settled
+from quantbench.stats.tensorstats import HALF_BINS, StatsFile, TensorStats, exponent_for, settled
 
 
 def _stats(x: np.ndarray, chunks: int = 1, name: str = "t") -> TensorStats:

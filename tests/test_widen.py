@@ -13,10 +13,10 @@ from onnx import TensorProto, helper, numpy_helper
 from quantbench.calibrate import calibrate
 from quantbench.compare import compare
 from quantbench.errors import QuantbenchError
-from quantbench.graph import open_graph
+from quantbench.model.graph import open_graph
+from quantbench.model.widen import NARROW_FLOATS, holds_narrow_floats, widen_to_float32
 from quantbench.quantize import quantize, rewrite
 from quantbench.recovery import recover, sensitivity
-from quantbench.widen import NARROW_FLOATS, holds_narrow_floats, widen_to_float32
 
 RNG = np.random.default_rng(7)
 W16 = RNG.standard_normal((3, 4)).astype(np.float16)

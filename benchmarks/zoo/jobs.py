@@ -76,7 +76,7 @@ def first_line(exc: BaseException) -> str:
 def qb_methods(model: str, calib: str, outputs: dict[str, str]) -> dict[str, Any]:
     """One statistics pass (``calibrate`` with several methods), then a Q/DQ model per method."""
     from quantbench.calibrate import calibrate
-    from quantbench.graph import open_graph
+    from quantbench.model.graph import open_graph
     from quantbench.qdq import quantize_model, write_quantized
 
     graph = open_graph(model)

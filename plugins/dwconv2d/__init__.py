@@ -4,13 +4,13 @@ The ONNX side lives here (:mod:`.onnx_op`: node builder, validation, Conv <-> DW
 INT8 plugin pattern); the TensorRT plugin (IPluginV3) and its CUDA kernels are built from the
 C++ sources in this folder.
 
-Importing this package registers the op with the core (:mod:`quantbench.customops`), which
+Importing this package registers the op with the core (:mod:`quantbench.model.customops`), which
 then checks and runs models holding it (the core names this package only in
 ``customops.BUNDLED``, to import it when a model holds a DWConv2D node).
 """
 
-from quantbench import customops
-from quantbench.customops import CustomOp
+from quantbench.model import customops
+from quantbench.model.customops import CustomOp
 from quantbench.plugins.dwconv2d.onnx_op import (
     ATTRIBUTES,
     DEFAULT_DOMAIN,

@@ -32,7 +32,7 @@ import onnx_graphsurgeon as gs
 from onnx import helper, shape_inference
 
 from quantbench.errors import QuantbenchError
-from quantbench.graph import Graph, open_graph
+from quantbench.model.graph import Graph, open_graph
 
 OP_TYPE = "DWConv2D"
 DEFAULT_DOMAIN = ""

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from quantbench import customops
 from quantbench.errors import InternalError, QuantbenchError, first_line
-from quantbench.protosize import loadable
+from quantbench.model import customops
+from quantbench.model.protosize import loadable
 
 _PROVIDER_ALIASES = {
     "cpu": "CPUExecutionProvider",
@@ -230,7 +230,7 @@ def _inferred_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
 
 
 def _runnable(model: str | Path | onnx.ModelProto | bytes) -> bytes | str | onnx.ModelProto:
-    """What onnxruntime can load (through :func:`quantbench.protosize.loadable`): plugin
+    """What onnxruntime can load (through :func:`quantbench.model.protosize.loadable`): plugin
     ops (DWConv2D) lowered to standard ONNX (customops); bytes are a serialised model that needs
     no lowering (:func:`expose_for_session`)."""
     if isinstance(model, bytes):

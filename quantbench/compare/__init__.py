@@ -10,25 +10,27 @@ import numpy as np
 from quantbench import calibrators as registry
 from quantbench.backends.onnxruntime import start_provider
 from quantbench.calibrate import check_methods, obtain_stats
-from quantbench.clipguard import (
+from quantbench.choose.clipguard import (
     DEFAULT_CLIP_WARN,
     DEFAULT_SQNR_FLOOR_DB,
     check_clip_warn,
     check_sqnr_floor,
 )
+from quantbench.collect.executors import ExecutorSpec
 from quantbench.compare.candidates import CalibrationContext
 from quantbench.compare.run import run_comparison
-from quantbench.data import open_data
+from quantbench.data.sources import open_data
 from quantbench.errors import QuantbenchError
-from quantbench.executors import ExecutorSpec
-from quantbench.fileio import check_not_an_input, check_output_path
-from quantbench.graph import calibration_tensors, check_float_model, open_graph
-from quantbench.metrics import (
+from quantbench.evaluate.metrics import (
     DECISION_THRESHOLD,
     MODEL_METRICS,
     check_mask_threshold,
     declared_support,
 )
+from quantbench.evaluate.task_metrics import load_metric_script
+from quantbench.fileio import check_not_an_input, check_output_path
+from quantbench.model.graph import calibration_tensors, check_float_model, open_graph
+from quantbench.model.widen import float32_work_graph
 from quantbench.progress import info
 from quantbench.results import (
     GATE_METRICS,
@@ -40,8 +42,6 @@ from quantbench.results import (
     write_layers_csv,
 )
 from quantbench.table.codecs import read_table
-from quantbench.task_metrics import load_metric_script
-from quantbench.widen import float32_work_graph
 
 __all__ = ["compare", "labels_for_samples", "load_labels"]
 

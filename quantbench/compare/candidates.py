@@ -18,13 +18,13 @@ import onnx
 from quantbench import calibrators as registry
 from quantbench.backends.onnxruntime import resolve_provider
 from quantbench.calibrate import method_table
-from quantbench.clipguard import DEFAULT_CLIP_WARN, ClipFlag, clip_flags, clip_warning
+from quantbench.choose.clipguard import DEFAULT_CLIP_WARN, ClipFlag, clip_flags, clip_warning
 from quantbench.errors import QuantbenchError
 from quantbench.fp16 import FP32, NATIVE, Fp16Model, declared_precisions, fp16_model
-from quantbench.graph import Graph, calibration_tensors, load_model, node_labels
+from quantbench.model.graph import Graph, calibration_tensors, load_model, node_labels
 from quantbench.progress import warn
 from quantbench.qdq import quantize_model
-from quantbench.stats import StatsFile
+from quantbench.stats.tensorstats import StatsFile
 from quantbench.table import CalibrationTable
 
 ENGINE_SUFFIXES = (".plan", ".engine", ".trt")
@@ -195,7 +195,7 @@ def _int8(graph: Graph, ctx: CalibrationContext, method: str | None) -> Candidat
 
 def _dynamic_convs(graph: Graph, result: Any) -> list[dict[str, Any]]:
     """Every dynamic-weight conv: how it was quantized, or why it was not."""
-    from quantbench.graph import is_dynamic_weight_conv
+    from quantbench.model.graph import is_dynamic_weight_conv
     from quantbench.qdq.plan import RUNTIME_WEIGHT
 
     quantized = {q.node: q for q in result.quantized}

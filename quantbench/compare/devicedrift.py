@@ -7,7 +7,8 @@ evaluation batch, every (reference, candidate) pair of both views (accumulated a
 and every clipping count, and runs one kernel over all of them (float64 sums per block of
 64 Ki values) and one that folds the blocks, in a fixed order, into per-accumulator totals
 on the device. At the end the totals cross to the host once and fill the same
-:class:`quantbench.metrics.DriftAccumulator` / :class:`ClipCounter` fields the host path fills,
+:class:`quantbench.evaluate.metrics.DriftAccumulator` / :class:`ClipCounter` fields the host path
+fills,
 with the host's rules: a batch holding NaN/Inf counts those values and adds no sum, ``n``
 counts every value, clipping compares float32 values with the float32 ``amax``.
 
@@ -27,9 +28,9 @@ import numpy as np
 
 from quantbench.backends.onnxruntime import resolve_provider
 from quantbench.backends.ortdevice import CUDA_PROVIDER
-from quantbench.devicestats import device_binning_wanted, import_cupy
 from quantbench.errors import QuantbenchError
-from quantbench.metrics import ClipCounter, DriftAccumulator
+from quantbench.evaluate.metrics import ClipCounter, DriftAccumulator
+from quantbench.stats.devicestats import device_binning_wanted, import_cupy
 
 #: values one block of the drift kernel reads
 CHUNK = 1 << 16

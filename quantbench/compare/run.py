@@ -2,8 +2,8 @@
 
 One pass over the evaluation data. Per batch: the FP32 reference runs once with every compared
 tensor exposed *and* the isolated copies of each candidate's quantized (or FP16) ops appended
-(:mod:`quantbench.isolated`); each non-reference candidate runs once with the same tensors
-exposed. Streaming accumulators (:mod:`quantbench.metrics`) keep memory flat in
+(:mod:`quantbench.evaluate.isolated`); each non-reference candidate runs once with the same tensors
+exposed. Streaming accumulators (:mod:`quantbench.evaluate.metrics`) keep memory flat in
 the number of samples.
 """
 
@@ -20,23 +20,20 @@ import onnx
 
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
 from quantbench.backends.ortdevice import DeviceOutputRunner
-from quantbench.clipguard import DEFAULT_SQNR_FLOOR_DB, OpDrift, sqnr_flags, sqnr_warning
+from quantbench.choose.clipguard import DEFAULT_SQNR_FLOOR_DB, OpDrift, sqnr_flags, sqnr_warning
 from quantbench.compare.candidates import CalibrationContext, Candidate, resolve
 from quantbench.compare.devicedrift import DeviceDrift, device_arrays, to_host
 from quantbench.compare.latency import measure_latency
-from quantbench.data import DataSource, Feed, feed_num_samples
+from quantbench.data.sources import DataSource, Feed, feed_num_samples
 from quantbench.errors import QuantbenchError
-from quantbench.fp16 import FP16, FP16_EMULATED, has_fp16_qdq
-from quantbench.graph import QDQ_OPS, Graph, node_labels
-from quantbench.isolated import (
+from quantbench.evaluate.isolated import (
     IsolatedModel,
     build_isolated,
     build_isolated_fp16,
     rename_twins,
     uncast,
 )
-from quantbench.jsonsafe import from_json_float, json_float
-from quantbench.metrics import (
+from quantbench.evaluate.metrics import (
     DECISION_THRESHOLD,
     DRIFT_KEYS,
     MASK_IOU,
@@ -47,8 +44,11 @@ from quantbench.metrics import (
     OutputsAccumulator,
     labels_accuracy_reason,
 )
+from quantbench.evaluate.task_metrics import MetricScript, MetricSession
+from quantbench.fp16 import FP16, FP16_EMULATED, has_fp16_qdq
+from quantbench.jsonsafe import from_json_float, json_float
+from quantbench.model.graph import QDQ_OPS, Graph, node_labels
 from quantbench.progress import progress_bar, warn
-from quantbench.task_metrics import MetricScript, MetricSession
 
 SIDES = ("A", "B")
 

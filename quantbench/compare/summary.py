@@ -7,8 +7,8 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from quantbench.evaluate.metrics import OPTIONAL_KEYS, carried_metrics, nonfinite_text
 from quantbench.fp16 import FP16, FP16_EMULATED, describe
-from quantbench.metrics import OPTIONAL_KEYS, carried_metrics, nonfinite_text
 from quantbench.progress import console
 
 

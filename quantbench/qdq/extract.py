@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from quantbench.graph import constant_tensors, load_model
+from quantbench.model.graph import constant_tensors, load_model
 from quantbench.qdq.embedded import embedded_table
 from quantbench.table import CalibrationTable, TableEntry, scale_from_amax
 

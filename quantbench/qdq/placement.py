@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 
 from quantbench.errors import QuantbenchError
-from quantbench.graph import Graph, residual_add_inputs
+from quantbench.model.graph import Graph, residual_add_inputs
 from quantbench.qdq.plan import (
     ACTIVATION,
     RESIDUAL,
@@ -220,7 +220,7 @@ def _constant_input(
         return (
             f"weight {tensor!r} is {values.dtype.name}; quantbench emits Q/DQ for float32 tensors "
             "only (a float16/bfloat16 model file is widened first; a model proto: "
-            "quantbench.widen.widen_to_float32)"
+            "quantbench.model.widen.widen_to_float32)"
         )
     if not np.isfinite(values).all():
         return f"weight {tensor!r} contains NaN or Inf"

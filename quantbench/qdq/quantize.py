@@ -16,10 +16,10 @@ from pathlib import Path
 
 import onnx
 
-from quantbench.customops import checkable
 from quantbench.errors import QuantbenchError, first_line
-from quantbench.graph import Graph, check_float_model, node_labels, open_graph
-from quantbench.protosize import check_model, save_model
+from quantbench.model.customops import checkable
+from quantbench.model.graph import Graph, check_float_model, node_labels, open_graph
+from quantbench.model.protosize import check_model, save_model
 from quantbench.qdq.embedded import embed_table
 from quantbench.qdq.insert import insert_qdq
 from quantbench.qdq.opset import OpsetDecision, ensure_qdq_opset
@@ -135,7 +135,7 @@ def _shape_of(model: onnx.ModelProto) -> int:
 
 def write_quantized(result: QuantizeResult, path: str | os.PathLike[str]) -> Path:
     """Write the Q/DQ model atomically (a crash never leaves half a model); over 2 GiB, its
-    weights in a ``.data`` file beside it (:func:`quantbench.protosize.save_model`)."""
+    weights in a ``.data`` file beside it (:func:`quantbench.model.protosize.save_model`)."""
     return save_model(result.model, path)
 
 

@@ -12,7 +12,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from quantbench.errors import QuantbenchError
-from quantbench.graph import QDQ_OPS
+from quantbench.model.graph import QDQ_OPS
 from quantbench.qdq.insert import UniqueNames, export_like
 
 _QOPERATOR_OPS = ("QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm")

@@ -6,7 +6,7 @@
   :func:`write_artefacts` for the Q/DQ model, the TensorRT cache and the trtexec line.
 """
 
-from quantbench.autocalib import AUTO, AutoTable, auto_table, default_auto_methods
+from quantbench.choose.autocalib import AUTO, AutoTable, auto_table, default_auto_methods
 from quantbench.recovery.artefacts import (
     check_artefact_target,
     recovery_document,

@@ -28,8 +28,8 @@ from typing import Any
 
 from quantbench.errors import QuantbenchError
 from quantbench.fileio import write_text_atomic
-from quantbench.graph import node_labels
-from quantbench.protosize import save_model
+from quantbench.model.graph import node_labels
+from quantbench.model.protosize import save_model
 from quantbench.recovery.search import RecoveryResult
 from quantbench.results import base_document, write_json
 from quantbench.table import CalibrationTable

@@ -16,17 +16,17 @@ import numpy as np
 import onnx
 
 from quantbench import calibrators as registry
-from quantbench.autocalib import AutoTable
 from quantbench.calibrate import check_methods, method_table, obtain_stats
+from quantbench.choose.autocalib import AutoTable
+from quantbench.collect.executors import ExecutorSpec
 from quantbench.compare import labels_for_samples, load_labels
-from quantbench.data import open_data
-from quantbench.executors import ExecutorSpec
+from quantbench.data.sources import open_data
+from quantbench.evaluate.metrics import DECISION_THRESHOLD
 from quantbench.fp16 import FP16, FP32, emulate_fp16, strongly_typed_fp16
-from quantbench.graph import Graph, open_graph
-from quantbench.metrics import DECISION_THRESHOLD
+from quantbench.model.graph import Graph, open_graph
 from quantbench.qdq import QuantizeResult, quantize_model
 from quantbench.recovery.evaluation import Evaluator
-from quantbench.stats import StatsFile
+from quantbench.stats.tensorstats import StatsFile
 from quantbench.table import CalibrationTable
 
 

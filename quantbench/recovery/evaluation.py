@@ -2,7 +2,7 @@
 
 The FP32 model runs once per evaluation batch and only its *outputs* are kept (class scores are
 small); every variant then streams the same batches and is scored with the streaming
-accumulators of :mod:`quantbench.metrics`. Memory therefore grows with the size of the
+accumulators of :mod:`quantbench.evaluate.metrics`. Memory therefore grows with the size of the
 model outputs times the number of samples, not with the number of variants.
 """
 
@@ -19,11 +19,10 @@ import numpy as np
 import onnx
 
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, with_outputs
-from quantbench.data import DataSource, feed_num_samples, open_data
+from quantbench.collect.workerinput import WorkerInput
+from quantbench.data.sources import DataSource, feed_num_samples, open_data
 from quantbench.errors import QuantbenchError
-from quantbench.graph import Graph
-from quantbench.jsonsafe import json_float
-from quantbench.metrics import (
+from quantbench.evaluate.metrics import (
     DECISION_THRESHOLD,
     MASK_IOU,
     MEAN_IOU,
@@ -37,8 +36,9 @@ from quantbench.metrics import (
     lower_is_better,
     nonfinite_text,
 )
-from quantbench.task_metrics import MetricScript, split_spec
-from quantbench.workerinput import WorkerInput
+from quantbench.evaluate.task_metrics import MetricScript, split_spec
+from quantbench.jsonsafe import json_float
+from quantbench.model.graph import Graph
 
 #: built-in metrics a variant is scored by; every one is computed on every evaluation (``None``
 #: where undefined). A ``--metric-script`` adds its own names.
@@ -162,7 +162,7 @@ def badness(metrics: dict[str, float | None], metric: str) -> tuple[float, float
 class Evaluator:
     """The FP32 outputs of every evaluation batch, and a way to score a variant against them.
 
-    Scores come from :class:`quantbench.metrics.OutputsAccumulator` (the definitions
+    Scores come from :class:`quantbench.evaluate.metrics.OutputsAccumulator` (the definitions
     ``compare`` uses) plus the metric script's numbers; ``nonfinite`` counts the candidate's
     NaN/Inf output values.
     """
@@ -395,7 +395,7 @@ def _absolute_script(script: MetricScript | None) -> str | None:
 
 def worker_evaluator(job: EvaluationJob) -> Evaluator:
     """The driver's evaluator rebuilt on a worker: its FP32 outputs, no FP32 pass."""
-    from quantbench.task_metrics import load_metric_script
+    from quantbench.evaluate.task_metrics import load_metric_script
 
     script = None if job.script is None else load_metric_script(job.script, RESERVED)
     return Evaluator(

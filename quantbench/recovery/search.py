@@ -26,12 +26,14 @@ import onnx
 
 from quantbench.backends.onnxruntime import start_provider
 from quantbench.calibrators import DEFAULT_METHOD
+from quantbench.collect.executors import ExecutorSpec
 from quantbench.compare import load_labels
 from quantbench.errors import QuantbenchError
-from quantbench.executors import ExecutorSpec
+from quantbench.evaluate.metrics import DECISION_THRESHOLD, check_mask_threshold
+from quantbench.evaluate.task_metrics import load_metric_script
 from quantbench.fp16 import check_high_precision, declared_precisions
-from quantbench.graph import Graph, open_graph
-from quantbench.metrics import DECISION_THRESHOLD, check_mask_threshold
+from quantbench.model.graph import Graph, open_graph
+from quantbench.model.widen import float32_work_graph, own_high_precision, with_io_types_of
 from quantbench.progress import info, warn
 from quantbench.qdq import QuantizeResult
 from quantbench.recovery.context import RecoveryContext, prepare
@@ -47,8 +49,6 @@ from quantbench.recovery.evaluation import (
     parse_target,
 )
 from quantbench.recovery.sensitivity import parallel_job, rank_ops
-from quantbench.task_metrics import load_metric_script
-from quantbench.widen import float32_work_graph, own_high_precision, with_io_types_of
 
 #: what each step's metric was measured on, per high precision
 VERIFIED_ON = {

@@ -22,11 +22,10 @@ import numpy as np
 
 from quantbench.backends.onnxruntime import start_provider
 from quantbench.calibrators import DEFAULT_METHOD
+from quantbench.collect.executors import ExecutorSpec, run_tasks, task_threads
 from quantbench.compare import load_labels
 from quantbench.errors import QuantbenchError
-from quantbench.executors import ExecutorSpec, run_tasks, task_threads
-from quantbench.graph import Graph, open_graph
-from quantbench.metrics import (
+from quantbench.evaluate.metrics import (
     DECISION_THRESHOLD,
     MASK_IOU,
     MEAN_IOU,
@@ -34,6 +33,9 @@ from quantbench.metrics import (
     check_mask_threshold,
     declared_support,
 )
+from quantbench.evaluate.task_metrics import load_metric_script
+from quantbench.model.graph import Graph, open_graph
+from quantbench.model.widen import float32_work_graph
 from quantbench.progress import warn
 from quantbench.recovery.context import RecoveryContext, prepare, quantize_except
 from quantbench.recovery.evaluation import (
@@ -47,8 +49,6 @@ from quantbench.recovery.evaluation import (
     json_metrics,
     worker_evaluator,
 )
-from quantbench.task_metrics import load_metric_script
-from quantbench.widen import float32_work_graph
 
 VIEWS = ("only_quantized", "only_fp32")
 RANK_METRICS = (

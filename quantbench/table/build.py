@@ -1,6 +1,7 @@
 """Statistics -> one method's :class:`CalibrationTable` (the step every command shares).
 
-Non-finite values never cost a tensor its table entry: :class:`quantbench.stats.TensorStats`
+Non-finite values never cost a tensor its table entry:
+:class:`quantbench.stats.tensorstats.TensorStats`
 bins only finite values and counts the rest, so a tensor that held a NaN somewhere is
 calibrated from its finite values. Only a tensor with *no* finite value has no range; it is
 left out and named by :func:`nonfinite_report`, and every command that needs it refuses the
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from quantbench import __version__
 from quantbench import calibrators as registry
-from quantbench.stats import StatsFile
+from quantbench.stats.tensorstats import StatsFile
 from quantbench.table import CalibrationTable, Provenance
 
 

@@ -1,12 +1,14 @@
 """Device binning (CuPy) against the host TensorStats on the SAME values: identical bins.
 
-The host reference is quantbench.stats.TensorStats (binning.py: numba, or numpy), an independent
-implementation of the bin rule; the device side is quantbench.devicestats on CuPy arrays. Values
+The host reference is quantbench.stats.tensorstats.TensorStats (binning.py: numba, or numpy), an
+independent
+implementation of the bin rule; the device side is quantbench.stats.devicestats on CuPy arrays.
+Values
 are chosen to break a careless kernel: exact bin edges and their float neighbours, powers of
 two, negatives (floor, not truncation), +-0, float32/float16 subnormals (no flush to zero),
 NaN/Inf (counted, never binned), ranges that force the grid to widen by small and huge steps,
 float16/float64, and tens of millions of values (atomics under contention at the ReLU spike).
-The kernels are those of quantbench.devicestats.StatsBank (one range and one count kernel for
+The kernels are those of quantbench.stats.devicestats.StatsBank (one range and one count kernel for
 all tensors of a part). Run on the device machine:
 ``python3 -m pytest -q -m gpu tests/gpu --noconftest``.
 """
@@ -22,9 +24,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cupy_probe import cupy_or_reason  # noqa: E402  (sibling helper module)
 
-from quantbench import binning
-from quantbench.binning import HALF_BINS
-from quantbench.stats import TensorStats
+from quantbench.stats import binning
+from quantbench.stats.binning import HALF_BINS
+from quantbench.stats.tensorstats import TensorStats
 
 cp, REASON = cupy_or_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cp is None, reason=REASON or "")]
@@ -54,7 +56,7 @@ def _host(batches: list[np.ndarray], relus: int = 1) -> tuple[TensorStats, list[
 
 
 def _device(batches: list[np.ndarray], relus: int = 1) -> tuple[TensorStats, list[TensorStats]]:
-    from quantbench.devicestats import StatsBank
+    from quantbench.stats.devicestats import StatsBank
 
     names = [f"r{k}" for k in range(relus)]
     bank = StatsBank(cp, ["x"], {"x": names})
@@ -156,7 +158,7 @@ def test_many_tensors_in_one_part_with_many_relus():
     (derived from its bins in shared memory), some on their own (binned), with NaN and -Inf
     among the values: each tensor equals its own host TensorStats, part after part, while the
     grids widen."""
-    from quantbench.devicestats import MAX_RELUS, StatsBank
+    from quantbench.stats.devicestats import MAX_RELUS, StatsBank
 
     rng = np.random.default_rng(21)
     relus = [f"r{k}" for k in range(MAX_RELUS + 3)]

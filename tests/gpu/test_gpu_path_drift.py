@@ -20,7 +20,7 @@ import synthetic  # noqa: E402
 from cupy_probe import cupy_or_reason  # noqa: E402  (sibling helper module)
 from test_devicedrift import _batches, _check, _reference  # noqa: E402
 
-from quantbench.metrics import ClipCounter, DriftAccumulator  # noqa: E402
+from quantbench.evaluate.metrics import ClipCounter, DriftAccumulator  # noqa: E402
 
 cp, REASON = cupy_or_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cp is None, reason=REASON or "")]

@@ -74,10 +74,10 @@ def test_device_bins_equal_host_bins_of_the_same_activations(workdir):
 
     from quantbench.backends.onnxruntime import expose
     from quantbench.backends.ortdevice import DeviceOutputRunner
-    from quantbench.data import open_data
-    from quantbench.devicestats import StatsBank
-    from quantbench.graph import calibration_tensors, open_graph
-    from quantbench.stats import TensorStats
+    from quantbench.data.sources import open_data
+    from quantbench.model.graph import calibration_tensors, open_graph
+    from quantbench.stats.devicestats import StatsBank
+    from quantbench.stats.tensorstats import TensorStats
 
     graph = open_graph(workdir / "cnn.onnx")
     inputs = {s.name for s in graph.inputs}
@@ -217,10 +217,10 @@ def test_cuda_sessions_compute_in_fp32_not_tf32():
 def test_gpu_memory_does_not_grow_with_samples(workdir, monkeypatch):
     import cupy as cp
 
-    from quantbench import devicecollect
-    from quantbench.collect import collect_stats
-    from quantbench.data import open_data
-    from quantbench.graph import calibration_tensors, open_graph
+    from quantbench.collect import devicecollect
+    from quantbench.collect.statspass import collect_stats
+    from quantbench.data.sources import open_data
+    from quantbench.model.graph import calibration_tensors, open_graph
 
     graph = open_graph(workdir / "cnn.onnx")
     tensors = calibration_tensors(graph, "all")

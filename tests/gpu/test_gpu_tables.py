@@ -23,7 +23,7 @@ from cupy_probe import cupy_or_reason  # noqa: E402  (sibling helper module)
 
 from quantbench import calibrators
 from quantbench.calibrators import entropy as entropy_module
-from quantbench.stats import TensorStats
+from quantbench.stats.tensorstats import TensorStats
 
 cp, REASON = cupy_or_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cp is None, reason=REASON or "")]

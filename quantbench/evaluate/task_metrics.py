@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from quantbench.data.userscript import load_user_object
 from quantbench.errors import QuantbenchError, first_line
-from quantbench.userscript import load_user_object
 
 DEFAULT_NAME = "metric"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from quantbench import __version__
-from quantbench.collect import stats_cache_dir
-from quantbench.data import open_data
+from quantbench.collect.statspass import stats_cache_dir
+from quantbench.data.sources import open_data
 from quantbench.errors import QuantbenchError
 from quantbench.fileio import write_text_atomic
-from quantbench.graph import Graph
-from quantbench.stats import StatsFile
+from quantbench.model.graph import Graph
+from quantbench.stats.tensorstats import StatsFile
 
 
 def judgement_key(

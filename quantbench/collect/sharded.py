@@ -3,7 +3,7 @@ executor's workers, the statistics merged exactly on the driver.
 
 Each worker opens the data where it is (an absolute path it can read: a shared file system on a
 cluster), reads only its shard's batches — the same batches, batched the same way, as one
-local pass (:meth:`quantbench.data.DataSource.shards`) — and returns its :class:`StatsFile`.
+local pass (:meth:`quantbench.data.sources.DataSource.shards`) — and returns its :class:`StatsFile`.
 Binning is exact and merging is exact and order-independent, so the merged statistics, and
 every table made from them, are byte-identical to a local run whatever the number of workers
 and the order the shards finish in. The driver records what a local run records: the whole
@@ -19,13 +19,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from quantbench.collect import collect_stats
-from quantbench.data import DataSource, NonFiniteSamples
-from quantbench.executors import ExecutorSpec, run_tasks, task_threads, width
-from quantbench.graph import Graph
+from quantbench.collect.executors import ExecutorSpec, run_tasks, task_threads, width
+from quantbench.collect.statspass import collect_stats
+from quantbench.collect.workerinput import WorkerInput
+from quantbench.data.sources import DataSource, NonFiniteSamples
+from quantbench.model.graph import Graph
 from quantbench.progress import info, warn
-from quantbench.stats import StatsFile
-from quantbench.workerinput import WorkerInput
+from quantbench.stats.tensorstats import StatsFile
 
 
 @dataclass(frozen=True)

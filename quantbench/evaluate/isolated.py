@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import TensorProto, helper, version_converter
 
-from quantbench.graph import QDQ_OPS, node_labels
 from quantbench.memo import memo_scope
+from quantbench.model.graph import QDQ_OPS, node_labels
 
 SUFFIX = "::isolated"
 _PREFIX = "qb_iso/"
@@ -264,7 +264,7 @@ def build_isolated_fp16(
     prefix: str = _PREFIX,
 ) -> IsolatedModel:
     """Reference graph plus an FP16-isolated copy of every node named in ``fp16_nodes`` (node
-    labels, :func:`quantbench.graph.node_labels`): FP32 inputs rounded to FP16 (Cast pair),
+    labels, :func:`quantbench.model.graph.node_labels`): FP32 inputs rounded to FP16 (Cast pair),
     the op computed, each float output rounded to FP16. ``float_types``: the element type of
     every tensor of ``reference`` (only FP32 tensors are rounded)."""
     wanted = set(fp16_nodes)

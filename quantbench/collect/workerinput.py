@@ -13,8 +13,8 @@ from pathlib import Path
 
 import onnx
 
-from quantbench.data import DataSource, open_data
-from quantbench.graph import Graph, open_graph
+from quantbench.data.sources import DataSource, open_data
+from quantbench.model.graph import Graph, open_graph
 
 _GRAPHS: dict[str, Graph] = {}
 

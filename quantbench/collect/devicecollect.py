@@ -1,8 +1,9 @@
 """The calibration pass on a GPU: activations stay on the device, only bin counts come back.
 
-:func:`quantbench.collect.collect_stats` hands over here when the provider is CUDA and CuPy is
+:func:`quantbench.collect.statspass.collect_stats` hands over here when the provider is CUDA and
+CuPy is
 installed. Same plan as the host pass (tensors derived from another one's bins are not read),
-same statistics bit for bit (:mod:`quantbench.devicestats`); what differs is where the work
+same statistics bit for bit (:mod:`quantbench.stats.devicestats`); what differs is where the work
 happens: onnxruntime writes the exposed tensors into its CUDA arena (IOBinding), CuPy bins them
 there, and the arena gets the memory back before the next part runs. GPU memory is bounded by
 two parts' activations (:data:`DEVICE_ACTIVATION_BUDGET` each: one counted while onnxruntime
@@ -18,7 +19,7 @@ from typing import Any
 
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, resolve_provider
 from quantbench.backends.ortdevice import CUDA_PROVIDER, DeviceOutputRunner
-from quantbench.data import (
+from quantbench.data.sources import (
     Batch,
     DataSource,
     Feed,
@@ -28,12 +29,12 @@ from quantbench.data import (
     nonempty,
     prefetched,
 )
-from quantbench.derivation import read_by_pass, relus_by_source, with_copies
-from quantbench.devicestats import StatsBank, device_binning_wanted, import_cupy
 from quantbench.errors import QuantbenchError
-from quantbench.graph import Graph, TensorSpec
+from quantbench.model.graph import Graph, TensorSpec
 from quantbench.progress import progress_bar, warn
-from quantbench.stats import TensorStats
+from quantbench.stats.derivation import read_by_pass, relus_by_source, with_copies
+from quantbench.stats.devicestats import StatsBank, device_binning_wanted, import_cupy
+from quantbench.stats.tensorstats import TensorStats
 
 #: exposed activations one GPU inference may produce; a larger feed runs in parts (exact).
 #: ResNet-50 at batch 32 exposes 2.0 GiB: one part, one input shape (one cuDNN search).
@@ -85,10 +86,12 @@ def collect_on_device(
     before_inference: Callable[[], None] | None = None,
     runner: OnnxRuntimeRunner | None = None,
 ) -> tuple[dict[str, TensorStats], int, StreamFingerprint | None]:
-    """:func:`quantbench.collect.collect_stats`'s pass with inference and binning on the GPU:
+    """:func:`quantbench.collect.statspass.collect_stats`'s pass with inference and binning on the
+    GPU:
     the statistics of ``tensors``, the samples seen, and the stream's fingerprint where the
     source has none up front. ``runner``: the CUDA session over the model with the tensors to
-    read exposed, started by :func:`quantbench.collect.collect_stats` beside other work (None
+    read exposed, started by :func:`quantbench.collect.statspass.collect_stats` beside other work
+    (None
     when every tensor is an input).
 
     ``plan`` is ``derivation.derivation_plan(graph, tensors)``: ``same`` tensors are renamed copies

@@ -23,7 +23,7 @@ import numpy as np
 
 from quantbench import calibrators as registry
 from quantbench.errors import QuantbenchError
-from quantbench.stats import StatsFile, TensorStats, settled
+from quantbench.stats.tensorstats import StatsFile, TensorStats, settled
 from quantbench.table import INT8_MAX, CalibrationTable
 
 #: default ``--clip-warn``: more than 1 value in 1000 beyond the threshold is flagged
@@ -138,7 +138,8 @@ def clip_flags(
     of its values, with the built-in method that has the lowest expected error among those that
     clip less (``known``: tables already built from ``stats``, by method, whose amax is taken
     instead of computed again). Each tensor's |x| CDF and bin centres, read for every
-    threshold, are built once (:func:`~quantbench.stats.settled`; once for all calls when the
+    threshold, are built once (:func:`~quantbench.stats.tensorstats.settled`; once for all calls
+    when the
     caller's scope is settled too)."""
     names = tensors if tensors is not None else list(table)
     with settled():

@@ -32,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from quantbench import binning
-from quantbench.binning import HALF_BINS
 from quantbench.errors import QuantbenchError
 from quantbench.fileio import atomic_path
 from quantbench.jsonsafe import json_float as _json_float
 from quantbench.memo import memo_scope
+from quantbench.stats import binning
+from quantbench.stats.binning import HALF_BINS
 
 #: exponent of an empty or all-zero histogram: every later exponent re-bins it into bin 0.
 MIN_EXPONENT = -160

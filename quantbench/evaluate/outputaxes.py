@@ -14,7 +14,7 @@
 - :func:`selection_sources`: outputs after an op whose output size depends on the data (NMS,
   NonZero), and the float tensors that op chose from.
 
-Pure graph analysis: no data, no metrics (:mod:`quantbench.metrics` uses these).
+Pure graph analysis: no data, no metrics (:mod:`quantbench.evaluate.metrics` uses these).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import onnx
 
-from quantbench.graph import constant_tensors
+from quantbench.model.graph import constant_tensors
 
 
 def channels_first_outputs(model: Any) -> frozenset[str]:

@@ -1,7 +1,7 @@
 """``--method auto``: the calibrator choice per tensor, judged at the outputs on a data slice.
 
 Step 1, per tensor. For each candidate method: its table, its Q/DQ model, and the isolated model
-of :mod:`quantbench.isolated` (every quantized op re-run beside FP32 on FP32 inputs), run
+of :mod:`quantbench.evaluate.isolated` (every quantized op re-run beside FP32 on FP32 inputs), run
 once over the judging slice. That gives, per method and op, the SQNR the op loses by itself.
 Each activation tensor takes the method that maximises the *worst* isolated SQNR among the
 quantized ops reading it (a tensor shared by several ops has one scale): the *mix*.
@@ -40,24 +40,24 @@ from typing import Any
 import numpy as np
 
 from quantbench import calibrators as registry
-from quantbench.automemo import judgement_key, load_judgement, store_judgement
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose, with_outputs
-from quantbench.collect import collect_stats
-from quantbench.data import DataSource, dynamic_batch, open_data
+from quantbench.choose.automemo import judgement_key, load_judgement, store_judgement
+from quantbench.collect.executors import ExecutorSpec, run_tasks, task_threads
+from quantbench.collect.statspass import collect_stats
+from quantbench.collect.workerinput import WorkerInput
+from quantbench.data.sources import DataSource, dynamic_batch, open_data
 from quantbench.errors import QuantbenchError, first_line
-from quantbench.executors import ExecutorSpec, run_tasks, task_threads
-from quantbench.graph import Graph
-from quantbench.isolated import build_isolated, rename_twins, shared_upgrades
+from quantbench.evaluate.isolated import build_isolated, rename_twins, shared_upgrades
+from quantbench.evaluate.metrics import DriftAccumulator, OutputLayout, OutputsAccumulator
 from quantbench.jsonsafe import json_float
-from quantbench.metrics import DriftAccumulator, OutputLayout, OutputsAccumulator
+from quantbench.model.graph import Graph
 from quantbench.progress import warn
 from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
-from quantbench.stats import StatsFile
+from quantbench.stats.tensorstats import StatsFile
 from quantbench.table import CalibrationTable
 from quantbench.table.build import build_table
 from quantbench.table.json_table import decode_json_table, encode_json_table
 from quantbench.table.trt_cache import TRTEXEC_ALGORITHM
-from quantbench.workerinput import WorkerInput
 
 AUTO = registry.AUTO
 #: name of the per-tensor mix among the whole-model candidates
@@ -100,7 +100,7 @@ class AutoTable:
     #: how the candidates were scored, in words (:func:`judge_description`), or why they
     #: were not ("not judged: ...")
     judged_by: str = ""
-    #: taken from an earlier run's identical judgement (:mod:`quantbench.automemo`)
+    #: taken from an earlier run's identical judgement (:mod:`quantbench.choose.automemo`)
     reused: bool = False
 
     @property
@@ -314,7 +314,7 @@ def choose_auto(
     **options: Any,
 ) -> AutoTable:
     """:func:`judge_auto` (``options``: its keyword arguments), or an earlier run's identical
-    judgement (:mod:`quantbench.automemo`; ``use_cache=False``: neither read nor written)."""
+    judgement (:mod:`quantbench.choose.automemo`; ``use_cache=False``: neither read nor written)."""
     candidates = registry.expand_methods(options.get("methods") or default_auto_methods())
     key = None
     if use_cache:
@@ -661,7 +661,8 @@ def output_sqnrs(
 ) -> dict[str, float]:
     """Candidate -> SQNR (dB) of its full Q/DQ model against FP32 over ``held_out``: its worst
     output's, an output joining kinds of values (a detector's boxes and scores,
-    :func:`quantbench.outputaxes.concat_parts`) judged over its parts (:func:`_judged_sqnr`;
+    :func:`quantbench.evaluate.outputaxes.concat_parts`) judged over its parts
+    (:func:`_judged_sqnr`;
     ``-inf`` when one is undefined, e.g. holds NaN). One pass: each batch runs FP32 once (or
     ``reference``: FP32 outputs per batch computed before), then every candidate."""
     layout = OutputLayout.of(graph.model, held_out.unbatched)

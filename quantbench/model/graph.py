@@ -23,10 +23,10 @@ import onnx
 from onnx import numpy_helper, shape_inference
 from onnx.external_data_helper import load_external_data_for_model
 
-from quantbench.customops import checkable, lowered
 from quantbench.errors import QuantbenchError, first_line
-from quantbench.protosize import digest as proto_digest
-from quantbench.protosize import loadable
+from quantbench.model.customops import checkable, lowered
+from quantbench.model.protosize import digest as proto_digest
+from quantbench.model.protosize import loadable
 
 #: ops whose inputs TensorRT quantizes (weighted ops: Q/DQ on data and weight).
 WEIGHTED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -102,7 +102,7 @@ class Graph:
     path: Path | None = None
     hash: str = ""
     #: the hash of the half-precision file this graph is the float32 widening of
-    #: (quantbench.widen.float32_graph): tables and statistics made for that file apply to it
+    #: (quantbench.model.widen.float32_graph): tables and statistics made for that file apply to it
     #: too (see made_for)
     widened_from: str = ""
     inputs: list[TensorSpec] = field(default_factory=list)

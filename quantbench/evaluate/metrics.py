@@ -28,7 +28,7 @@ Agreement (argmax) depends on the output's shape (:func:`agreement_kind`):
   classes only where the graph made it so (:func:`class_axis_doubts`: a MatMul/Gemm's features,
   a softmax over it, a convolution's channels moved last), not a detector's anchors or
   boxes-and-scores axis (what the graph says about its outputs' axes:
-  :mod:`quantbench.outputaxes`);
+  :mod:`quantbench.evaluate.outputaxes`);
 * ``decision``: one probability per sample that a Sigmoid made (``[N]``, ``[N, 1]``: a
   wake-word, voice-activity or binary classifier, :func:`probability_outputs`): agreement of
   the decision at 0.5, per sample (and accuracy against 0/1 labels);
@@ -65,7 +65,7 @@ import numpy as np
 import onnx
 
 from quantbench.errors import QuantbenchError
-from quantbench.outputaxes import (
+from quantbench.evaluate.outputaxes import (
     OutputParts,
     channel_class_doubts,
     channels_first_outputs,
@@ -696,7 +696,7 @@ class OutputLayout:
     #: NCHW outputs whose channels may not be classes, and why (:func:`channel_class_doubts`)
     channel_doubt: Mapping[str, str] = field(default_factory=dict)
     #: the model has no batch axis: the data feeds it one sample at a time
-    #: (:attr:`quantbench.data.DataSource.unbatched`), so its outputs have none either
+    #: (:attr:`quantbench.data.sources.DataSource.unbatched`), so its outputs have none either
     unbatched: bool = False
     #: outputs a Sigmoid made (:func:`probability_outputs`)
     probabilities: frozenset[str] = frozenset()

@@ -10,7 +10,7 @@ iterable of feed dicts.
 One rule maps data onto the model for every source (:func:`plan_layout`): data of the model's
 rank has the model's batch axis first; one axis more means the model has no batch axis and
 each sample is fed alone. Arrays are read lazily — ``.npy`` and uncompressed ``.npz`` members
-memory-mapped, compressed ones streamed from the zip (:mod:`quantbench.npzread`) — so memory
+memory-mapped, compressed ones streamed from the zip (:mod:`quantbench.data.npzread`) — so memory
 does not grow with the number of samples.
 Everything is checked against the model's inputs before any inference runs; samples holding
 NaN/Inf are recorded by index and reported (:class:`NonFiniteSamples`).
@@ -30,13 +30,13 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from quantbench.data.npzread import NpzMember, open_npz
+from quantbench.data.presets import Preset, preset_names, preset_text
+from quantbench.data.userscript import load_user_object
 from quantbench.errors import QuantbenchError
-from quantbench.graph import TensorSpec
 from quantbench.machine import usable_cores
-from quantbench.npzread import NpzMember, open_npz
-from quantbench.presets import Preset, preset_names, preset_text
+from quantbench.model.graph import TensorSpec
 from quantbench.progress import warn
-from quantbench.userscript import load_user_object
 
 Feed = dict[str, np.ndarray]
 T = TypeVar("T")

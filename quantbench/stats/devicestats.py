@@ -6,10 +6,11 @@ one row each, and works a part (all the tensors one inference exposed) at a time
 
 1. one *range* kernel over all the part's tensors (finite min/max, NaN, +Inf, -Inf counts per
    block of 64 Ki values), then ONE transfer of those few numbers to the host;
-2. on the host, per tensor, :meth:`quantbench.stats.TensorStats.update`'s rules: the grid
+2. on the host, per tensor, :meth:`quantbench.stats.tensorstats.TensorStats.update`'s rules: the
+grid
    widens to the batch's range (the rare widening re-grids that tensor's row with
    :meth:`TensorStats.counts_at`, the host's exact re-gridding), NaN/Inf are counted, and the
-   Relu tensors derived from a source (:func:`quantbench.collect.derivation_plan`) follow
+   Relu tensors derived from a source (:func:`quantbench.collect.statspass.derivation_plan`) follow
    :meth:`TensorStats.update_relu`: they are ``max(x, 0)`` of the source's batch, skipped when
    the batch has no finite value;
 3. one *count* kernel over all the part's tensors: each value read once and counted in a
@@ -20,7 +21,7 @@ one row each, and works a part (all the tensors one inference exposed) at a time
    the same read, with 64-bit atomics.
 
 The bin arithmetic is the host's (``HALF_BINS + floor(float64(v) * 2**-e)``, exact in float64,
-see :mod:`quantbench.binning`), so :meth:`StatsBank.results` gives the statistics the host
+see :mod:`quantbench.stats.binning`), so :meth:`StatsBank.results` gives the statistics the host
 path gives for the same values, bit for bit. The count kernel runs without a host sync: the
 caller keeps the part's arrays alive until :meth:`StatsBank.fence` says the GPU is done with
 them, so onnxruntime can run the next part meanwhile.
@@ -40,10 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from quantbench import binning
-from quantbench.binning import HALF_BINS, NUM_BINS
 from quantbench.errors import QuantbenchError
-from quantbench.stats import MIN_EXPONENT, TensorStats, exponent_for
+from quantbench.stats import binning
+from quantbench.stats.binning import HALF_BINS, NUM_BINS
+from quantbench.stats.tensorstats import MIN_EXPONENT, TensorStats, exponent_for
 
 #: ``QUANTBENCH_DEVICE_BINNING=0`` bins on the host even when the data is on the GPU.
 DEVICE_BINNING_ENV = "QUANTBENCH_DEVICE_BINNING"

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from quantbench import __version__, binning
+from quantbench import __version__
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose_for_session
-from quantbench.data import (
+from quantbench.collect.devicecollect import collect_on_device, wants_device_stats
+from quantbench.data.sources import (
     DataSource,
     Feed,
     StreamFingerprint,
@@ -32,12 +33,12 @@ from quantbench.data import (
     nonempty,
     prefetched,
 )
-from quantbench.derivation import derivation_plan, read_by_pass, relus_by_source, with_copies
-from quantbench.devicecollect import collect_on_device, wants_device_stats
-from quantbench.graph import Graph, TensorSpec
 from quantbench.machine import usable_cores
+from quantbench.model.graph import Graph, TensorSpec
 from quantbench.progress import progress_bar
-from quantbench.stats import StatsFile, TensorStats
+from quantbench.stats import binning
+from quantbench.stats.derivation import derivation_plan, read_by_pass, relus_by_source, with_copies
+from quantbench.stats.tensorstats import StatsFile, TensorStats
 
 
 def stats_cache_dir() -> Path:

@@ -31,7 +31,7 @@ from types import ModuleType
 
 import numpy as np
 
-from quantbench.grid import HALF_BINS, NUM_BINS
+from quantbench.stats.grid import HALF_BINS, NUM_BINS
 
 #: largest chunk binned into int32 sub-histograms before they are added to the int64 counts.
 _CHUNK = 1 << 28
@@ -91,14 +91,15 @@ def _numpy_scan(x: np.ndarray, exponent: int) -> Scan:
 
 @functools.cache
 def _kernels() -> ModuleType | None:
-    """The compiled kernels (:mod:`quantbench.binning_kernels`), imported on first use, so that
+    """The compiled kernels (:mod:`quantbench.stats.binning_kernels`), imported on first use, so
+    that
     numba's import (~0.6 s) is paid by a calibration's warm-up thread, not by every command;
     ``None`` (the numpy path) when ``QUANTBENCH_BINNING=numpy`` asks for it or numba is missing
     or cannot be imported."""
     if os.environ.get("QUANTBENCH_BINNING", "").lower() == "numpy":
         return None
     try:
-        from quantbench import binning_kernels
+        from quantbench.stats import binning_kernels
     except ImportError:
         return None
     return binning_kernels

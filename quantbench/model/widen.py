@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from quantbench.graph import Graph, open_graph, rename_tensors
+from quantbench.model.graph import Graph, open_graph, rename_tensors
 from quantbench.progress import warn
 
 #: element types widened to FLOAT

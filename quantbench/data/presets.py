@@ -4,7 +4,7 @@
 A preset says how an image folder becomes a model's input (``--data FOLDER --preset NAME``):
 colours (RGB, BGR, GRAY), resize (shorter side, fixed size, or fitted with its aspect ratio kept
 and padded), center crop, scale, mean/std, layout and dtype. Reading folders and batching stay
-in :mod:`quantbench.data`.
+in :mod:`quantbench.data.sources`.
 """
 
 from __future__ import annotations

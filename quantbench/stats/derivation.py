@@ -1,10 +1,11 @@
 """Which calibrated tensors' statistics follow from another's without reading them (shared by
-the host pass, :mod:`quantbench.collect`, and the GPU pass, :mod:`quantbench.devicecollect`)."""
+the host pass, :mod:`quantbench.collect.statspass`, and the GPU pass,
+:mod:`quantbench.collect.devicecollect`)."""
 
 from __future__ import annotations
 
-from quantbench.graph import Graph
-from quantbench.stats import TensorStats
+from quantbench.model.graph import Graph
+from quantbench.stats.tensorstats import TensorStats
 
 #: ops whose output holds exactly the input's values (rearranged): same statistics.
 VALUE_PRESERVING = ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")

@@ -1,12 +1,12 @@
-"""numba kernels of :mod:`quantbench.binning`, in a module of their own so that numba is
-imported only when something is binned (:func:`quantbench.binning._kernels`)."""
+"""numba kernels of :mod:`quantbench.stats.binning`, in a module of their own so that numba is
+imported only when something is binned (:func:`quantbench.stats.binning._kernels`)."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from quantbench.grid import HALF_BINS, NUM_BINS
+from quantbench.stats.grid import HALF_BINS, NUM_BINS
 
 
 # The kernels are module-level functions, not closures: numba's on-disk cache keys a closure by

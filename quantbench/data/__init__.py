@@ -1,0 +1,1 @@
+"""The data stage: every calibration/evaluation source becomes validated feed batches."""
