@@ -58,6 +58,7 @@ ML_OPS = (
 )
 _MISSING_KERNEL = re.compile(r"implementation for (\w+)\((\d+)\) node with name '([^']*)'")
 _TYPE_MISMATCH = re.compile(r"of node \(([^)]*)\) does not match expected type")
+_HALF = TensorProto.FLOAT16
 _FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
 #: ops that only move values or cast: not counted when reporting the FP16 share of the compute
 _BOOKKEEPING = frozenset({"Cast", "Identity", "Constant", "Shape", "Reshape", "Flatten"})
@@ -85,6 +86,8 @@ class Fp16Model:
     mode: str = NATIVE
     #: node name -> op type (for the report)
     op_types: dict[str, str] = field(default_factory=dict)
+    #: constants read in FP16 that FP16 cannot hold (Inf, 0, or imprecise), with counts
+    out_of_range: list[RangeLoss] = field(default_factory=list)
 
     @property
     def fp16_share(self) -> float:
@@ -106,6 +109,7 @@ class Fp16Model:
                 {"node": n, "op_type": self.op_types.get(n, ""), "reason": r}
                 for n, r in self.fp32_nodes.items()
             ],
+            "out_of_range_constants": [x.to_dict() for x in self.out_of_range],
         }
 
 
@@ -166,6 +170,7 @@ def emulate_fp16(
     known = {**dict(types or {}), **_tensor_types(out)}
     floats_of = {k: t for k, t in known.items() if t in _FLOATS}
     fp16_reads = {i for n in graph.node if n.name not in kept for i in n.input}
+    lost = [x for x in constant_losses(out) if x.tensor in fp16_reads]
     for init in graph.initializer:  # one read by FP32 nodes only stays FP32, as converted
         if init.data_type == TensorProto.FLOAT and init.name in fp16_reads:
             init.CopyFrom(_rounded_initializer(init))
@@ -207,7 +212,7 @@ def emulate_fp16(
     del graph.node[:]
     graph.node.extend(new_nodes)
     op_types = {n.name: n.op_type for n in graph.node if n.name in precision}
-    return Fp16Model(out, fp32_nodes, precision, EMULATED, op_types)
+    return Fp16Model(out, fp32_nodes, precision, EMULATED, op_types, lost)
 
 
 def _round_trip(src: str, dst: str, name: str) -> list[onnx.NodeProto]:
@@ -324,9 +329,19 @@ def convert_fp16(
             op_block_list=sorted(blocked_ops),
             node_block_list=sorted(blocked_nodes),
         )
+        _faithful_constants(model, converted)
         problem = _load_problem(converted, provider)
         if problem is None:
-            return _result(model, converted, blocked_ops, blocked_nodes, reasons, provider)
+            result = _result(model, converted, blocked_ops, blocked_nodes, reasons, provider)
+            half = {i.name for i in converted.graph.initializer if i.data_type == _HALF}
+            half |= {
+                n.output[0]
+                for n in converted.graph.node
+                for a in n.attribute
+                if n.op_type == "Constant" and a.name == "value" and a.t.data_type == _HALF
+            }
+            result.out_of_range = [x for x in constant_losses(model) if x.tensor in half]
+            return result
         op_type, node = problem
         if op_type is not None and op_type not in blocked_ops:
             blocked_ops.add(op_type)

@@ -54,6 +54,31 @@ class RangeLoss:
         """Whether FP16 breaks this constant: any overflow, or the tensor moved beyond 1 %."""
         return self.overflow > 0 or self.rel_error > REL_TOLERANCE
 
+    def to_dict(self) -> dict[str, object]:
+        """The results-document record (``rel_error`` None where Inf)."""
+        return {
+            "tensor": self.tensor,
+            "values": self.size,
+            "overflow": self.overflow,
+            "underflow": self.underflow,
+            "imprecise": self.imprecise,
+            "max_abs": self.max_abs,
+            "rel_error": None if self.rel_error == np.inf else self.rel_error,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> RangeLoss:
+        rel = d.get("rel_error")
+        return cls(
+            str(d["tensor"]),
+            int(d["values"]),  # type: ignore[call-overload]
+            int(d["overflow"]),  # type: ignore[call-overload]
+            int(d["underflow"]),  # type: ignore[call-overload]
+            int(d["imprecise"]),  # type: ignore[call-overload]
+            float(d["max_abs"]),  # type: ignore[arg-type]
+            np.inf if rel is None else float(rel),  # type: ignore[arg-type]
+        )
+
     def text(self) -> str:
         parts = []
         if self.overflow:

@@ -189,3 +189,61 @@ def test_an_fp16_overflow_in_a_layer_is_named_as_one(run_cli, tmp_path):
     text = " ".join((out + err).split())
     assert "layer(s) of B hold NaN/Inf, first big:" in text, text
     assert "it runs in FP16, whose largest value is 65504: FP16 overflows there" in text
+
+
+def _scaled_model(tmp_path, big: float):
+    """MatMul((x * 1e-4) * big, W) and data: wrong answer 6 of the newcomer's issue."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(np.array(1e-4, np.float32), "small"),
+        numpy_helper.from_array(np.array(big, np.float32), "big"),
+        numpy_helper.from_array(rng.normal(size=(8, 10)).astype(np.float32), "W"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "small"], ["a"], name="mul1"),
+            helper.make_node("Mul", ["a", "big"], ["b"], name="mul2"),
+            helper.make_node("MatMul", ["b", "W"], ["y"], name="mm"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    np.savez(tmp_path / "d.npz", x=rng.normal(size=(64, 8)).astype(np.float32))
+    return tmp_path / "m.onnx", tmp_path / "d.npz"
+
+
+def test_compare_fails_the_gates_of_an_fp16_constant_overflow(run_cli, tmp_path):
+    """np.float16(1e5) is Inf: the FP16 side's outputs are not finite and every gate fails (it
+    passed at cosine 1, the emulation having clamped 1e5 to 65504); the constant is named."""
+    with np.errstate(over="ignore"):
+        assert np.float16(1e5) == np.inf
+    model, data = _scaled_model(tmp_path, 1e5)
+    code, out, err = run_cli(
+        "compare", "fp32", "fp16", "--model", model, "--data", data, "--no-latency",
+        "--fail-below", "cosine=0.99", "--fail-below", "top1_agreement=0.99",
+        "--json", tmp_path / "r.json",
+    )  # fmt: skip
+    text = " ".join((out + err).split())
+    assert code == 1, text
+    assert "FAIL cosine = undefined" in text and "FAIL top1_agreement = undefined" in text
+    assert "PASS" not in text
+    assert "FP16 cannot hold 1 constant(s) of B: big (1 values): 1 value(s) beyond" in text
+    assert "max |value| 100000" in text
+    doc = json.loads((tmp_path / "r.json").read_text())
+    (record,) = doc["b"]["fp16"]["out_of_range_constants"]
+    assert record["tensor"] == "big" and record["overflow"] == 1
+    # an underflow: np.float16(1e-9) == 0, so y is 0 and cosine is undefined or 0
+    assert np.float16(1e-9) == 0
+    model, data = _scaled_model(tmp_path, 1e-9)
+    code, out, err = run_cli(
+        "compare", "fp32", "fp16", "--model", model, "--data", data, "--no-latency",
+        "--fail-below", "cosine=0.99",
+    )  # fmt: skip
+    text = " ".join((out + err).split())
+    assert code == 1 and "FAIL cosine" in text, text
+    assert "big (1 values): 1 nonzero value(s) become 0" in text
