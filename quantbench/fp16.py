@@ -524,6 +524,17 @@ def declared_precisions(model: onnx.ModelProto) -> dict[str, str]:
     return out
 
 
+def fp16_tensors(model: onnx.ModelProto) -> set[str]:
+    """The tensors ``model`` holds in FP16: FP16-typed ones, and the FP32 ones it casts to FP16
+    (its inputs: a strongly-typed model keeps its I/O FP32; outputs of nodes kept FP32)."""
+    types = _float_types(model)
+    out = {k for k, t in types.items() if t == TensorProto.FLOAT16}
+    for n in model.graph.node:
+        if n.op_type == "Cast" and n.input and n.output[0] in out:
+            out.add(n.input[0])
+    return out
+
+
 def has_fp16_qdq(model: onnx.ModelProto) -> bool:
     """Whether a DequantizeLinear of ``model`` has an FP16 scale (a strongly-typed model).
 

@@ -11,11 +11,16 @@ clamps; what breaks is said instead.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
+
+if TYPE_CHECKING:
+    from quantbench.stats import StatsFile
 
 #: FP16's largest finite value
 FP16_MAX = 65504.0
@@ -143,3 +148,50 @@ def losses_text(losses: list[RangeLoss], what: str, limit: int = 5) -> str:
     shown = "; ".join(x.text() for x in losses[:limit])
     more = f"; and {len(losses) - limit} more" if len(losses) > limit else ""
     return f"FP16 cannot hold {len(losses)} constant(s) {what}: {shown}{more}"
+
+
+def kept_text(kept: list[str], broken: list[RangeLoss]) -> str:
+    """One warning line: the constants an FP16 artefact cannot hold and the nodes kept FP32."""
+    text = losses_text(broken, "of the model")
+    return f"{text}; kept in FP32 so the artefact computes them: {', '.join(kept)}" if text else ""
+
+
+@dataclass(frozen=True)
+class ActivationOverflow:
+    """A tensor the calibration data drove to FP16's Inf: its max |x| and about how many."""
+
+    tensor: str
+    max_abs: float
+    #: values of magnitude :data:`FP16_OVERFLOW` and more (from the histogram: approximate)
+    count: int
+    of: int
+
+
+def activation_overflows(stats: StatsFile, tensors: Iterable[str]) -> list[ActivationOverflow]:
+    """The ``tensors`` (those computed in FP16) whose calibration values reach FP16's Inf."""
+    out = []
+    for name in tensors:
+        if name not in stats.tensors or stats[name].count == 0:
+            continue
+        t = stats[name]
+        peak = max(abs(t.min), abs(t.max))
+        if peak >= FP16_OVERFLOW:
+            above = max(1, round(t.count_above(FP16_OVERFLOW)))
+            out.append(ActivationOverflow(name, peak, above, t.count))
+    return out
+
+
+def overflows_text(found: list[ActivationOverflow], limit: int = 5) -> str:
+    """One warning line: the FP16 tensors the data drives beyond 65504."""
+    if not found:
+        return ""
+    shown = "; ".join(
+        f"{x.tensor} (max |x| {x.max_abs:.6g}, about {x.count} of {x.of} values)"
+        for x in found[:limit]
+    )
+    more = f"; and {len(found) - limit} more" if len(found) > limit else ""
+    return (
+        f"{len(found)} tensor(s) computed in FP16 reach beyond FP16's largest value "
+        f"{FP16_MAX:g} on the calibration data, where FP16 gives Inf: {shown}{more}; "
+        "compare fp32 MODEL.onnx tells what it does to the outputs"
+    )
