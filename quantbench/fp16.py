@@ -30,6 +30,7 @@ from onnx import TensorProto
 
 from quantbench.backends.onnxruntime import session_providers
 from quantbench.errors import InternalError, QuantbenchError, first_line
+from quantbench.fp16range import RangeLoss, constant_losses, to_fp16
 from quantbench.model.graph import QDQ_OPS, node_labels, rename_tensors
 from quantbench.model.protosize import loadable
 
@@ -57,6 +58,7 @@ ML_OPS = (
 )
 _MISSING_KERNEL = re.compile(r"implementation for (\w+)\((\d+)\) node with name '([^']*)'")
 _TYPE_MISMATCH = re.compile(r"of node \(([^)]*)\) does not match expected type")
+_HALF = TensorProto.FLOAT16
 _FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
 #: ops that only move values or cast: not counted when reporting the FP16 share of the compute
 _BOOKKEEPING = frozenset({"Cast", "Identity", "Constant", "Shape", "Reshape", "Flatten"})
@@ -68,9 +70,6 @@ FP32 = "fp32"
 INT8 = "int8"
 NATIVE = "native"
 EMULATED = "emulated"
-_FP16_MAX = 65504.0
-#: the float16 converter's ``min_positive_val``: smaller non-zero magnitudes become this
-_FP16_MIN_POSITIVE = 5.96e-08
 
 
 @dataclass
@@ -87,6 +86,8 @@ class Fp16Model:
     mode: str = NATIVE
     #: node name -> op type (for the report)
     op_types: dict[str, str] = field(default_factory=dict)
+    #: constants read in FP16 that FP16 cannot hold (Inf, 0, or imprecise), with counts
+    out_of_range: list[RangeLoss] = field(default_factory=list)
 
     @property
     def fp16_share(self) -> float:
@@ -108,6 +109,7 @@ class Fp16Model:
                 {"node": n, "op_type": self.op_types.get(n, ""), "reason": r}
                 for n, r in self.fp32_nodes.items()
             ],
+            "out_of_range_constants": [x.to_dict() for x in self.out_of_range],
         }
 
 
@@ -168,8 +170,10 @@ def emulate_fp16(
     kept = set(keep_fp32)
     known = {**dict(types or {}), **_tensor_types(out)}
     floats_of = {k: t for k, t in known.items() if t in _FLOATS}
-    for init in graph.initializer:
-        if init.data_type == TensorProto.FLOAT:
+    fp16_reads = {i for n in graph.node if n.name not in kept for i in n.input}
+    lost = [x for x in constant_losses(out) if x.tensor in fp16_reads]
+    for init in graph.initializer:  # one read by FP32 nodes only stays FP32, as converted
+        if init.data_type == TensorProto.FLOAT and init.name in fp16_reads:
             init.CopyFrom(_rounded_initializer(init))
     new_nodes: list[onnx.NodeProto] = []
     rounded_inputs = [i.name for i in graph.input if floats_of.get(i.name) == TensorProto.FLOAT]
@@ -182,7 +186,7 @@ def emulate_fp16(
         for i, name in enumerate(node.input):
             if name in rename:
                 node.input[i] = rename[name]
-        if node.op_type == "Constant":
+        if node.op_type == "Constant" and node.name not in kept:
             _round_constant(node)
         new_nodes.append(node)
         floats = [o for o in node.output if floats_of.get(o) == TensorProto.FLOAT]
@@ -209,7 +213,7 @@ def emulate_fp16(
     del graph.node[:]
     graph.node.extend(new_nodes)
     op_types = {n.name: n.op_type for n in graph.node if n.name in precision}
-    return Fp16Model(out, fp32_nodes, precision, EMULATED, op_types)
+    return Fp16Model(out, fp32_nodes, precision, EMULATED, op_types, lost)
 
 
 def _round_trip(src: str, dst: str, name: str) -> list[onnx.NodeProto]:
@@ -223,12 +227,8 @@ def _round_trip(src: str, dst: str, name: str) -> list[onnx.NodeProto]:
 
 
 def _rounded_initializer(init: onnx.TensorProto) -> onnx.TensorProto:
-    import numpy as np
-
-    values = onnx.numpy_helper.to_array(init)
-    tiny = (values != 0) & (np.abs(values) < _FP16_MIN_POSITIVE)
-    values = np.where(tiny, np.sign(values) * _FP16_MIN_POSITIVE, values)
-    rounded = np.clip(values, -_FP16_MAX, _FP16_MAX).astype(np.float16).astype(np.float32)
+    """``init`` stored in FP16 (IEEE: Inf beyond 65504, tiny values to 0), kept FP32-typed."""
+    rounded = to_fp16(onnx.numpy_helper.to_array(init))
     return onnx.numpy_helper.from_array(rounded, init.name)
 
 
@@ -236,6 +236,72 @@ def _round_constant(node: onnx.NodeProto) -> None:
     for attr in node.attribute:
         if attr.name == "value" and attr.t.data_type == TensorProto.FLOAT:
             attr.t.CopyFrom(_rounded_initializer(attr.t))
+
+
+#: ops that pass a constant on unchanged in value: one FP16 cannot hold breaks what reads them
+_PASS_ON = frozenset({"Identity", "Reshape", "Flatten", "Cast", "Squeeze", "Unsqueeze"})
+
+
+def out_of_range_nodes(model: onnx.ModelProto) -> tuple[list[str], list[RangeLoss]]:
+    """The nodes (labels) that must stay FP32 for ``model``'s FP16 artefact to compute what it
+    computes, and the constants that force them: every constant FP16 breaks
+    (:attr:`RangeLoss.breaks`: Inf, or values lost), its Constant node, and what reads it
+    (through reshapes and casts). The artefact keeps them FP32 and says so: TensorRT builds a
+    strongly-typed model as given, and an FP16 copy of such a constant runs as Inf or 0."""
+    named = onnx.ModelProto()
+    named.CopyFrom(model)
+    _name_nodes(named)
+    broken = [x for x in constant_losses(named) if x.breaks]
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in named.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    producer = {o: n for n in named.graph.node for o in n.output}
+    keep: list[str] = []
+    todo = [x.tensor for x in broken]
+    for name in todo:
+        if name in producer and producer[name].op_type == "Constant":
+            keep.append(producer[name].name)
+    seen: set[str] = set()
+    while todo:
+        tensor = todo.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        for n in consumers.get(tensor, []):
+            if n.name not in keep:
+                keep.append(n.name)
+            if n.op_type in _PASS_ON:
+                todo.extend(n.output)
+    return keep, broken
+
+
+def _faithful_constants(source: onnx.ModelProto, converted: onnx.ModelProto) -> None:
+    """The float16 converter clamps (65504) and raises (5.96e-8) what FP16 cannot hold; each
+    FP16 constant of ``converted`` is cast again from its FP32 original, as IEEE FP16 does."""
+    originals = {t.name: t for t in source.graph.initializer if t.data_type == TensorProto.FLOAT}
+    originals.update(
+        {
+            n.name: a.t
+            for n in source.graph.node
+            if n.op_type == "Constant"
+            for a in n.attribute
+            if a.name == "value" and a.t.data_type == TensorProto.FLOAT
+        }
+    )
+
+    def recast(t: onnx.TensorProto, key: str) -> None:
+        if t.data_type == TensorProto.FLOAT16 and key in originals:
+            half = to_fp16(onnx.numpy_helper.to_array(originals[key])).astype("float16")
+            t.CopyFrom(onnx.numpy_helper.from_array(half, t.name))
+
+    for t in converted.graph.initializer:
+        recast(t, t.name)
+    for n in converted.graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    recast(a.t, n.name)
 
 
 def convert_fp16(
@@ -264,9 +330,19 @@ def convert_fp16(
             op_block_list=sorted(blocked_ops),
             node_block_list=sorted(blocked_nodes),
         )
+        _faithful_constants(model, converted)
         problem = _load_problem(converted, provider)
         if problem is None:
-            return _result(model, converted, blocked_ops, blocked_nodes, reasons, provider)
+            result = _result(model, converted, blocked_ops, blocked_nodes, reasons, provider)
+            half = {i.name for i in converted.graph.initializer if i.data_type == _HALF}
+            half |= {
+                n.output[0]
+                for n in converted.graph.node
+                for a in n.attribute
+                if n.op_type == "Constant" and a.name == "value" and a.t.data_type == _HALF
+            }
+            result.out_of_range = [x for x in constant_losses(model) if x.tensor in half]
+            return result
         op_type, node = problem
         if op_type is not None and op_type not in blocked_ops:
             blocked_ops.add(op_type)
@@ -449,6 +525,17 @@ def declared_precisions(model: onnx.ModelProto) -> dict[str, str]:
     return out
 
 
+def fp16_tensors(model: onnx.ModelProto) -> set[str]:
+    """The tensors ``model`` holds in FP16: FP16-typed ones, and the FP32 ones it casts to FP16
+    (its inputs: a strongly-typed model keeps its I/O FP32; outputs of nodes kept FP32)."""
+    types = _float_types(model)
+    out = {k for k, t in types.items() if t == TensorProto.FLOAT16}
+    for n in model.graph.node:
+        if n.op_type == "Cast" and n.input and n.output[0] in out:
+            out.add(n.input[0])
+    return out
+
+
 def has_fp16_qdq(model: onnx.ModelProto) -> bool:
     """Whether a DequantizeLinear of ``model`` has an FP16 scale (a strongly-typed model).
 
@@ -485,7 +572,8 @@ def strongly_typed_fp16(
 ) -> onnx.ModelProto:
     """A Q/DQ (or plain) model whose high-precision ops are FP16: the form TensorRT 10/11 builds
     as given in strongly-typed mode. Q/DQ scales become FP16 (opset >= 19), so each
-    DequantizeLinear outputs FP16 straight into its FP16 consumer; I/O stays FP32."""
+    DequantizeLinear outputs FP16 straight into its FP16 consumer; I/O stays FP32. The nodes
+    :func:`out_of_range_nodes` names stay FP32; every FP16 constant is IEEE-cast, unclamped."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     from quantbench.qdq.opset import convert, default_opset
@@ -501,14 +589,16 @@ def strongly_typed_fp16(
                 f"FP16 high precision needs opset {FP16_SCALE_OPSET} (FP16 Q/DQ scales) and the "
                 f"model cannot be upgraded from opset {default_opset(model)}: {first_line(exc)}"
             ) from None
+    unsafe, _ = out_of_range_nodes(source)  # callers warn; kept here too, never written Inf
     converted = _toposorted(
         convert_float_to_float16(
             source,
             keep_io_types=True,
             op_block_list=list(ML_OPS),
-            node_block_list=list(keep_fp32),
+            node_block_list=sorted({*keep_fp32, *unsafe}),
         )
     )
+    _faithful_constants(source, converted)
     try:
         onnx.checker.check_model(converted, full_check=True)
     except Exception as exc:  # noqa: BLE001 - checker and inference raise several kinds

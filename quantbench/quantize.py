@@ -30,8 +30,11 @@ from quantbench.fp16 import (
     FP32,
     check_high_precision,
     declared_precisions,
+    fp16_tensors,
+    out_of_range_nodes,
     strongly_typed_fp16,
 )
+from quantbench.fp16range import activation_overflows, kept_text, overflows_text
 from quantbench.model.graph import calibration_tensors, open_graph
 from quantbench.model.protosize import save_model
 from quantbench.model.widen import float32_work_graph, own_high_precision, with_io_types_of
@@ -162,8 +165,12 @@ def quantize(
     if dwconv2d:
         result.model = _to_plugin(result.model)
     if high_precision == FP16:
-        result.model = strongly_typed_fp16(result.model)
+        result.model = fp16_artefact(result.model)
         result.opset_to = max(result.opset_to, FP16_SCALE_OPSET)
+        if table is None and (
+            text := overflows_text(activation_overflows(stats, sorted(fp16_tensors(result.model))))
+        ):
+            warn(text)
     if graph is not source:
         result.model = with_io_types_of(result.model, source.model)
     written = [write_quantized(result, output)]
@@ -176,6 +183,16 @@ def quantize(
     return QuantizeOutcome(
         result, cal_table, written, rows, flags, auto, high_precision, precisions
     )
+
+
+def fp16_artefact(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The strongly-typed INT8/FP16 form of ``model``, saying which nodes stay FP32 because FP16
+    cannot hold a constant they read: kept FP32 rather than refused, as the artefact then
+    computes what the model does and TensorRT builds it as given (a clamped 65504 ran 0.65x)."""
+    kept, broken = out_of_range_nodes(model)
+    if text := kept_text(kept, broken):
+        warn(text)
+    return strongly_typed_fp16(model, keep_fp32=kept)
 
 
 def _to_plugin(model: onnx.ModelProto) -> onnx.ModelProto:

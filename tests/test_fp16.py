@@ -241,3 +241,104 @@ def test_emulation_types_contrib_ops_from_the_graph_and_names_what_nothing_types
     untyped = emulate_fp16(model)
     assert untyped.precision["gelu"] == FP32
     assert "unknown" in untyped.fp32_nodes["gelu"]
+
+
+def _scaled(big: float, small: float) -> onnx.ModelProto:
+    """y = ((x * small) * big) @ w, the constants of the issue (wrong answer 6)."""
+    w = np.random.default_rng(7).standard_normal((4, 3)).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(np.array(small, np.float32), "small"),
+        numpy_helper.from_array(np.array(big, np.float32), "big"),
+        numpy_helper.from_array(w, "w"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "small"], ["a"], name="mul1"),
+            helper.make_node("Mul", ["a", "big"], ["b"], name="mul2"),
+            helper.make_node("MatMul", ["b", "w"], ["y"], name="mm"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _inits(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+
+
+def test_emulation_casts_constants_as_ieee_fp16_does_never_clamped() -> None:
+    """1e5 was clamped to 65504 and 1e-9 raised to 5.96e-8: FP16 makes them Inf and 0."""
+    with np.errstate(over="ignore"):
+        assert np.float16(1e5) == np.inf and np.float16(1e-9) == 0  # the expected values
+        sub = float(np.float32(np.float16(1e-7)))  # a subnormal, kept as such
+    inits = _inits(emulate_fp16(_scaled(1e5, 1e-4)).model)
+    assert inits["big"] == np.inf
+    assert _inits(emulate_fp16(_scaled(1e-9, 1e-4)).model)["big"] == 0.0
+    assert _inits(emulate_fp16(_scaled(1e-7, 1e-4)).model)["big"] == np.float32(sub)
+    x = np.ones((2, 4), np.float32)
+    assert not np.isfinite(_run(emulate_fp16(_scaled(1e5, 1e-4)).model, x)).any()  # Inf, NaN
+
+
+def test_isolated_and_accumulated_fp16_views_see_the_same_constant() -> None:
+    """The first op reading a constant sees the same FP16 value in both views: Inf for 1e5
+    (the accumulated view had 65504), 0 for 1e-9 (it had 5.96e-8)."""
+    from quantbench.backends.onnxruntime import expose
+    from quantbench.evaluate.isolated import build_isolated_fp16
+    from quantbench.model.graph import open_graph
+
+    x = np.random.default_rng(2).uniform(1, 2, (3, 4)).astype(np.float32)
+    for big in (1e5, 1e-9):
+        model = _scaled(big, 1.0)
+        iso = build_isolated_fp16(model, ["mul2"], open_graph(model).elem_types)
+        fetch = [iso.twins["b"]]
+        s = ort.InferenceSession(
+            expose(iso.model, fetch, {}).SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        isolated = s.run(fetch, {"x": x})[0]
+        acc = ort.InferenceSession(
+            expose(emulate_fp16(model).model, ["b"], {}).SerializeToString(),
+            providers=["CPUExecutionProvider"],
+        ).run(["b"], {"x": x})[0]
+        with np.errstate(over="ignore"):
+            want = _half(_half(x) * np.float32(np.float16(big)))
+        np.testing.assert_array_equal(isolated, want)
+        np.testing.assert_array_equal(acc, want)
+
+
+def test_strongly_typed_artefact_keeps_what_fp16_cannot_hold_in_fp32() -> None:
+    """The artefact held 65504 for 1e5 (0.654x FP32 when run): the node reading it stays FP32
+    with its FP32 constant, and the artefact computes x * 10 as FP32 does."""
+    model = _scaled(1e5, 1e-4)
+    artefact = strongly_typed_fp16(model)
+    inits = {i.name: i for i in artefact.graph.initializer}
+    assert inits["big"].data_type == TensorProto.FLOAT
+    assert numpy_helper.to_array(inits["big"]) == np.float32(1e5)
+    assert declared_precisions(artefact)["mul2"] == FP32
+    x = np.random.default_rng(3).uniform(-2, 2, (5, 4)).astype(np.float32)
+    got, want = _run(artefact, x), _run(model, x)
+    np.testing.assert_allclose(got, want, rtol=5e-3, atol=5e-3 * np.abs(want).max())
+    # the verification model keeps the same node FP32 and computes the same
+    from quantbench.fp16 import out_of_range_nodes
+
+    keep, broken = out_of_range_nodes(model)
+    assert keep == ["mul2"] and [b.tensor for b in broken] == ["big"]
+    emulated = emulate_fp16(model, keep_fp32=keep).model
+    np.testing.assert_allclose(_run(emulated, x), got, rtol=5e-3, atol=5e-3 * np.abs(want).max())
+
+
+def test_strongly_typed_artefact_casts_small_weights_as_ieee_fp16() -> None:
+    """A weight with a few tiny values is no broken constant: it goes FP16, each value cast as
+    IEEE FP16 does (the converter raised 1e-9 to 5.96e-8)."""
+    model, p = _mlp()
+    w = model.graph.initializer[0]
+    values = numpy_helper.to_array(w).copy()
+    values[0, :3] = [1e-9, -2e-8, 1e-7]
+    w.CopyFrom(numpy_helper.from_array(values, "w"))
+    inits = {i.name: i for i in strongly_typed_fp16(model).graph.initializer}
+    assert inits["w"].data_type == TensorProto.FLOAT16
+    np.testing.assert_array_equal(numpy_helper.to_array(inits["w"]), values.astype(np.float16))

@@ -189,3 +189,147 @@ def test_an_fp16_overflow_in_a_layer_is_named_as_one(run_cli, tmp_path):
     text = " ".join((out + err).split())
     assert "layer(s) of B hold NaN/Inf, first big:" in text, text
     assert "it runs in FP16, whose largest value is 65504: FP16 overflows there" in text
+
+
+def _scaled_model(tmp_path, big: float, small: float = 1e-4):
+    """MatMul((x * small) * big, W) and data: wrong answer 6 of the newcomer's issue."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(np.array(small, np.float32), "small"),
+        numpy_helper.from_array(np.array(big, np.float32), "big"),
+        numpy_helper.from_array(rng.normal(size=(8, 10)).astype(np.float32), "W"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "small"], ["a"], name="mul1"),
+            helper.make_node("Mul", ["a", "big"], ["b"], name="mul2"),
+            helper.make_node("MatMul", ["b", "W"], ["y"], name="mm"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    np.savez(tmp_path / "d.npz", x=rng.normal(size=(64, 8)).astype(np.float32))
+    return tmp_path / "m.onnx", tmp_path / "d.npz"
+
+
+def test_compare_fails_the_gates_of_an_fp16_constant_overflow(run_cli, tmp_path):
+    """np.float16(1e5) is Inf: the FP16 side's outputs are not finite and every gate fails (it
+    passed at cosine 1, the emulation having clamped 1e5 to 65504); the constant is named."""
+    with np.errstate(over="ignore"):
+        assert np.float16(1e5) == np.inf
+    model, data = _scaled_model(tmp_path, 1e5)
+    code, out, err = run_cli(
+        "compare", "fp32", "fp16", "--model", model, "--data", data, "--no-latency",
+        "--fail-below", "cosine=0.99", "--fail-below", "top1_agreement=0.99",
+        "--json", tmp_path / "r.json",
+    )  # fmt: skip
+    text = " ".join((out + err).split())
+    assert code == 1, text
+    assert "FAIL cosine = undefined" in text and "FAIL top1_agreement = undefined" in text
+    assert "PASS" not in text
+    assert "FP16 cannot hold 1 constant(s) of B: big (1 values): 1 value(s) beyond" in text
+    assert "max |value| 100000" in text
+    doc = json.loads((tmp_path / "r.json").read_text())
+    (record,) = doc["b"]["fp16"]["out_of_range_constants"]
+    assert record["tensor"] == "big" and record["overflow"] == 1
+    # an underflow: np.float16(1e-9) == 0, so y is 0 and cosine is undefined or 0
+    assert np.float16(1e-9) == 0
+    model, data = _scaled_model(tmp_path, 1e-9)
+    code, out, err = run_cli(
+        "compare", "fp32", "fp16", "--model", model, "--data", data, "--no-latency",
+        "--fail-below", "cosine=0.99",
+    )  # fmt: skip
+    text = " ".join((out + err).split())
+    assert code == 1 and "FAIL cosine" in text, text
+    assert "big (1 values): 1 nonzero value(s) become 0" in text
+
+
+def _cosine_ratio(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return (
+        float(a64 @ b64 / np.linalg.norm(a64) / np.linalg.norm(b64)),
+        float(a64 @ b64 / (a64 @ a64)),
+    )
+
+
+def _run(path, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def test_quantize_fp16_keeps_a_constant_fp16_cannot_hold_in_fp32(run_cli, tmp_path):
+    """--high-precision fp16 wrote 65504 for 1e5 (exit 0, 0.654x FP32 when run): the node
+    reading it stays FP32 with the constant FP32, said in one warning naming both."""
+    model, data = _scaled_model(tmp_path, 1e5)
+    out = tmp_path / "q.onnx"
+    code, stdout, err = run_cli(
+        "quantize", model, "--data", data, "--high-precision", "fp16", "-o", out
+    )
+    text = " ".join((stdout + err).split())
+    assert code == 0, text
+    assert "FP16 cannot hold 1 constant(s) of the model: big" in text
+    assert "kept in FP32 so the artefact computes them: mul2" in text
+    artefact = onnx.load(str(out))
+    big = next(i for i in artefact.graph.initializer if i.name == "big")
+    assert big.data_type == TensorProto.FLOAT and numpy_helper.to_array(big) == np.float32(1e5)
+    x = np.load(data)["x"]
+    cosine, ratio = _cosine_ratio(_run(model, x), _run(out, x))
+    assert cosine > 0.999 and abs(ratio - 1) < 0.01, (cosine, ratio)  # clamped: ratio 0.655
+
+
+def test_quantize_fp16_warns_of_an_activation_beyond_fp16(run_cli, tmp_path):
+    """MatMul((x * 10) * 1e4, W): the MatMul's input b = 1e5 x reaches beyond 65504 on the
+    data (both constants fit FP16); the warning names b and its max, as numpy computes it."""
+    model, data = _scaled_model(tmp_path, 1e4, small=10.0)
+    x = np.load(data)["x"]
+    peak = np.abs((x * np.float32(10)) * np.float32(1e4)).max()
+    assert peak > 65520
+    code, stdout, err = run_cli(
+        "quantize", model, "--data", data, "--high-precision", "fp16", "-o", tmp_path / "q.onnx"
+    )
+    text = " ".join((stdout + err).split())
+    assert code == 0, text
+    assert "1 tensor(s) computed in FP16 reach beyond FP16's largest value 65504" in text
+    assert f"b (max |x| {peak:.6g}," in text
+
+
+def test_recover_fp16_judges_the_artefact_it_writes(run_cli, tmp_path):
+    """recover said "met, 0.9999" for an artefact running at 0.654x FP32: now the artefact
+    keeps the node FP32, runs at FP32's scale, and the cache line keeps it FP32 too."""
+    model, data = _scaled_model(tmp_path, 1e5)
+    out = tmp_path / "rec"
+    code, stdout, err = run_cli(
+        "recover", model, "--data", data, "--calib-data", data, "--precision", "fp16",
+        "--target", "cosine=0.99", "-o", out,
+    )  # fmt: skip
+    text = " ".join((stdout + err).split())
+    assert "kept in FP32 so the artefact computes them: mul2" in text
+    doc = json.loads((out / "m.recovery.json").read_text())["recovery"]
+    x = np.load(data)["x"]
+    cosine, ratio = _cosine_ratio(_run(model, x), _run(out / "m.recovered.onnx", x))
+    assert cosine > 0.99 and abs(ratio - 1) < 0.01, (cosine, ratio)
+    assert doc["steps"][-1]["metrics"]["cosine"] == pytest.approx(cosine, abs=1e-3)
+    assert code == 0 and doc["op_precisions"]["mul2"] == "fp32"
+    assert "mul2:fp32" in (out / "m.trtexec.txt").read_text()
+
+
+def test_recover_fp16_is_not_met_where_an_activation_overflows(run_cli, tmp_path):
+    """(x * 10) * 1e4 reaches beyond 65504 in FP16: the artefact's outputs are Inf/NaN, so
+    the target is not met (exit 1)."""
+    model, data = _scaled_model(tmp_path, 1e4, small=10.0)
+    x = np.load(data)["x"]
+    with np.errstate(over="ignore"):
+        assert not np.isfinite(((x * np.float32(10)) * np.float32(1e4)).astype(np.float16)).all()
+    code, stdout, err = run_cli(
+        "recover", model, "--data", data, "--calib-data", data, "--precision", "fp16",
+        "--target", "cosine=0.99", "-o", tmp_path / "rec",
+    )  # fmt: skip
+    text = " ".join((stdout + err).split())
+    assert code == 1, text
+    doc = json.loads((tmp_path / "rec" / "m.recovery.json").read_text())["recovery"]
+    assert doc["met"] is False

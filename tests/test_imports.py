@@ -154,7 +154,7 @@ FLOORS: list[set[str]] = [
     {"errors", "fileio", "jsonsafe", "memo", "progress", "machine", "configs", ""},  # base
     {"model"},
     {"data", "stats"},
-    {"evaluate", "calibrators"},
+    {"evaluate", "calibrators", "fp16range"},
     {"table", "results"},
     {"backends", "qdq"},
     {"collect", "fp16", "ort_int8"},

@@ -69,10 +69,15 @@ def trimmed_table(result: RecoveryResult) -> tuple[CalibrationTable, list[str], 
 
 
 def layer_precisions(result: RecoveryResult) -> str:
-    """``--layerPrecisions=a:fp32,b:fp32`` (empty string when nothing is kept)."""
-    if not result.kept:
+    """``--layerPrecisions=a:fp32,b:fp32`` (empty string when nothing is kept). With ``fp16``,
+    the nodes the artefact keeps FP32 (FP16 cannot hold a constant they read) are ``:fp32``
+    too: with ``--fp16`` alone TensorRT would build them in FP16."""
+    layers = {n: result.precision for n in result.kept}
+    if result.precision == "fp16":
+        layers.update({n: p for n, p in result.op_precisions.items() if p == "fp32"})
+    if not layers:
         return ""
-    return "--layerPrecisions=" + ",".join(f"{n}:{result.precision}" for n in result.kept)
+    return "--layerPrecisions=" + ",".join(f"{n}:{p}" for n, p in layers.items())
 
 
 def trtexec_lines(result: RecoveryResult, onnx_path: Path, qdq_path: Path, cache: Path) -> str:

@@ -22,7 +22,7 @@ from quantbench.collect.executors import ExecutorSpec
 from quantbench.compare import labels_for_samples, load_labels
 from quantbench.data.sources import open_data
 from quantbench.evaluate.metrics import DECISION_THRESHOLD
-from quantbench.fp16 import FP16, FP32, emulate_fp16, strongly_typed_fp16
+from quantbench.fp16 import FP16, FP32, emulate_fp16, out_of_range_nodes, strongly_typed_fp16
 from quantbench.model.graph import Graph, open_graph
 from quantbench.qdq import QuantizeResult, quantize_model
 from quantbench.recovery.evaluation import Evaluator
@@ -58,9 +58,10 @@ class RecoveryContext:
         emulated equivalent (:func:`quantbench.fp16.emulate_fp16`: FP16 weights, FP16 Q/DQ
         scales, every op output rounded to FP16), i.e. the arithmetic of the strongly-typed
         artefact :meth:`artefact_model` writes, which onnxruntime's CPU provider cannot run
-        in FP16 itself."""
-        if self.precision == FP16:
-            return emulate_fp16(variant.model, types=self.graph.elem_types).model
+        in FP16 itself, with the same nodes FP32 (:func:`quantbench.fp16.out_of_range_nodes`)."""
+        if self.precision == FP16:  # the nodes the artefact keeps FP32 kept FP32 here too
+            kept, _ = out_of_range_nodes(variant.model)
+            return emulate_fp16(variant.model, keep_fp32=kept, types=self.graph.elem_types).model
         return variant.model
 
     def artefact_model(self, variant: QuantizeResult) -> onnx.ModelProto:

@@ -31,7 +31,8 @@ from quantbench.compare import load_labels
 from quantbench.errors import QuantbenchError
 from quantbench.evaluate.metrics import DECISION_THRESHOLD, check_mask_threshold
 from quantbench.evaluate.task_metrics import load_metric_script
-from quantbench.fp16 import check_high_precision, declared_precisions
+from quantbench.fp16 import FP16, check_high_precision, declared_precisions, out_of_range_nodes
+from quantbench.fp16range import kept_text
 from quantbench.model.graph import Graph, open_graph
 from quantbench.model.widen import float32_work_graph, own_high_precision, with_io_types_of
 from quantbench.progress import info, warn
@@ -286,6 +287,8 @@ def recover(
             "calibrate differently"
         )
     artefact = ctx.artefact_model(final)
+    if precision == FP16 and (text := kept_text(*out_of_range_nodes(final.model))):
+        warn(text)
     if graph is not source:  # a half-precision model's artefact keeps its I/O types
         artefact = with_io_types_of(_copy(artefact), source.model)
     seconds = time.perf_counter() - started
