@@ -881,6 +881,9 @@ def _command_line() -> str:
 
 
 DEBUG_ENV = "QUANTBENCH_DEBUG"
+#: folder for the traceback files of internal errors (default: the system temp folder); the
+#: tests point it at their own tmp folder so that a run leaves nothing in /tmp
+ERROR_DIR_ENV = "QUANTBENCH_ERROR_DIR"
 
 
 def main() -> None:
@@ -911,7 +914,10 @@ def _internal_error(exc: BaseException) -> int:
         sys.stderr.write(text)
         where = "the traceback is above"
     else:
-        fd, path = tempfile.mkstemp(prefix="quantbench-error-", suffix=".txt")
+        folder = os.environ.get(ERROR_DIR_ENV) or None
+        if folder is not None:
+            os.makedirs(folder, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix="quantbench-error-", suffix=".txt", dir=folder)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(f"{_command_line()}\nquantbench {__version__}\n\n{text}")
         where = f"traceback saved to {path} ({DEBUG_ENV}=1 prints it)"
