@@ -20,6 +20,7 @@ from quantbench.choose.clipguard import (
     ClipFlag,
     check_clip_warn,
     clip_flags,
+    clip_summary,
     clip_warning,
 )
 from quantbench.collect.devicecollect import table_device
@@ -388,9 +389,13 @@ def calibrate(
         clipping = {
             m: clip_flags(stats_file, t, clip_warn, known=tables) for m, t in tables.items()
         }
-    for m, flags in clipping.items():
-        if text := clip_warning(flags, clip_warn, m, listed_by="--report PAGE"):
-            warn(text)
+    if len(clipping) > 1:  # --method all: a line per method; the tensors are in the report
+        text = clip_summary(clipping, clip_warn, listed_by="--report PAGE")
+    else:
+        text = "".join(clip_warning(f, clip_warn, m, listed_by="--report PAGE")
+                       for m, f in clipping.items())  # fmt: skip
+    if text:
+        warn(text)
     # every table is encoded (and so checked) before any file is written: one that cannot be
     # written must not leave the others of --method all behind
     encoded = {m: encode_table(tables[m], fmt, trt_version) for m in targets}

@@ -19,6 +19,7 @@ from rich.markup import escape
 from quantbench import __version__
 from quantbench.calibrators import DEFAULT_METHOD
 from quantbench.choose.clipguard import DEFAULT_CLIP_WARN, DEFAULT_SQNR_FLOOR_DB
+from quantbench.clihelp import Command, Group
 from quantbench.errors import QuantbenchError
 from quantbench.evaluate.metrics import DECISION_THRESHOLD
 from quantbench.progress import console
@@ -29,6 +30,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
 
 ModelArg = Annotated[Path, typer.Argument(help="ONNX model file.", show_default=False)]
@@ -171,7 +173,7 @@ def _root(
     """quantbench: INT8 for TensorRT without losing accuracy."""
 
 
-@app.command()
+@app.command(cls=Command)
 def calibrate(
     model: ModelArg,
     data: DataOpt = None,
@@ -259,7 +261,7 @@ def calibrate(
         console.print(f"wrote {report}")
 
 
-@app.command()
+@app.command(cls=Command)
 def inspect(
     path: Annotated[
         Path, typer.Argument(help="An ONNX model, a calibration table/cache or a statistics file.")
@@ -283,7 +285,7 @@ def inspect(
         render(report, limit=limit)
 
 
-@app.command()
+@app.command(cls=Command)
 def quantize(
     model: ModelArg,
     output: Annotated[
@@ -436,7 +438,7 @@ def _print_quantize(outcome: object) -> None:
         console.print(f"wrote {p}")
 
 
-@app.command()
+@app.command(cls=Command)
 def rewrite(
     model: ModelArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="Rewritten ONNX model.")],
@@ -457,7 +459,7 @@ def rewrite(
     console.print(f"rewrote {changed} {what}; wrote {path}")
 
 
-@app.command()
+@app.command(cls=Command)
 def compare(
     a: Annotated[
         str,
@@ -571,7 +573,7 @@ def compare(
         raise ThresholdFailed(gate_failures(doc))
 
 
-@app.command()
+@app.command(cls=Command)
 def report(
     results: Annotated[
         Path, typer.Argument(help="Results JSON from compare --json (or calibrate).")
@@ -585,7 +587,7 @@ def report(
     console.print(f"wrote {output}")
 
 
-@app.command()
+@app.command(cls=Command)
 def build(
     model: ModelArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="Engine file (.plan) to write.")],
@@ -609,7 +611,8 @@ def build(
         Path | None, typer.Option(help="Timing cache file (read and updated).")
     ] = None,
     plugin: Annotated[
-        list[Path] | None, typer.Option(help="Plugin library to load, e.g. libdwconv2d_plugin.so.")
+        list[Path] | None,
+        typer.Option(help="Plugin library to load (repeatable), e.g. libdwconv2d_plugin.so."),
     ] = None,
     workspace_mb: Annotated[
         int | None, typer.Option(help="Builder workspace limit in MiB.")
@@ -673,7 +676,7 @@ def _table_as_trt_cache(path: Path, trt_version: str) -> bytes:
     return encode_table(read_table(path), "trt", trt_version)
 
 
-@app.command()
+@app.command(cls=Command)
 def sensitivity(
     model: ModelArg,
     data: EvalDataOpt,
@@ -751,7 +754,7 @@ def sensitivity(
         console.print(f"wrote {json_out}")
 
 
-@app.command()
+@app.command(cls=Command)
 def recover(
     model: ModelArg,
     data: EvalDataOpt,
@@ -881,6 +884,9 @@ def _command_line() -> str:
 
 
 DEBUG_ENV = "QUANTBENCH_DEBUG"
+#: folder for the traceback files of internal errors (default: the system temp folder); the
+#: tests point it at their own tmp folder so that a run leaves nothing in /tmp
+ERROR_DIR_ENV = "QUANTBENCH_ERROR_DIR"
 
 
 def main() -> None:
@@ -911,7 +917,10 @@ def _internal_error(exc: BaseException) -> int:
         sys.stderr.write(text)
         where = "the traceback is above"
     else:
-        fd, path = tempfile.mkstemp(prefix="quantbench-error-", suffix=".txt")
+        folder = os.environ.get(ERROR_DIR_ENV) or None
+        if folder is not None:
+            os.makedirs(folder, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix="quantbench-error-", suffix=".txt", dir=folder)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(f"{_command_line()}\nquantbench {__version__}\n\n{text}")
         where = f"traceback saved to {path} ({DEBUG_ENV}=1 prints it)"
