@@ -34,7 +34,7 @@ from quantbench.model.graph import (
     untyped_tensors,
 )
 from quantbench.model.widen import float32_graph
-from quantbench.progress import console
+from quantbench.progress import results as console
 from quantbench.stats.tensorstats import StatsFile
 from quantbench.table.codecs import read_table
 
