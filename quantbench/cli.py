@@ -97,6 +97,13 @@ MetricScriptOpt = Annotated[
         "(fp32, candidate, labels) -> dict or a class with update()/compute()."
     ),
 ]
+LabelsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Labels, one per sample: a .npy, or a .npz holding one array (integers: accuracy "
+        "and accuracy_drop; any dtype: metric scripts)."
+    ),
+]
 
 
 # Options shared by several commands, each defined once.
@@ -481,10 +488,7 @@ def compare(
     clip_warn: ClipWarnOpt = DEFAULT_CLIP_WARN,
     sqnr_floor: SqnrFloorOpt = DEFAULT_SQNR_FLOOR_DB,
     mask_threshold: MaskThresholdOpt = DECISION_THRESHOLD,
-    labels: Annotated[
-        Path | None,
-        typer.Option(help=".npy of labels (integers: accuracy; any dtype: metric scripts)."),
-    ] = None,
+    labels: LabelsOpt = None,
     metric_script: MetricScriptOpt = None,
     exclude: EvalExcludeOpt = None,
     batch_size: BatchSizeOpt = None,
@@ -689,9 +693,7 @@ def sensitivity(
         ),
     ] = None,
     mask_threshold: MaskThresholdOpt = DECISION_THRESHOLD,
-    labels: Annotated[
-        Path | None, typer.Option(help=".npy of labels (integers add accuracy).")
-    ] = None,
+    labels: LabelsOpt = None,
     metric_script: MetricScriptOpt = None,
     holdout_data: HoldoutOpt = None,
     exclude: EvalExcludeOpt = None,
@@ -770,9 +772,7 @@ def recover(
         ),
     ] = None,
     mask_threshold: MaskThresholdOpt = DECISION_THRESHOLD,
-    labels: Annotated[
-        Path | None, typer.Option(help=".npy of labels (integers: needed for accuracy_drop).")
-    ] = None,
+    labels: LabelsOpt = None,
     metric_script: MetricScriptOpt = None,
     method: AutoMethodOpt = DEFAULT_METHOD,
     budget: Annotated[
