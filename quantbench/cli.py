@@ -892,10 +892,41 @@ def main() -> None:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        console.print("[red]interrupted[/red]: no output was written", highlight=False)
-        sys.exit(130)
+        sys.exit(_interrupted())
+    except SystemExit as exc:  # typer turns Ctrl-C into Exit(130) before it reaches us
+        if exc.code == 130 and _caused_by_interrupt(exc):
+            sys.exit(_interrupted())
+        raise
     except Exception as exc:  # noqa: BLE001 - anything else is a bug: exit 3, not a traceback
         sys.exit(_internal_error(exc))
+
+
+def _caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in the exception's chain (cause or context)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _interrupted() -> int:
+    """Ctrl-C: say what was written (outputs are atomic: nothing half-written, ever); the
+    statistics cache is no output of the command and is not named."""
+    from quantbench.collect import stats_cache_dir
+    from quantbench.fileio import written_files
+
+    cache = stats_cache_dir().parent.resolve()
+    outputs = [p for p in written_files() if not p.resolve().is_relative_to(cache)]
+    what = "nothing was written"
+    if outputs:
+        done = ", ".join(escape(str(p)) for p in outputs)
+        what = f"only {done} written before it, each complete; nothing else was"
+    console.print(f"[red]interrupted[/red]: {what}", highlight=False, soft_wrap=True)
+    return 130
 
 
 def _internal_error(exc: BaseException) -> int:
