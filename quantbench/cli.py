@@ -737,10 +737,7 @@ def sensitivity(
         executor=_executor(executor, workers, ray_address),
     )
     metric = rows[0]["ranked_by"] if rows else metric
-    console.print(f"{metric}: only this op INT8 / only this op FP32, worst first")
-    for row in rows:
-        alone, kept = row["only_quantized"][metric], row["only_fp32"][metric]
-        console.print(f"{row['rank']:>4}  {escape(row['node'])}  {_num(alone)} / {_num(kept)}")
+    _print_sensitivity(rows, metric)
     if json_out is not None:
         from quantbench.graph import open_graph
         from quantbench.results import base_document, write_json
@@ -751,6 +748,35 @@ def sensitivity(
         )
         write_json(doc, json_out)
         console.print(f"wrote {json_out}")
+
+
+#: why a sensitivity cell holds no number, or an infinite one (footnotes of the table)
+_NOTHING_QUANTIZED = (
+    "—: no op was quantized in that view, so there is no error to measure: alone, this op has "
+    "no INT8 form (e.g. an Add's residual input, quantized only beside the quantized op it "
+    "follows, for TensorRT's fusion)"
+)
+_IDENTICAL = "inf: the outputs were identical to FP32's"
+
+
+def _print_sensitivity(rows: list[dict], metric: str | None) -> None:
+    """The ranking, one line per op; a view that quantized nothing reads "—", with why."""
+    console.print(f"{metric}: only this op INT8 / only this op FP32, worst first")
+    notes: list[str] = []
+    for row in rows:
+        cells = []
+        for view in ("only_quantized", "only_fp32"):
+            value = row[view][metric]
+            if row.get(f"{view}_nodes") == 0:
+                cells.append("—")
+                notes.append(_NOTHING_QUANTIZED)
+            else:
+                cells.append(_num(value))
+                if value == "inf" or value == float("inf"):
+                    notes.append(_IDENTICAL)
+        console.print(f"{row['rank']:>4}  {escape(row['node'])}  {cells[0]} / {cells[1]}")
+    for note in dict.fromkeys(notes):
+        console.print(note, soft_wrap=True, highlight=False)
 
 
 @app.command()
