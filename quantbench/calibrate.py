@@ -499,3 +499,9 @@ def summarize(result: CalibrationResult) -> None:
         method = by_path.get(p, "?")
         note = registry.method_note(method) if method != "?" else ""
         info(f"wrote {p} (method {method}{': ' + note if note else ''})")
+    if not result.written:
+        kept = f"; statistics kept in {result.stats_path}" if result.stats_path else ""
+        info(
+            "no table was written (no -o): give -o FILE to write it (-o FOLDER for several "
+            f"methods){kept}"
+        )
