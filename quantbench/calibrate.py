@@ -95,7 +95,7 @@ def obtain_stats(
     """
     check_float_model(graph)
     if merge:
-        merged = StatsFile.merge([_load_for(graph, p) for p in merge])
+        merged = StatsFile.merge(_distinct_shards(graph, merge))
         return merged, None, True
     if stats is not None:
         return _load_for(graph, stats), Path(stats), True
@@ -143,6 +143,24 @@ def obtain_stats(
         path.parent.mkdir(parents=True, exist_ok=True)
         result.save(path)
     return result, path, False
+
+
+def _distinct_shards(graph: Graph, paths: list[str | Path]) -> list[StatsFile]:
+    """The ``--merge`` files, refused when two hold the same data (their fingerprints agree):
+    merged, its samples would count twice; silently dropping one would hide the mistake."""
+    seen: dict[str, str | Path] = {}
+    shards = []
+    for path in paths:
+        shard = _load_for(graph, path)
+        first = seen.setdefault(shard.data_fingerprint, path)
+        if first is not path:
+            raise QuantbenchError(
+                f"{first} and {path} hold the same data ({shard.num_samples} samples, data "
+                f"fingerprint {shard.data_fingerprint[:12]}): merged, it would count twice; "
+                "give each shard once"
+            )
+        shards.append(shard)
+    return shards
 
 
 def _load_for(graph: Graph, path: str | Path) -> StatsFile:
@@ -264,6 +282,29 @@ def method_table(
     return auto.table, auto
 
 
+def _check_data_with_stats(
+    data: object | None,
+    stats: object | None,
+    merge: list[str | Path] | None,
+    methods: list[str],
+    holdout_data: object | None,
+) -> None:
+    """``--data`` beside ``--stats``/``--merge`` is never calibrated on: it serves only
+    ``auto``'s judging (said), and is refused where nothing reads it."""
+    if data is None or (stats is None and not merge):
+        return
+    given = "--stats" if stats is not None else "--merge"
+    if AUTO not in methods or holdout_data is not None:
+        raise QuantbenchError(
+            f"--data {data}: not read, the statistics come from {given}; drop --data, or drop "
+            f"{given} to calibrate on that data"
+        )
+    info(
+        f"statistics from {given}; --data {data} serves only --method auto, as the samples it "
+        "judges the calibrators on"
+    )
+
+
 def _cannot_judge(calib_data: object | None) -> str:
     """Why ``auto`` cannot judge on ``calib_data`` (and so falls back to the data-free
     method), or ''."""
@@ -330,6 +371,7 @@ def calibrate(
             f"no data to judge the default method (auto) on: using {registry.DATA_FREE_METHOD}, "
             "the most robust method that needs no data on the real-model corpus"
         )
+    _check_data_with_stats(data, stats, merge, method_list, holdout_data)
     if data is not None and stats is None and not merge:
         start_provider(provider)  # CUDA starts while the model loads
     # the model's check runs beside the pass's session start (collect_stats)
@@ -463,3 +505,9 @@ def summarize(result: CalibrationResult) -> None:
         method = by_path.get(p, "?")
         note = registry.method_note(method) if method != "?" else ""
         info(f"wrote {p} (method {method}{': ' + note if note else ''})")
+    if not result.written:
+        kept = f"; statistics kept in {result.stats_path}" if result.stats_path else ""
+        info(
+            "no table was written (no -o): give -o FILE to write it (-o FOLDER for several "
+            f"methods){kept}"
+        )

@@ -99,6 +99,13 @@ MetricScriptOpt = Annotated[
         "(fp32, candidate, labels) -> dict or a class with update()/compute()."
     ),
 ]
+LabelsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Labels, one per sample: a .npy, or a .npz holding one array (integers: accuracy "
+        "and accuracy_drop; any dtype: metric scripts)."
+    ),
+]
 
 
 # Options shared by several commands, each defined once.
@@ -483,10 +490,7 @@ def compare(
     clip_warn: ClipWarnOpt = DEFAULT_CLIP_WARN,
     sqnr_floor: SqnrFloorOpt = DEFAULT_SQNR_FLOOR_DB,
     mask_threshold: MaskThresholdOpt = DECISION_THRESHOLD,
-    labels: Annotated[
-        Path | None,
-        typer.Option(help=".npy of labels (integers: accuracy; any dtype: metric scripts)."),
-    ] = None,
+    labels: LabelsOpt = None,
     metric_script: MetricScriptOpt = None,
     exclude: EvalExcludeOpt = None,
     batch_size: BatchSizeOpt = None,
@@ -692,9 +696,7 @@ def sensitivity(
         ),
     ] = None,
     mask_threshold: MaskThresholdOpt = DECISION_THRESHOLD,
-    labels: Annotated[
-        Path | None, typer.Option(help=".npy of labels (integers add accuracy).")
-    ] = None,
+    labels: LabelsOpt = None,
     metric_script: MetricScriptOpt = None,
     holdout_data: HoldoutOpt = None,
     exclude: EvalExcludeOpt = None,
@@ -738,10 +740,7 @@ def sensitivity(
         executor=_executor(executor, workers, ray_address),
     )
     metric = rows[0]["ranked_by"] if rows else metric
-    console.print(f"{metric}: only this op INT8 / only this op FP32, worst first")
-    for row in rows:
-        alone, kept = row["only_quantized"][metric], row["only_fp32"][metric]
-        console.print(f"{row['rank']:>4}  {escape(row['node'])}  {_num(alone)} / {_num(kept)}")
+    _print_sensitivity(rows, metric)
     if json_out is not None:
         from quantbench.model.graph import open_graph
         from quantbench.results import base_document, write_json
@@ -752,6 +751,35 @@ def sensitivity(
         )
         write_json(doc, json_out)
         console.print(f"wrote {json_out}")
+
+
+#: why a sensitivity cell holds no number, or an infinite one (footnotes of the table)
+_NOTHING_QUANTIZED = (
+    "—: no op was quantized in that view, so there is no error to measure: alone, this op has "
+    "no INT8 form (e.g. an Add's residual input, quantized only beside the quantized op it "
+    "follows, for TensorRT's fusion)"
+)
+_IDENTICAL = "inf: the outputs were identical to FP32's"
+
+
+def _print_sensitivity(rows: list[dict], metric: str | None) -> None:
+    """The ranking, one line per op; a view that quantized nothing reads "—", with why."""
+    console.print(f"{metric}: only this op INT8 / only this op FP32, worst first")
+    notes: list[str] = []
+    for row in rows:
+        cells = []
+        for view in ("only_quantized", "only_fp32"):
+            value = row[view][metric]
+            if row.get(f"{view}_nodes") == 0:
+                cells.append("—")
+                notes.append(_NOTHING_QUANTIZED)
+            else:
+                cells.append(_num(value))
+                if value == "inf" or value == float("inf"):
+                    notes.append(_IDENTICAL)
+        console.print(f"{row['rank']:>4}  {escape(row['node'])}  {cells[0]} / {cells[1]}")
+    for note in dict.fromkeys(notes):
+        console.print(note, soft_wrap=True, highlight=False)
 
 
 @app.command(cls=Command)
@@ -773,9 +801,7 @@ def recover(
         ),
     ] = None,
     mask_threshold: MaskThresholdOpt = DECISION_THRESHOLD,
-    labels: Annotated[
-        Path | None, typer.Option(help=".npy of labels (integers: needed for accuracy_drop).")
-    ] = None,
+    labels: LabelsOpt = None,
     metric_script: MetricScriptOpt = None,
     method: AutoMethodOpt = DEFAULT_METHOD,
     budget: Annotated[
@@ -898,10 +924,41 @@ def main() -> None:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        console.print("[red]interrupted[/red]: no output was written", highlight=False)
-        sys.exit(130)
+        sys.exit(_interrupted())
+    except SystemExit as exc:  # typer turns Ctrl-C into Exit(130) before it reaches us
+        if exc.code == 130 and _caused_by_interrupt(exc):
+            sys.exit(_interrupted())
+        raise
     except Exception as exc:  # noqa: BLE001 - anything else is a bug: exit 3, not a traceback
         sys.exit(_internal_error(exc))
+
+
+def _caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in the exception's chain (cause or context)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _interrupted() -> int:
+    """Ctrl-C: say what was written (outputs are atomic: nothing half-written, ever); the
+    statistics cache is no output of the command and is not named."""
+    from quantbench.collect.statspass import stats_cache_dir
+    from quantbench.fileio import written_files
+
+    cache = stats_cache_dir().parent.resolve()
+    outputs = [p for p in written_files() if not p.resolve().is_relative_to(cache)]
+    what = "nothing was written"
+    if outputs:
+        done = ", ".join(escape(str(p)) for p in outputs)
+        what = f"only {done} written before it, each complete; nothing else was"
+    console.print(f"[red]interrupted[/red]: {what}", highlight=False, soft_wrap=True)
+    return 130
 
 
 def _internal_error(exc: BaseException) -> int:

@@ -290,3 +290,21 @@ def test_inspect_shows_named_dims_and_says_a_model_is_quantized(run_cli, cnn_pat
         f"already quantized: {counts['QuantizeLinear']} QuantizeLinear, "
         f"{counts['DequantizeLinear']} DequantizeLinear" in " ".join((out + err).split())
     )
+
+
+def test_without_output_the_last_line_says_no_table_was_written(
+    run_cli, cnn_path, cnn_data, tmp_path, monkeypatch
+):
+    """calibrate without -o ended on "calibrated N tensors ...", writing nothing and not saying
+    so: its last line now says no table was written and how to get one."""
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.iterdir())
+    code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "-m", "minmax")
+    assert code == 0, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("no table was written (no -o): give -o FILE"), err
+    assert "statistics kept in" in last
+    assert sorted(tmp_path.iterdir()) == before
+    code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "-m", "minmax",
+                           "-o", "t.cache")  # fmt: skip
+    assert code == 0 and err.strip().splitlines()[-1].startswith("wrote t.cache"), err

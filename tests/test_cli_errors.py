@@ -391,3 +391,14 @@ def test_report_of_sensitivity_results_says_what_report_renders(run_cli, tmp_pat
     (tmp_path / "s.json").write_text(json.dumps(doc))
     code, _, err = run_cli("report", tmp_path / "s.json", "-o", tmp_path / "s.html")
     assert code == 2 and "have no report page" in err and "recover" in err
+    # it pointed to "its JSON and CSV": sensitivity has --json and no --csv
+    import typer
+
+    from quantbench.cli import app
+
+    options = {
+        opt for p in typer.main.get_command(app).commands["sensitivity"].params for opt in p.opts
+    }
+    assert "--json" in options and "--csv" not in options
+    assert "sensitivity prints and writes with --json" in " ".join(err.split())
+    assert "csv" not in err.lower()
