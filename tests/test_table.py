@@ -504,6 +504,52 @@ def test_json_is_deterministic_and_lossless() -> None:
     assert encode_json_table(back) == first
 
 
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        # 1e-40 / 127 = 7.87e-43 in float32 (numpy): subnormal, below finfo(float32).tiny
+        (
+            {"format": "quantbench-table", "version": 1, "tensors": {"X": {"amax": 1e-40}}},
+            r"^t\.json: tensor 'X': amax 1e-40 gives a subnormal FP32 scale \(7\.88e-43; the "
+            r"smallest usable amax is 1\.5e-36\); recalibrate",
+        ),
+        # 1e-44 / 127 rounds to 0 in float32: not "zero, negative, Inf or NaN"
+        (
+            {"format": "quantbench-table", "version": 1, "tensors": {"X": {"amax": 1e-44}}},
+            r"^t\.json: tensor 'X': amax 1e-44 gives an FP32 scale \(amax / 127\) that "
+            "underflows to 0",
+        ),
+        # the exact scale of a table converted from a cache: bits 0x00000001 (subnormal)
+        (
+            {
+                "format": "quantbench-table",
+                "version": 1,
+                "tensors": {"X": {"amax": 1.78e-43, "scale_hex": "1"}},
+            },
+            r"tensor 'X': amax 1\.78e-43 gives a subnormal FP32 scale \(1\.4e-45",
+        ),
+        ({"X": [-1e-40, 1e-40]}, r"tensor 'X': amax 1e-40 gives a subnormal FP32 scale"),
+    ],
+)
+def test_json_subnormal_scales_are_refused(document: dict, message: str) -> None:
+    assert 0 < np.float32(1e-40) / np.float32(127) < np.finfo(np.float32).tiny
+    assert np.float32(1e-44) / np.float32(127) == 0
+    with pytest.raises(QuantbenchError, match=message):
+        decode_json_table(json.dumps(document).encode(), "t.json")
+
+
+def test_json_smallest_normal_scale_and_zero_are_read() -> None:
+    tiny = float(np.finfo(np.float32).tiny)
+    document = {
+        "format": "quantbench-table",
+        "version": 1,
+        "tensors": {"small": {"amax": tiny * 127}, "zeros": {"amax": 0.0}},
+    }
+    table = decode_json_table(json.dumps(document).encode(), "t.json")
+    assert float(table.scale("small")) == tiny
+    assert table.amax("zeros") == 0.0
+
+
 def test_json_non_finite_values_are_strings() -> None:
     table = CalibrationTable()
     for name, amax in [("nan", math.nan), ("inf", math.inf), ("ninf", -math.inf), ("neg0", -0.0)]:
