@@ -363,3 +363,56 @@ def test_several_methods_into_a_folder_name_each_file(
         f"percentile-99.9{suffix}",
     ]
     assert read_table(out / f"minmax{suffix}").method == ("minmax" if fmt else "")
+
+
+# --------------------------------------------------------------------------- one label, one count
+
+
+def test_inspect_and_quantize_count_the_same_ops(run_cli, tmp_path):
+    """inspect said '8 quantizable ops' where quantize said '10 ops quantized' on the bundled
+    example: quantize also quantizes the residual input of an Add after a weighted op."""
+    from conftest import require_example
+
+    example = require_example()
+    model = onnx.load(str(example / "tinycnn.onnx"))
+    producer = {out: n.op_type for n in model.graph.node for out in n.output}
+    kinds = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+    weighted = sum(n.op_type in kinds for n in model.graph.node)
+    adds = sum(
+        n.op_type == "Add" and any(producer.get(t) in kinds for t in n.input)
+        for n in model.graph.node
+    )
+    assert (weighted, adds) == (8, 2)  # the bundled example, counted by hand from the graph
+    code, out, err = run_cli("inspect", example / "tinycnn.onnx")
+    assert code == 0
+    said = f"{weighted + adds} ops to quantize ({weighted} weighted, {adds} residual Add)"
+    assert said in " ".join((out + err).split())
+    table = tmp_path / "t.json"
+    args = ["calibrate", example / "tinycnn.onnx", "--data", example / "calib.npz", "-m", "minmax"]
+    assert run_cli(*args, "-o", table)[0] == 0
+    code, out, err = run_cli("quantize", example / "tinycnn.onnx", "--table", table, "-o",
+                             tmp_path / "q.onnx")  # fmt: skip
+    assert code == 0, err
+    said = f"{weighted + adds} ops quantized ({weighted} weighted, {adds} residual Add), 0 left"
+    assert said in " ".join((out + err).split())
+
+
+def test_quantize_reports_what_the_table_records(run_cli, cnn_path, cnn_data, tmp_path):
+    """quantize said 'method not recorded' for a cache calibrate had just labelled entropy: a
+    cache records only its header (quantbench writes EntropyCalibration2 for percentile too)."""
+    for name, said in [
+        ("t.json", "t.json: method percentile:99.9, 8 tensors"),
+        (
+            "t.cache",
+            "t.cache: TensorRT 10.16.0 cache, algorithm EntropyCalibration2 (caches record no "
+            "method; quantbench writes EntropyCalibration2 for all but minmax, its JSON tables "
+            "record the method), 8 tensors",
+        ),
+    ]:
+        table = tmp_path / name
+        args = ["calibrate", cnn_path, "--data", cnn_data, "-m", "percentile:99.9", "-o", table]
+        assert run_cli(*args)[0] == 0
+        code, out, err = run_cli("quantize", cnn_path, "--table", table, "-o", tmp_path / "q.onnx")
+        assert code == 0, err
+        assert said in " ".join((out + err).split())
+        assert "not recorded" not in out + err

@@ -148,6 +148,20 @@ class CalibrationTable:
     def amaxes(self) -> dict[str, float]:
         return {name: e.amax for name, e in self.entries.items()}
 
+    def origin(self) -> str:
+        """How the table says it was made, in one phrase: the method where it records one;
+        a TensorRT cache records only its header's algorithm, which quantbench writes as
+        EntropyCalibration2 for every method but minmax, so that is all it can say."""
+        if self.method:
+            return f"method {self.method}"
+        if self.provenance.trt_version:
+            return (
+                f"TensorRT {self.provenance.trt_version} cache, algorithm {self.algorithm} "
+                "(caches record no method; quantbench writes EntropyCalibration2 for all but "
+                "minmax, its JSON tables record the method)"
+            )
+        return "method not recorded"
+
     def invalid(self) -> list[str]:
         """Tensors whose amax is zero, negative, Inf or NaN."""
         return [name for name, e in self.entries.items() if not e.is_valid]
