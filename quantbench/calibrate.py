@@ -42,7 +42,7 @@ from quantbench.progress import info, warn
 from quantbench.stats.tensorstats import StatsFile, settled
 from quantbench.table import CalibrationTable
 from quantbench.table.build import build_table, no_finite_tensors, nonfinite_report
-from quantbench.table.codecs import FORMAT_SUFFIX, encode_table
+from quantbench.table.codecs import FORMAT_SUFFIX, encode_table, output_format
 from quantbench.table.trt_cache import DEFAULT_TRT_VERSION, check_cache_target
 
 __all__ = ["AUTO", "build_table", "calibrate", "obtain_stats", "CalibrationResult"]
@@ -330,7 +330,7 @@ def calibrate(
     *,
     methods: list[str] | None = None,
     output: str | Path | None = None,
-    fmt: str = "trt",
+    fmt: str | None = None,
     trt_version: str = DEFAULT_TRT_VERSION,
     tensors: str | None = None,
     batch_size: int | None = None,
@@ -351,15 +351,17 @@ def calibrate(
     Every option (methods and their options, format, TensorRT version, output paths) is checked
     before any inference, so a bad one costs nothing and leaves nothing behind.
     """
-    if fmt not in FORMAT_SUFFIX:
-        raise QuantbenchError(f"--format must be one of {', '.join(FORMAT_SUFFIX)}, not {fmt!r}")
+    checks = MethodChecks(methods, provider)
+    method_list = checks.methods
+    # one method into a file: its suffix names the format unless --format does; a folder of
+    # several (or one) gets --format, else trt, in files named <method><suffix>
+    into_file = output is not None and len(method_list) == 1 and not Path(output).is_dir()
+    fmt = output_format(output if into_file else None, fmt)
     if fmt == "trt":
         check_cache_target(trt_version)
     check_clip_warn(clip_warn)
     if executor is not None:
         executor.validate()
-    checks = MethodChecks(methods, provider)
-    method_list = checks.methods
     if AUTO in method_list and data is None and holdout_data is None:
         if methods:  # asked for by name: say what is missing
             raise QuantbenchError(

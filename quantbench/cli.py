@@ -190,8 +190,14 @@ def calibrate(
         typer.Option("--output", "-o", help="Output file (one method) or folder (several)."),
     ] = None,
     fmt: Annotated[
-        str, typer.Option("--format", "-f", help="trt | json | ort-flatbuffers")
-    ] = "trt",
+        str | None,
+        typer.Option(
+            "--format",
+            "-f",
+            help="trt | json | ort-flatbuffers (default: the -o file's suffix, .json -> json, "
+            ".flatbuffers -> ort-flatbuffers, else trt).",
+        ),
+    ] = None,
     trt_version: Annotated[
         str, typer.Option(help="TensorRT version the cache header targets (X.Y.Z, <= 10.x).")
     ] = "10.16.0",
