@@ -27,7 +27,9 @@ def _demo_commands() -> tuple[list[list[str]], list[str]]:
     joined = out.replace("\\\n", " ")
     commands = [shlex.split(line) for line in joined.splitlines() if "bin/quantbench " in line]
     echoes = [line for line in joined.splitlines() if line.startswith("echo ")]
-    return [c[c.index(next(w for w in c if w.endswith("bin/quantbench"))) + 1 :] for c in commands], echoes
+    starts = [next(i for i, w in enumerate(c) if w.endswith("bin/quantbench")) for c in commands]
+    args = [c[i + 1 :] for c, i in zip(commands, starts)]
+    return args, echoes
 
 
 def _option(argv: list[str], name: str) -> str:
