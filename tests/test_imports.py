@@ -158,7 +158,7 @@ FLOORS: list[set[str]] = [
     {"evaluate", "calibrators", "fp16range"},
     {"table", "results"},
     {"backends", "qdq"},
-    {"collect", "fp16", "ort_int8"},
+    {"collect", "fp16", "ort_int8", "refine"},
     {"choose"},
     {"calibrate"},
     {"compare", "inspection"},
