@@ -27,15 +27,21 @@ def stream_activations(
     threads: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Per batch of ``data``, the named tensors of ``model`` (FP32, as onnxruntime computes
-    them). Graph outputs among ``tensors`` are returned without exposing them twice."""
+    them). Graph inputs among ``tensors`` come from the feed; graph outputs are not exposed
+    twice."""
     graph = open_graph(model, require_fixed_rank=False)
+    inputs = {i.name for i in model.graph.input}
     outputs = {o.name for o in model.graph.output}
-    extra = [t for t in dict.fromkeys(tensors) if t not in outputs]
+    wanted = [t for t in dict.fromkeys(tensors) if t not in inputs]
+    extra = [t for t in wanted if t not in outputs]
     exposed = expose(model, extra, graph.elem_types) if extra else model
     runner = OnnxRuntimeRunner(exposed, provider=provider, threads=threads, generated_from=model)
-    wanted = list(dict.fromkeys(tensors))
+    fed = [t for t in dict.fromkeys(tensors) if t in inputs]
     try:
         for feed in nonempty(data.batches(), data):
-            yield runner.infer(feed, wanted)
+            values = runner.infer(feed, wanted) if wanted else {}
+            typed = runner.typed_feeds(feed)
+            values.update({t: np.asarray(typed[t]) for t in fed})
+            yield values
     finally:
         runner.close()
