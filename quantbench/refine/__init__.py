@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 import onnx
 
 #: the passes, in the order they are applied when several are asked for: the exact rewrites
-#: first (they change activation ranges), then the weight-side passes that read activations
+#: first (they change activation ranges), then the weight-side passes that read activations;
+#: bias correction last, so that it corrects the shift of the weights as they end up
 EQUALIZE = "equalize"
 SMOOTH = "smooth"
 BIAS = "bias"
 ROUNDING = "rounding"
-PASSES = (EQUALIZE, SMOOTH, BIAS, ROUNDING)
+PASSES = (EQUALIZE, SMOOTH, ROUNDING, BIAS)
 #: passes whose rewrite keeps the FP32 function but moves activation ranges: a table must be
 #: calibrated on the refined model, never carried over from the original
 RANGE_CHANGING = frozenset({EQUALIZE, SMOOTH})
