@@ -60,6 +60,23 @@ HoldoutOpt = Annotated[
         "calibration samples, held back: the candidates are calibrated on the others).",
     ),
 ]
+RefineOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--refine",
+        metavar="PASSES",
+        help="Refinement passes to try, each kept only where it raises the output SQNR on the "
+        "held-back slice: comma list of equalize, smooth, rounding, bias; or cheap (equalize, "
+        "smooth, bias), all, none. Default: cheap with --method auto, else none.",
+    ),
+]
+RefinedModelOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--refined-model",
+        help="Write the refined FP32 model here (what a TensorRT cache must be built with).",
+    ),
+]
 ClipWarnOpt = Annotated[
     float,
     typer.Option(
@@ -369,6 +386,8 @@ def quantize(
     executor: ExecutorOpt = "local",
     workers: WorkersOpt = None,
     ray_address: RayAddressOpt = None,
+    refine: RefineOpt = None,
+    refined_model: RefinedModelOpt = None,
 ) -> None:
     """Write a Q/DQ ONNX model placed the way TensorRT fuses it (or read one's scales back)."""
     from quantbench import quantize as qz
@@ -401,6 +420,8 @@ def quantize(
         report_integer_ops=int_ops,
         executor=_executor(executor, workers, ray_address),
         high_precision=high_precision,
+        refine=refine,
+        refined_model=refined_model,
     )
     _print_quantize(outcome)
 
@@ -428,6 +449,8 @@ def _print_quantize(outcome: object) -> None:
         for s in result.skipped:
             t.add_row(escape(s.node), s.op_type, escape(s.reason))
         console.print(t)
+    if outcome.refine is not None:  # type: ignore[attr-defined]
+        _print_refine(outcome.refine)  # type: ignore[attr-defined]
     rows = outcome.integer_ops  # type: ignore[attr-defined]
     if rows:
         from quantbench.ort_int8 import integer_op_counts
@@ -449,6 +472,23 @@ def _print_quantize(outcome: object) -> None:
         console.print(t)
     for p in outcome.written:  # type: ignore[attr-defined]
         console.print(f"wrote {p}")
+
+
+def _print_refine(refine: object) -> None:
+    """The passes tried, each with its judged output SQNR and whether it was kept."""
+    from rich.table import Table
+
+    t = Table(title="Refinement passes (output SQNR on the held-back slice)", title_justify="left")
+    for col in ("pass", "output SQNR", "kept", "layers changed", "seconds"):
+        t.add_column(col)
+    t.add_row("(none)", f"{refine.base_score_db:.2f} dB", "", "", "")  # type: ignore[attr-defined]
+    for trial in refine.trials:  # type: ignore[attr-defined]
+        score = "-" if trial.score_db is None else f"{trial.score_db:.2f} dB"
+        kept = "yes" if trial.kept else escape(trial.note) or "no"
+        t.add_row(trial.name, score, kept, str(len(trial.layers)), f"{trial.seconds:.1f}")
+    console.print(t)
+    kept = refine.kept  # type: ignore[attr-defined]
+    console.print(f"refined by {', '.join(kept)}" if kept else "no refinement pass kept")
 
 
 @app.command(cls=Command)

@@ -21,6 +21,7 @@ from quantbench.choose.clipguard import (
     clip_flags,
     clip_warning,
 )
+from quantbench.choose.refined import RefineOutcome, mark_refined, parse_refine, refine_judged
 from quantbench.collect.executors import ExecutorSpec
 from quantbench.errors import QuantbenchError
 from quantbench.fileio import check_not_an_input, check_output_path
@@ -40,6 +41,7 @@ from quantbench.model.protosize import save_model
 from quantbench.model.widen import float32_work_graph, own_high_precision, with_io_types_of
 from quantbench.progress import info, warn
 from quantbench.qdq import QuantizeResult, quantize_model, table_from_qdq, write_quantized
+from quantbench.refine import CHEAP
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import format_for_path, read_table, write_table
 
@@ -58,6 +60,8 @@ class QuantizeOutcome:
     high_precision: str = FP32
     #: node -> "int8" | "fp16" | "fp32" as the written model declares it
     precisions: dict[str, str] = field(default_factory=dict)
+    #: the refinement passes tried and kept (None: none were tried)
+    refine: RefineOutcome | None = None
 
 
 def quantize(
@@ -84,8 +88,16 @@ def quantize(
     high_precision: str | None = None,
     show_progress: bool = True,
     executor: ExecutorSpec | None = None,
+    refine: str | list[str] | None = None,
+    refined_model: str | Path | None = None,
 ) -> QuantizeOutcome:
     """Quantize ``model`` explicitly from a table or from calibration data.
+
+    ``refine`` (:mod:`quantbench.refine`): the passes to try, each kept only where it raises
+    the output SQNR on the held-back slice (:mod:`quantbench.choose.refined`); a comma list,
+    ``cheap``, ``all`` or ``none``. None: the cheap passes when calibrating with ``auto``,
+    none otherwise. ``refined_model``: where to write the refined FP32 model (what the
+    TensorRT cache path must build from) when a pass was kept.
 
     ``high_precision="fp16"``: the unquantized ops become FP16 and the Q/DQ scales FP16
     (:func:`quantbench.fp16.strongly_typed_fp16`), the mixed INT8/FP16 model TensorRT builds
@@ -106,6 +118,10 @@ def quantize(
     check_clip_warn(clip_warn)
     if data is not None:
         method = check_methods([method])[0]  # a bad name or option fails before the data pass
+    passes = _passes(refine, table, method)
+    if refined_model is not None:
+        check_output_path(refined_model)
+        check_not_an_input(refined_model, model, table, data, holdout_data, output)
     source = open_graph(model)
     if high_precision is None:
         high_precision = own_high_precision(source.model) if not dwconv2d else FP32
@@ -115,8 +131,10 @@ def quantize(
         f": the ops left out of INT8 are {high_precision.upper()}, its inputs and outputs keep "
         "their types",
     )
+    widened = graph is not source
     flags: list[ClipFlag] = []
     auto = None
+    refined = None
     if table is None:
         stats, _, _ = obtain_stats(
             graph,
@@ -147,6 +165,13 @@ def quantize(
             warn(text)
         note = registry.method_note(method)
         info(f"calibrated with method {method}{': ' + note if note else ''}")
+        if passes:
+            refined = refine_judged(
+                graph, cal_table, data, passes, num_samples=stats.num_samples,
+                holdout_data=holdout_data, batch_size=batch_size, preset=preset,
+                provider=provider,
+            )  # fmt: skip
+            graph, cal_table = refined.graph, refined.table
     else:
         cal_table = read_table(table)
         info(f"{table}: {cal_table.origin()}, {len(cal_table)} tensors")
@@ -171,9 +196,13 @@ def quantize(
             text := overflows_text(activation_overflows(stats, sorted(fp16_tensors(result.model))))
         ):
             warn(text)
-    if graph is not source:
+    if widened:
         result.model = with_io_types_of(result.model, source.model)
+    kept = refined.kept if refined is not None else []
+    mark_refined(result.model, kept)
     written = [write_quantized(result, output)]
+    if refined_model is not None:
+        written.append(_write_refined(graph.model, kept, refined_model))
     rows = []
     if report_integer_ops:
         from quantbench.ort_int8 import integer_op_report
@@ -181,8 +210,32 @@ def quantize(
         rows = integer_op_report(result.model if not dwconv2d else _lowered(result.model))
     precisions = declared_precisions(result.model)
     return QuantizeOutcome(
-        result, cal_table, written, rows, flags, auto, high_precision, precisions
+        result, cal_table, written, rows, flags, auto, high_precision, precisions, refined
     )
+
+
+def _passes(refine: str | list[str] | None, table: object, method: str) -> tuple[str, ...]:
+    """The refinement passes to try: the asked ones, or by default the cheap ones when ``auto``
+    calibrates (it judges candidates anyway); none from a given table (no data to judge on)."""
+    asked = parse_refine(refine)
+    if asked is None:
+        return CHEAP if table is None and method == registry.AUTO else ()
+    if asked and table is not None:
+        raise QuantbenchError(
+            "--refine needs --data: each pass reads the calibration data and is judged on it "
+            "(a given table was calibrated on the unrefined model); drop --table or --refine"
+        )
+    return asked
+
+
+def _write_refined(model: onnx.ModelProto, kept: list[str], path: str | Path) -> Path:
+    """The refined FP32 model (the original when no pass was kept, said so)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    mark_refined(out, kept)
+    if not kept:
+        info(f"{path}: no refinement pass was kept; this is the unrefined FP32 model")
+    return save_model(out, path)
 
 
 def fp16_artefact(model: onnx.ModelProto) -> onnx.ModelProto:
