@@ -36,6 +36,7 @@ from quantbench.model.graph import (
 )
 from quantbench.model.widen import float32_graph
 from quantbench.progress import results as console
+from quantbench.refine import refined_passes
 from quantbench.stats.tensorstats import StatsFile
 from quantbench.table.codecs import read_table
 
@@ -97,6 +98,7 @@ def inspect_model(g: Graph) -> dict[str, Any]:
             if not v.type.HasField("tensor_type")
         ],
         "widened_hash": _widened_hash(g),
+        "refined_by": refined_passes(g.model),
         **_output_judgement(g),
     }
 
@@ -213,6 +215,12 @@ def _render_model(r: dict[str, Any]) -> None:
             "computes in float16/bfloat16: calibrate, quantize, compare, sensitivity and recover "
             f"work on its exact float32 widening, sha256 {r['widened_hash'][:16]} (the hash its "
             "tables record; quantbench rewrite --to float32 writes it)"
+        )
+    if r.get("refined_by"):
+        console.print(
+            "refined by quantbench (" + escape(", ".join(r["refined_by"])) + "): its weights "
+            "differ from the model it was refined from; a calibration cache of that model does "
+            "not apply to this one"
         )
     if r.get("output_metrics"):
         console.print(

@@ -21,7 +21,7 @@ from quantbench.choose.clipguard import (
     clip_flags,
     clip_warning,
 )
-from quantbench.choose.refined import RefineOutcome, mark_refined, parse_refine, refine_judged
+from quantbench.choose.refined import RefineOutcome, parse_refine, refine_judged
 from quantbench.collect.executors import ExecutorSpec
 from quantbench.errors import QuantbenchError
 from quantbench.fileio import check_not_an_input, check_output_path
@@ -41,7 +41,7 @@ from quantbench.model.protosize import save_model
 from quantbench.model.widen import float32_work_graph, own_high_precision, with_io_types_of
 from quantbench.progress import info, warn
 from quantbench.qdq import QuantizeResult, quantize_model, table_from_qdq, write_quantized
-from quantbench.refine import CHEAP
+from quantbench.refine import CHEAP, mark_refined
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import format_for_path, read_table, write_table
 

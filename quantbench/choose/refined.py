@@ -58,8 +58,6 @@ from quantbench.table.build import build_table
 MIN_GAIN_DB = 0.01
 #: SmoothQuant's migration strengths tried (0.5 balances; larger moves more onto the weights)
 SMOOTH_ALPHAS = (0.5, 0.8)
-#: metadata key of a refined model: which passes made it (``inspect`` reads it)
-REFINED_KEY = "quantbench.refined"
 
 
 def parse_refine(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
@@ -307,20 +305,3 @@ def _fit_source(
     source = open_data(data, graph.inputs, batch_size=batch_size, preset=preset)
     source.on_nonfinite = None
     return source, "the passes read every calibration sample, the judging slice included"
-
-
-def mark_refined(model: onnx.ModelProto, kept: Sequence[str]) -> None:
-    """Record in ``model``'s metadata which passes made it (``inspect`` says so)."""
-    for prop in list(model.metadata_props):
-        if prop.key == REFINED_KEY:
-            model.metadata_props.remove(prop)
-    if kept:
-        model.metadata_props.add(key=REFINED_KEY, value=",".join(kept))
-
-
-def refined_passes(model: onnx.ModelProto) -> list[str]:
-    """The passes :func:`mark_refined` recorded, or none."""
-    for prop in model.metadata_props:
-        if prop.key == REFINED_KEY:
-            return [p for p in prop.value.split(",") if p]
-    return []

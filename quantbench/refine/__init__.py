@@ -21,6 +21,7 @@ changed per layer. Passes never mutate their input model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import onnx
@@ -38,6 +39,8 @@ PASSES = (EQUALIZE, SMOOTH, ROUNDING, BIAS)
 RANGE_CHANGING = frozenset({EQUALIZE, SMOOTH})
 #: the cheap passes the default ``auto`` may try
 CHEAP = (EQUALIZE, SMOOTH, BIAS)
+#: metadata key of a refined model (FP32 or Q/DQ): which passes made it (``inspect`` says so)
+REFINED_KEY = "quantbench.refined"
 
 
 @dataclass
@@ -69,3 +72,20 @@ class Refined:
     @property
     def changed(self) -> bool:
         return bool(self.layers)
+
+
+def mark_refined(model: onnx.ModelProto, kept: Sequence[str]) -> None:
+    """Record in ``model``'s metadata which passes made it (``inspect`` says so)."""
+    for prop in list(model.metadata_props):
+        if prop.key == REFINED_KEY:
+            model.metadata_props.remove(prop)
+    if kept:
+        model.metadata_props.add(key=REFINED_KEY, value=",".join(kept))
+
+
+def refined_passes(model: onnx.ModelProto) -> list[str]:
+    """The passes :func:`mark_refined` recorded, or none."""
+    for prop in model.metadata_props:
+        if prop.key == REFINED_KEY:
+            return [p for p in prop.value.split(",") if p]
+    return []
