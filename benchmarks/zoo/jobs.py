@@ -95,15 +95,22 @@ def qb_methods(model: str, calib: str, outputs: dict[str, str]) -> dict[str, Any
 
 
 @job("qb-quantize", imports=("quantbench.quantize",))
-def qb_quantize(model: str, calib: str, output: str, method: str | None = None) -> dict[str, Any]:
-    """``quantbench quantize MODEL --data CALIB [--method M] -o OUT`` (Python API)."""
+def qb_quantize(
+    model: str, calib: str, output: str, method: str | None = None, refine: str | None = None
+) -> dict[str, Any]:
+    """``quantbench quantize MODEL --data CALIB [--method M] [--refine P] -o OUT`` (Python API)."""
     from quantbench.quantize import quantize
 
-    kwargs = {} if method is None else {"method": method}
+    kwargs: dict[str, Any] = {} if method is None else {"method": method}
+    if refine is not None:
+        kwargs["refine"] = refine
     outcome = quantize(model, output, data=calib, show_progress=False, **kwargs)
     methods = sorted({e.method for e in outcome.table.entries.values() if e.method})
     methods = methods or [outcome.table.method or "?"]
-    return {"table_methods": methods}
+    found: dict[str, Any] = {"table_methods": methods}
+    if outcome.refine is not None:
+        found["refine"] = outcome.refine.to_dict()
+    return found
 
 
 @job("ort-static", imports=("onnxruntime.quantization",))

@@ -40,8 +40,11 @@ OUT = WORK / "zoo"
 PKGS = OUT / "pkgs"
 RESULTS = OUT / "results.json"
 METHODS = ("entropy", "entropy:pytorch", "entropy:ort", "minmax", "percentile:99.99", "mse")
-AUTO = "auto"
-DEFAULT = "default"
+AUTO = "auto"  # --method auto, no refinement pass: the default before issue 38
+DEFAULT = "default"  # quantize with no option: auto and the cheap refinement passes, judged
+REFINED = "refine all"  # --refine all: every pass (weight rounding too), each judged
+#: the job groups --jobs picks from
+JOB_GROUPS = ("methods", "auto", "default", "refine", "ort")
 ORT = ("MinMax", "Entropy")
 TOLERANCE_POINTS, TOLERANCE_RELATIVE = 0.5, 0.01
 
@@ -130,7 +133,9 @@ def ensure_data(spec: zoo.ZooModel, model: Path, rebuild: bool) -> tuple[Path, P
 # ----------------------------------------------------------------------------- one model
 
 
-def measure(spec: zoo.ZooModel, rebuild: bool, console: Console) -> dict[str, Any]:
+def measure(
+    spec: zoo.ZooModel, rebuild: bool, console: Console, groups: tuple[str, ...] = JOB_GROUPS
+) -> dict[str, Any]:
     model = PKGS / spec.file
     row: dict[str, Any] = {
         "model": spec.key, "package": spec.package, "file": spec.file, "task": spec.task,
@@ -150,20 +155,26 @@ def measure(spec: zoo.ZooModel, rebuild: bool, console: Console) -> dict[str, An
     candidates: dict[str, str] = {}
 
     outputs = {m: str(folder / f"qb-{m.replace(':', '-')}.onnx") for m in METHODS}
-    jobs["qb 6 methods"] = run_job(
-        "qb-methods", {"model": str(model), "calib": str(calib), "outputs": outputs}, cache
-    )
-    for method, path in outputs.items():
-        status = (jobs["qb 6 methods"].details or {}).get("models", {}).get(method)
-        if status == "ok":
-            candidates[method] = path
-    for name, method in ((AUTO, AUTO), (DEFAULT, None)):
-        path = str(folder / f"qb-{name}.onnx")
-        args = {"model": str(model), "calib": str(calib), "output": path, "method": method}
+    if "methods" in groups:
+        jobs["qb 6 methods"] = run_job(
+            "qb-methods", {"model": str(model), "calib": str(calib), "outputs": outputs}, cache
+        )
+        for method, path in outputs.items():
+            status = (jobs["qb 6 methods"].details or {}).get("models", {}).get(method)
+            if status == "ok":
+                candidates[method] = path
+    quantize_jobs = (("auto", AUTO, AUTO, "none"), ("default", DEFAULT, None, None),
+                     ("refine", REFINED, None, "all"))  # fmt: skip
+    for group, name, method, refine in quantize_jobs:
+        if group not in groups:
+            continue
+        path = str(folder / f"qb-{name.replace(' ', '-')}.onnx")
+        args = {"model": str(model), "calib": str(calib), "output": path, "method": method,
+                "refine": refine}  # fmt: skip
         jobs[f"qb {name}"] = run_job("qb-quantize", args, cache)
         if jobs[f"qb {name}"].ok:
             candidates[name] = path
-    for method in ORT:
+    for method in ORT if "ort" in groups else ():
         path = str(folder / f"ort-{method.lower()}.onnx")
         args = {"model": str(model), "calib": str(calib), "layout": layout, "output": path,
                 "method": method}  # fmt: skip
@@ -194,20 +205,22 @@ def measure(spec: zoo.ZooModel, rebuild: bool, console: Console) -> dict[str, An
 def _errors(jobs: dict[str, Outcome], scores: dict[str, Any]) -> dict[str, str]:
     """Why each missing candidate is missing (one line each)."""
     out: dict[str, str] = {}
-    methods_job = jobs["qb 6 methods"]
-    for method in METHODS:
+    methods_job = jobs.get("qb 6 methods")
+    for method in METHODS if methods_job is not None else ():
         if method in scores:
             continue
         if not methods_job.ok:
             out[method] = methods_job.error or "failed"
         else:
             out[method] = methods_job.details["models"].get(method, "not built")
-    for name in (AUTO, DEFAULT):
-        if name not in scores and not jobs[f"qb {name}"].ok:
-            out[name] = jobs[f"qb {name}"].error or "failed"
+    for name in (AUTO, DEFAULT, REFINED):
+        job = jobs.get(f"qb {name}")
+        if name not in scores and job is not None and not job.ok:
+            out[name] = job.error or "failed"
     for method in ORT:
-        if f"ort {method}" not in scores and not jobs[f"ort {method}"].ok:
-            out[f"ort {method}"] = jobs[f"ort {method}"].error or "failed"
+        job = jobs.get(f"ort {method}")
+        if f"ort {method}" not in scores and job is not None and not job.ok:
+            out[f"ort {method}"] = job.error or "failed"
     for name, value in scores.items():
         if "error" in value:
             out[name] = "evaluation: " + value["error"]
@@ -222,7 +235,9 @@ def tolerance(scores: dict[str, Any]) -> dict[str, Any]:
     best = max(builtin.values())
     margin = max(TOLERANCE_POINTS, TOLERANCE_RELATIVE * abs(best))
     ours = {
-        m: scores[m]["metric"] for m in (*METHODS, AUTO, DEFAULT) if "metric" in scores.get(m, {})
+        m: scores[m]["metric"]
+        for m in (*METHODS, AUTO, DEFAULT, REFINED)
+        if "metric" in scores.get(m, {})
     }
     return {
         "best": best,
@@ -237,7 +252,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per method over the measured models: how often within tolerance, the worst shortfall."""
     measured = [r for r in rows if r.get("status") == "measured" and r.get("tolerance")]
     per_method: dict[str, Any] = {}
-    for method in (*METHODS, AUTO, DEFAULT):
+    for method in (*METHODS, AUTO, DEFAULT, REFINED):
         shortfalls = {r["model"]: r["tolerance"]["shortfall"].get(method) for r in measured}
         known = {k: v for k, v in shortfalls.items() if v is not None}
         per_method[method] = {
@@ -253,7 +268,24 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return -per_method[method]["within_tolerance"], 1e9 if worst is None else worst
 
     ranked = sorted(METHODS, key=rank)
-    return {"models_measured": len(measured), "methods": per_method, "ranking": ranked}
+    return {"models_measured": len(measured), "methods": per_method, "ranking": ranked,
+            "fp32_shortfall": fp32_shortfall(measured)}  # fmt: skip
+
+
+def fp32_shortfall(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 38's measure: each model's points below FP32 on its own metric (FP32's score minus
+    the candidate's), per candidate, and the corpus mean, for today's default (auto without
+    refinement), the default with the cheap passes, and every pass asked for."""
+    found: dict[str, Any] = {}
+    for name in (AUTO, DEFAULT, REFINED):
+        per = {
+            r["model"]: round(r["scores"]["fp32"]["metric"] - r["scores"][name]["metric"], 3)
+            for r in rows
+            if "metric" in r["scores"].get(name, {}) and "metric" in r["scores"].get("fp32", {})
+        }
+        if per:
+            found[name] = {"per_model": per, "mean": round(float(np.mean(list(per.values()))), 3)}
+    return found
 
 
 # ----------------------------------------------------------------------------- output
@@ -277,24 +309,24 @@ def render(console: Console, rows: list[dict[str, Any]], summ: dict[str, Any]) -
         "(green: within 0.5 pt / 1 % of the best built-in method)"
     )
     for column in ("model", "exporter", "opset", "metric", "FP32", *METHODS, AUTO, DEFAULT,
-                   "ort MinMax", "ort Entropy"):  # fmt: skip
+                   REFINED, "ort MinMax", "ort Entropy"):  # fmt: skip
         table.add_column(column.replace("percentile:", "pct:"), justify="left" if column in
                          ("model", "exporter", "metric") else "right")  # fmt: skip
     for r in rows:
         exp = (r.get("exporter") or "?").split(" (")[0]
         if r.get("status") != "measured":
             table.add_row(r["model"], exp, str(r.get("opset", "?")), r["metric"],
-                          f"[red]{r.get('status', '?').upper()}[/red]", *[""] * 10)  # fmt: skip
+                          f"[red]{r.get('status', '?').upper()}[/red]", *[""] * 11)  # fmt: skip
             continue
         s, tol = r["scores"], r["tolerance"]
         table.add_row(
             r["model"], exp, str(r["opset"]), r["metric"], f"{s['fp32']['metric']:.1f}",
-            *[cell(s, m, tol) for m in (*METHODS, AUTO, DEFAULT)],
+            *[cell(s, m, tol) for m in (*METHODS, AUTO, DEFAULT, REFINED)],
             cell(s, "ort MinMax", {}), cell(s, "ort Entropy", {}),
         )  # fmt: skip
     console.print(table)
     costs = Table(title="Calibration + Q/DQ build: wall time / peak RSS (each job its own process)")
-    names = ("qb 6 methods", "qb auto", "qb default", "ort MinMax", "ort Entropy")
+    names = ("qb 6 methods", "qb auto", "qb default", f"qb {REFINED}", "ort MinMax", "ort Entropy")
     for column in ("model", "calib samples", *names):
         costs.add_column(column, justify="left" if column == "model" else "right")
     for r in rows:
@@ -324,6 +356,25 @@ def render(console: Console, rows: list[dict[str, Any]], summ: dict[str, Any]) -
         )
     console.print("\n".join(lines))
     console.print(f"single methods ranked: {', '.join(summ['ranking'])}")
+    for name, v in summ.get("fp32_shortfall", {}).items():
+        per = ", ".join(f"{m} {x:g}" for m, x in v["per_model"].items())
+        console.print(f"points below FP32, {name}: mean {v['mean']:g} ({per})")
+
+
+def with_earlier_scores(row: dict[str, Any]) -> dict[str, Any]:
+    """A row measured with some job groups, completed by the last run's scores and jobs of the
+    others (the same data: a model's data sets are built once)."""
+    if row.get("status") != "measured" or not RESULTS.is_file():
+        return row
+    rows = json.loads(RESULTS.read_text())["models"]
+    same = [r for r in rows if r["model"] == row["model"] and r.get("status") == "measured"]
+    earlier = same[0] if same else None
+    if earlier is None:
+        return row
+    row["scores"] = {**earlier["scores"], **row["scores"]}
+    row["jobs"] = {**earlier.get("jobs", {}), **row["jobs"]}
+    row["tolerance"] = tolerance(row["scores"])
+    return row
 
 
 def merged(rows: list[dict[str, Any]], order: list[str]) -> list[dict[str, Any]]:
@@ -344,6 +395,11 @@ def main(argv: list[str] | None = None) -> int:
         "--only", default="", help="comma-separated model keys (other rows kept from the last run)"
     )
     parser.add_argument("--rebuild-data", action="store_true", help="rebuild the data sets")
+    parser.add_argument(
+        "--jobs", default=",".join(JOB_GROUPS),
+        help=f"comma-separated job groups from {', '.join(JOB_GROUPS)} (the others' scores are "
+        "kept from the last run)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     console = Console(width=220) if not Console().is_terminal else Console()
     if args.setup:
@@ -355,13 +411,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown model(s) {', '.join(sorted(unknown))}; "
                      f"choose from {', '.join(s.key for s in specs)}")  # fmt: skip
     specs = [s for s in specs if not chosen or s.key in chosen]
+    groups = tuple(g.strip() for g in args.jobs.split(",") if g.strip())
+    if set(groups) - set(JOB_GROUPS):
+        parser.error(f"--jobs: choose from {', '.join(JOB_GROUPS)}")
     start = time.perf_counter()
     rows = []
     for spec in specs:
         console.print(f"[bold]{spec.key}[/bold] ({spec.package}: {spec.file})")
         t0 = time.perf_counter()
         try:
-            row = measure(spec, args.rebuild_data, console)
+            row = measure(spec, args.rebuild_data, console, groups)
         except Exception as exc:  # noqa: BLE001 - one broken model must not stop the corpus
             row = {"model": spec.key, "metric": spec.metric, "status": "failed",
                    "error": f"harness: {type(exc).__name__}: {exc}"}  # fmt: skip
@@ -369,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         row["model_seconds"] = round(time.perf_counter() - t0, 1)
         row["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
         rows.append(row)
+    if set(groups) != set(JOB_GROUPS):
+        rows = [with_earlier_scores(r) for r in rows]
     if chosen:
         rows = merged(rows, [s.key for s in zoo.corpus(PKGS)])
     summ = summary(rows)
