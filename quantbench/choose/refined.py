@@ -193,15 +193,21 @@ def _variants(
 ) -> list[tuple[str, Callable[[onnx.ModelProto], Refined]]]:
     """The pass's candidates: one run, or one per SmoothQuant alpha (the activation maxima
     measured once for all of them)."""
-    from quantbench.refine import biascorrect, equalize, rounding, smooth
-
     if name == EQUALIZE:
-        return [(name, equalize.equalize)]
+        from quantbench.refine.equalize import equalize
+
+        return [(name, equalize)]
     if name == BIAS:
+        from quantbench.refine import biascorrect
+
         return [(name, lambda m: biascorrect.correct_bias(m, fit, provider=provider,
                                                            original=state.unrounded))]  # fmt: skip
     if name == ROUNDING:
+        from quantbench.refine import rounding
+
         return [(name, lambda m: rounding.round_weights(m, fit, provider=provider))]
+    from quantbench.refine import smooth
+
     maxima: dict[str, Any] = {}
 
     def smoothed(alpha: float) -> Callable[[onnx.ModelProto], Refined]:
