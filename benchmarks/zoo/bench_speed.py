@@ -409,27 +409,29 @@ def render(console: Any, rows: list[dict[str, Any]], repeat: int) -> None:
         "ratio to the floor of the same run)"
     )
     columns = (
-        "model", "samples", "floor (batch)", "floor s / MiB", "minmax", "all", "default",
-        "RSS default - minmax", "default <= 2x", "minmax <= 1.5x", "RSS <= +256 MiB",
+        "model", "samples", "floor (batch)", "minmax", "all", "default",
+        "peak RSS default vs minmax", "default<=2x", "minmax<=1.5x", "RSS<=+256",
     )  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column == "model" else "right")
     for r in rows:
         if "floor_seconds" not in r:
             status = r.get("status", "?").upper()
-            table.add_row(r["model"], str(r.get("samples", "")), "", f"[red]{status}[/red]",
+            table.add_row(r["model"], str(r.get("samples", "")), f"[red]{status}[/red]",
                           *[""] * 7)  # fmt: skip
             continue
         jobs = r["jobs"]
         rss_d = jobs["default"]["median_peak_rss_mib"]
         rss_m = jobs["minmax"]["median_peak_rss_mib"]
-        rss = "-" if rss_d is None or rss_m is None else f"{rss_d - rss_m:+,.0f} MiB"
+        rss = "-"
+        if rss_d is not None and rss_m is not None:
+            rss = f"{rss_d - rss_m:+,.0f} MiB ({rss_m:,.0f} -> {rss_d:,.0f})"
         targets = r["targets"]
+        batch = r["floor_job"].removeprefix("floor b")
         table.add_row(
             r["model"],
             str(r["samples"]),
-            r["floor_job"].removeprefix("floor b"),
-            f"{r['floor_seconds']:.1f} s / {r['floor_peak_rss_mib']:,.0f}",
+            f"{r['floor_seconds']:.1f} s / {r['floor_peak_rss_mib']:,.0f} MiB ({batch})",
             _timed(r, "minmax"),
             _timed(r, "all"),
             _timed(r, "default"),
@@ -445,8 +447,11 @@ def render(console: Any, rows: list[dict[str, Any]], repeat: int) -> None:
         f"peak RSS of the default <= minmax's + {MAX_RSS_EXTRA_MIB} MiB"
     )
     for r in rows:
-        if r.get("status") == "skipped":
-            console.print(f"[yellow]skipped[/yellow] {r['model']}: {r.get('error')}")
+        for name, job in r.get("jobs", {}).items():
+            if job["error"]:
+                console.print(f"[red]FAILED[/red] {r['model']} {name}: {job['error']}")
+        if r.get("status") in ("skipped", "failed") and r.get("error"):
+            console.print(f"[yellow]{r['status']}[/yellow] {r['model']}: {r['error']}")
 
 
 # ============================================================================ entry points
@@ -551,8 +556,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     if args.repeat < 1 or args.samples < 1 or args.floor_batch < 1:
         parser.error("--repeat, --samples and --floor-batch must be at least 1")
+    from rich.console import Console
+
+    console = Console() if Console().is_terminal else Console(width=200)
     document = run(
         args.repeat,
+        console,
         only=only or None,
         zoo_work=args.zoo_work.resolve(),
         resnet=not args.no_resnet,
