@@ -2,8 +2,8 @@
 
 For every model of the real-model corpus (corpus.py), and the ResNet-18-shaped model of
 benchmarks/models.py as an extra row, each of these runs as a **whole process** (interpreter
-start, imports, model load, the pass, the tables written), timed from the parent around the
-process, peak RSS from ``os.wait4``:
+start, imports, model load, the pass, the tables written): wall time around the process, peak
+RSS and CPU seconds from ``os.wait4``, both taken by a small launcher process (``LAUNCHER``):
 
 * **floor**: plain onnxruntime FP32 inference over the same calibration samples (a small
   ``python -c`` script: import onnxruntime, load the model, run every sample), at batch 1 and,
@@ -34,8 +34,11 @@ Results go to benchmarks/_work/zoo/speed.json (``--json``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -113,7 +116,8 @@ print(json.dumps({"samples": n, "runs": runs}))
 
 @dataclass
 class Run:
-    """One whole process: wall seconds around it, its peak RSS and CPU (``os.wait4``)."""
+    """One whole process: wall seconds around it, its peak RSS and CPU (``os.wait4`` in
+    :data:`LAUNCHER`)."""
 
     seconds: float
     peak_rss_kib: int
@@ -130,30 +134,66 @@ class Run:
         }
 
 
+#: starts the measured process and reaps it. Linux carries the high-water RSS of the address
+#: space a process replaces at exec into its ``ru_maxrss``; a child spawned straight from this
+#: harness (hundreds of MiB once it has built the ResNet model or loaded onnx) would report at
+#: least the harness' peak. This launcher (``python -S``, about 10 MiB) spawns the command
+#: instead and reports its wall time, exit status and rusage: argv = result file, command...
+LAUNCHER = """\
+import json, os, sys, time
+start = time.perf_counter()
+pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ)
+_, status, usage = os.wait4(pid, 0)
+seconds = time.perf_counter() - start
+with open(sys.argv[1], "w") as out:
+    json.dump({"seconds": seconds, "status": status, "maxrss": usage.ru_maxrss,
+               "cpu": usage.ru_utime + usage.ru_stime}, out)
+"""
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL the launcher and the process it started (their own session)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
 def run_process(command: list[str], cache: Path, timeout: float) -> Run:
-    """``command`` in its own process, ``$QUANTBENCH_CACHE`` = ``cache`` (fresh and empty)."""
+    """``command`` (an absolute path first) in its own process through :data:`LAUNCHER`,
+    ``$QUANTBENCH_CACHE`` = ``cache`` (fresh and empty); the process group is killed after
+    ``timeout`` seconds."""
     env = {**os.environ, "QUANTBENCH_CACHE": str(cache)}
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env, cwd=WORK)
-        timer = threading.Timer(timeout, proc.kill)
+    with (
+        tempfile.TemporaryFile("w+") as out,
+        tempfile.TemporaryFile("w+") as err,
+        tempfile.TemporaryDirectory(prefix="qb-speed-run-") as tmp,
+    ):
+        result = Path(tmp) / "rusage.json"
+        launcher = [sys.executable, "-S", "-c", LAUNCHER, str(result), *command]
+        proc = subprocess.Popen(
+            launcher, stdout=out, stderr=err, env=env, cwd=WORK, start_new_session=True
+        )
+        timer = threading.Timer(timeout, _kill_group, (proc.pid,))
         timer.start()
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
+            proc.wait()
         finally:
             timer.cancel()
-        seconds = time.perf_counter() - start
-        proc.returncode = code = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
+        record = json.loads(result.read_text()) if result.is_file() else None
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else "no output"
+    if record is None:
+        how = f"timed out after {timeout:.0f} s" if proc.returncode < 0 else "launcher failed"
+        return Run(0.0, 0, 0.0, f"{how}: {last}"[:300])
+    code = os.waitstatus_to_exitcode(record["status"])
     error = None
     if code != 0:
-        lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
         how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
-        error = f"{how}: {lines[-1] if lines else 'no output'}"[:300]
+        error = f"{how}: {last}"[:300]
     tail = "\n".join(stdout.strip().splitlines()[-3:])
-    return Run(seconds, usage.ru_maxrss, usage.ru_utime + usage.ru_stime, error, tail)
+    return Run(record["seconds"], record["maxrss"], record["cpu"], error, tail)
 
 
 # ============================================================================ one model
@@ -246,7 +286,10 @@ def quantbench_command(explicit: str | None) -> list[str]:
     """The CLI: ``--quantbench``, else the console script beside this interpreter, else
     ``python -m quantbench``."""
     if explicit:
-        return [explicit]
+        found = shutil.which(explicit)
+        if found is None:
+            raise SystemExit(f"--quantbench {explicit}: no such executable")
+        return [str(Path(found).resolve())]
     script = Path(sys.executable).parent / "quantbench"
     return [str(script)] if script.is_file() else [sys.executable, "-m", "quantbench"]
 
