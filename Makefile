@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 OUT ?= out/demo
 EX := examples/tinycnn
 
-.PHONY: venv demo test test-fast test-gpu lint bench bench-setup bench-zoo clean kernels
+.PHONY: venv demo test test-fast test-gpu lint bench bench-setup bench-zoo bench-speed clean kernels
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,8 +48,9 @@ test-gpu:
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-## Benchmarks against the peers, and sharded calibration on 1 vs 2 worker processes with a
-## scaling model to N machines (benchmarks/bench_executors.py).
+## Benchmarks: the headline speed benchmark (as bench-speed), the peers, and sharded
+## calibration on 1 vs 2 worker processes with a scaling model to N machines
+## (benchmarks/bench_executors.py).
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
@@ -62,6 +63,12 @@ bench-setup: $(STAMP)
 bench-zoo: $(STAMP)
 	apt-get install -y -q opencv-doc mate-backgrounds espeak-ng sox fortunes-zh wamerican fonts-dejavu-core xmp freedroid-data pingus-data
 	$(PY) benchmarks/zoo/run_zoo.py --setup
+
+## The headline: calibrate (minmax, all, default) as whole processes against plain FP32
+## onnxruntime on every corpus model (after bench-zoo) and the ResNet-18-shaped one, medians of 3.
+## SPEED_ARGS passes options, e.g. SPEED_ARGS="--only orinet --repeat 1".
+bench-speed: $(STAMP)
+	$(PY) benchmarks/zoo/bench_speed.py $(SPEED_ARGS)
 
 kernels:
 	$(MAKE) -C plugins/dwconv2d

@@ -5,7 +5,11 @@ process (see benchmarks/_jobs.py). Results go to benchmarks/_work/results.json, 
 machine they were measured on.
 
     .venv/bin/python benchmarks/run_all.py [--repeat N] [--only NAME,...]
-    (NAME: calibration, compare, real_cnn, executors)
+    (NAME: speed, calibration, compare, real_cnn, executors)
+
+``speed`` (benchmarks/zoo/bench_speed.py) is the headline: ``quantbench calibrate`` as whole
+processes against plain FP32 onnxruntime on every real corpus model (made by ``make bench-zoo``;
+a model without its files is reported as skipped) and the ResNet-18-shaped one.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ import bench_compare  # noqa: E402
 import bench_executors  # noqa: E402
 import bench_real_cnn  # noqa: E402
 from _jobs import DEFAULT_REPEAT, WORK, machine_info, make_console, write_json  # noqa: E402
+from zoo import bench_speed  # noqa: E402
 
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
+    "speed": bench_speed.run,
     "calibration": bench_calibration.run,
     "compare": bench_compare.run,
     "real_cnn": bench_real_cnn.run,
