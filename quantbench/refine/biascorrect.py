@@ -31,8 +31,8 @@ from onnx import helper, numpy_helper
 from quantbench.data.sources import DataSource
 from quantbench.errors import QuantbenchError
 from quantbench.model.graph import Graph, node_labels, open_graph
-from quantbench.qdq.weights import constant_values, weight_axis, weight_scale
-from quantbench.refine import BIAS, LayerChange, Refined
+from quantbench.qdq.weights import weight_axis, weight_scale
+from quantbench.refine import BIAS, LayerChange, Refined, edits
 from quantbench.refine.activations import stream_activations
 from quantbench.table import INT8_MAX
 
@@ -116,9 +116,9 @@ def correct_bias(
     if not found:
         why = "no Conv, Gemm or MatMul with a constant weight"
         return Refined(BIAS, out, skipped=f"{why}{_reasons(reasons)}")
-    sums = _measure(out, found, _opset(out), data, provider)
+    sums = _measure(out, found, edits.opset(out), data, provider)
     changes = [_correct(out, layer, sums[layer.label]) for layer in found]
-    _drop_unused_initializers(out, [layer.replaced for layer in found if layer.replaced])
+    edits.drop_unused_initializers(out, [layer.replaced for layer in found if layer.replaced])
     recorded = [c for c in changes if c is not None]
     skipped = "" if recorded else f"every weight is on its INT8 grid: no shift{_reasons(reasons)}"
     return Refined(BIAS, out, recorded, time.perf_counter() - start, skipped)
@@ -136,7 +136,7 @@ def _eligible(
         unknown = sorted(set(wanted) - set(labels))
         if unknown:
             raise QuantbenchError(f"bias correction: no node named {', '.join(unknown)}")
-    consumers = _consumers(model)  # of ``model`` itself: graph.model may be a rewritten copy
+    consumers = edits.consumers(model)  # of ``model`` itself: graph.model may be a rewritten copy
     outputs = {o.name for o in model.graph.output}
     found: list[_Layer] = []
     reasons: list[str] = []
@@ -164,7 +164,7 @@ def _layer(
     """The layer of ``node``, or why it is not corrected."""
     if len(node.input) < 2 or node.input[0] in graph.constants:
         return "no runtime data input"
-    weight = _constant(model, graph, node.input[1])
+    weight = edits.constant(model, graph, node.input[1])
     if weight is None:
         return "its weight is computed at run time"
     axis = weight_axis(node, 1, weight.shape)
@@ -175,12 +175,12 @@ def _layer(
     if node.op_type == "MatMul":
         return _matmul_bias(graph, model, layer, consumers, outputs)
     if bias_input:
-        bias = _constant(model, graph, bias_input)
+        bias = edits.constant(model, graph, bias_input)
         if bias is None:
             return "its bias is computed at run time"
         layer.bias_node, layer.bias_index, layer.bias = node, 2, bias
     if node.op_type == "Gemm":
-        layer.bias_gain = float(_attr(node, "beta", 1.0))
+        layer.bias_gain = float(edits.attr(node, "beta", 1.0))
         if layer.bias_gain == 0:
             return "Gemm with beta=0 (its C has no effect)"
     return layer
@@ -203,7 +203,7 @@ def _matmul_bias(
     other = 1 if add.input[0] == out else 0
     if add.input[other] == out:
         return layer
-    bias = _constant(model, graph, add.input[other])
+    bias = edits.constant(model, graph, add.input[other])
     if bias is None or bias.dtype.kind != "f" or not _per_channel(bias, layer.channels):
         return layer
     layer.bias_node, layer.bias_index, layer.bias, layer.output = add, other, bias, add.output[0]
@@ -214,21 +214,6 @@ def _per_channel(bias: np.ndarray, channels: int) -> bool:
     """Whether ``bias`` adds along the output's last axis (a scalar, ``[N]``, ``[..., N]``):
     only then is ``bias - shift`` the same Add with a corrected constant."""
     return bias.size == 1 or (bias.ndim >= 1 and bias.shape[-1] == channels)
-
-
-def _constant(model: onnx.ModelProto, graph: Graph, name: str) -> np.ndarray | None:
-    """The value of a constant tensor (initializer, Constant, foldable chain), else None."""
-    if name not in graph.constants:
-        return None
-    value = constant_values(model, [name])[name]
-    return None if isinstance(value, str) else value
-
-
-def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 def _reasons(reasons: list[str]) -> str:
@@ -258,7 +243,7 @@ def _measure(
     """Per layer, the running per-channel sums of the weight error's output, in one pass."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
-    taken = _tensor_names(model)
+    taken = edits.tensor_names(model)
     sums: dict[str, _Sums] = {}
     for i, layer in enumerate(found):
         sums[layer.label] = _Sums(names=_add_probe(probe, layer, f"qb_bias{i}", opset, taken))
@@ -274,7 +259,7 @@ def _add_probe(
 ) -> tuple[str, str, str, str]:
     """Adds the twin of ``layer`` on ``Wq - W`` and its per-channel reductions to ``probe``;
     returns the names of mean(delta), mean(delta²), mean(output²) and delta's shape."""
-    prefix = _unique(taken, prefix)
+    prefix = edits.unique(taken, prefix)
     g = probe.graph
     dw = quantized_weight(layer.weight, layer.axis) - layer.weight.astype(np.float32)
     g.initializer.append(numpy_helper.from_array(dw.astype(layer.weight.dtype), f"{prefix}_dw"))
@@ -363,9 +348,8 @@ def _bias_shape(layer: _Layer, bias: np.ndarray) -> tuple[int, ...]:
 def _write_bias(model: onnx.ModelProto, layer: _Layer, bias: np.ndarray) -> str:
     """Puts ``bias`` where the layer's bias lives, as a new initializer (an old one may be
     shared); says how."""
-    taken = _tensor_names(model)
-    name = _unique(taken, f"{layer.label}_bias_corrected")
-    model.graph.initializer.append(numpy_helper.from_array(bias, name))
+    taken = edits.tensor_names(model)
+    name = edits.add_initializer(model, bias, f"{layer.label}_bias_corrected", taken)
     node = layer.node
     if layer.bias_node is not None:
         layer.replaced = layer.bias_node.input[layer.bias_index]
@@ -377,9 +361,9 @@ def _write_bias(model: onnx.ModelProto, layer: _Layer, bias: np.ndarray) -> str:
         node.input[2] = name
         return "bias input added"
     out = node.output[0]
-    node.output[0] = _unique(taken, f"{out}_before_bias")
+    node.output[0] = edits.unique(taken, f"{out}_before_bias")
     add = helper.make_node(
-        "Add", [node.output[0], name], [out], name=_unique(taken, f"{layer.label}_bias")
+        "Add", [node.output[0], name], [out], name=edits.unique(taken, f"{layer.label}_bias")
     )
     at = next(i for i, n in enumerate(model.graph.node) if node.output[0] in n.output)
     model.graph.node.insert(at + 1, add)
@@ -407,56 +391,3 @@ def _db(signal: float, noise: float) -> float:
     if noise <= 0:
         return math.inf
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
-
-
-# --------------------------------------------------------------------------- graph helpers
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((int(i.version) for i in model.opset_import if i.domain in ("", "ai.onnx")), 0)
-
-
-def _tensor_names(model: onnx.ModelProto) -> set[str]:
-    g = model.graph
-    names = {i.name for i in g.initializer} | {v.name for v in [*g.input, *g.output, *g.value_info]}
-    names.update(t for n in g.node for t in [*n.input, *n.output, n.name] if t)
-    return names
-
-
-def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
-    out: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            if name:
-                out.setdefault(name, []).append(node)
-    return out
-
-
-def _unique(taken: set[str], base: str) -> str:
-    """``base``, or ``base_1``, ``base_2``... whichever no tensor or node uses; reserved."""
-    name, k = base, 1
-    while name in taken:
-        name, k = f"{base}_{k}", k + 1
-    taken.add(name)
-    return name
-
-
-def _drop_unused_initializers(model: onnx.ModelProto, names: list[str]) -> None:
-    """Removes the replaced bias initializers no node (in any subgraph) or output uses."""
-    used = _used_names(model.graph) | {o.name for o in model.graph.output}
-    drop = set(names) - used
-    keep = [i for i in model.graph.initializer if i.name not in drop]
-    if len(keep) != len(model.graph.initializer):
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(keep)
-
-
-def _used_names(graph: onnx.GraphProto) -> set[str]:
-    used: set[str] = set()
-    for node in graph.node:
-        used.update(node.input)
-        for a in node.attribute:
-            subgraphs = [*([a.g] if a.HasField("g") else []), *a.graphs]
-            for sub in subgraphs:
-                used |= _used_names(sub) | {o.name for o in sub.output}
-    return used
