@@ -230,8 +230,11 @@ def test_layers_restricts_the_pass():
     result = correct_bias(m, source(m), layers=["dwconv"])
     assert [c.node for c in result.layers] == ["dwconv"]
     np.testing.assert_array_equal(bias_of(result.model, "conv"), W["b_conv"])
+    assert [c.node for c in correct_bias(m, source(m), layers="gemm").layers] == ["gemm"]
     with pytest.raises(QuantbenchError, match="no node named nope"):
         correct_bias(m, source(m), layers=["nope"])
+    relu_only = correct_bias(m, source(m), layers=["relu"])
+    assert not relu_only.changed and "relu: a Relu is not Conv, Gemm or MatMul" in relu_only.skipped
 
 
 def test_a_model_without_eligible_layers_is_skipped():

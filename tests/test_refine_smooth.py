@@ -231,6 +231,8 @@ def test_the_model_is_not_mutated_and_alpha_is_checked():
     assert m.SerializeToString() == before
     with pytest.raises(QuantbenchError, match="alpha"):
         smooth(m, source(m), alpha=1.5)
+    with pytest.raises(QuantbenchError, match="no channel maxima for x"):
+        smooth(m, None)
 
 
 def test_a_model_without_targets_is_skipped():

@@ -112,7 +112,8 @@ def correct_bias(
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = open_graph(out, require_fixed_rank=False)
-    found, reasons = _eligible(graph, out, None if layers is None else list(layers))
+    wanted = None if layers is None else [layers] if isinstance(layers, str) else list(layers)
+    found, reasons = _eligible(graph, out, wanted)
     if not found:
         why = "no Conv, Gemm or MatMul with a constant weight"
         return Refined(BIAS, out, skipped=f"{why}{_reasons(reasons)}")
@@ -141,9 +142,11 @@ def _eligible(
     found: list[_Layer] = []
     reasons: list[str] = []
     for node, label in zip(model.graph.node, labels, strict=True):
-        if node.op_type not in ("Conv", "Gemm", "MatMul") or node.domain not in ("", "ai.onnx"):
-            continue
         if wanted is not None and label not in wanted:
+            continue
+        if node.op_type not in ("Conv", "Gemm", "MatMul") or node.domain not in ("", "ai.onnx"):
+            if wanted is not None:
+                reasons.append(f"{label}: a {node.op_type} is not Conv, Gemm or MatMul")
             continue
         layer = _layer(graph, model, node, label, consumers, outputs)
         if isinstance(layer, str):

@@ -61,7 +61,7 @@ class _Target:
 
 def smooth(
     model: onnx.ModelProto,
-    data: DataSource,
+    data: DataSource | None,
     *,
     alpha: float = 0.5,
     provider: str | None = None,
@@ -72,8 +72,8 @@ def smooth(
     multiplied by it.
 
     ``channel_max``: max|X_j| per tensor (:func:`activation_channel_max`), so that a search
-    over ``alpha`` streams the data once; tensors it lacks are measured on ``data``.
-    ``model`` is not modified."""
+    over ``alpha`` streams the data once; tensors it lacks are measured on ``data`` (which
+    may be None where ``channel_max`` has them all). ``model`` is not modified."""
     if not 0.0 <= alpha <= 1.0:
         raise QuantbenchError(f"smoothing alpha must lie in [0, 1], not {alpha}")
     start = time.perf_counter()
@@ -86,6 +86,8 @@ def smooth(
         return Refined(SMOOTH, out, skipped=why)
     maxima = dict(channel_max or {})
     missing = [x for x in groups if x not in maxima]
+    if missing and data is None:
+        raise QuantbenchError(f"smoothing needs data: no channel maxima for {', '.join(missing)}")
     if missing:
         maxima.update(activation_channel_max(model, data, missing, provider=provider))
     changes, reasons = _apply(graph, out, groups, maxima, alpha)
