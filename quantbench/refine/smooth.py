@@ -69,7 +69,9 @@ def smooth(
 ) -> Refined:
     """Smoothed copy of ``model``: every activation X feeding MatMul/Gemm nodes with constant
     2-D weights (Gemm without transA) is divided by ``s`` per input channel, their weights
-    multiplied by it.
+    multiplied by it, whatever produces X (a LayerNormalization takes ``1/s`` for free; a
+    residual Add, a graph input or any other producer gets a Mul). Channels whose maxima are
+    already flat (``s = 1`` throughout) are left alone.
 
     ``channel_max``: max|X_j| per tensor (:func:`activation_channel_max`), so that a search
     over ``alpha`` streams the data once; tensors it lacks are measured on ``data`` (which
