@@ -152,7 +152,7 @@ def bias_of(m: onnx.ModelProto, layer: str) -> np.ndarray:
     return inits[next(t for t in add.input if t != node.output[0])]
 
 
-@pytest.fixture(scope="module", params=[13, 18], ids=["opset13", "opset18"])
+@pytest.fixture(scope="module", params=[10, 18], ids=["opset10", "opset18"])
 def refined(request):
     m = model(request.param)
     return m, correct_bias(m, source(m))

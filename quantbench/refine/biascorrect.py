@@ -118,7 +118,8 @@ def correct_bias(
         why = "no Conv, Gemm or MatMul with a constant weight"
         return Refined(BIAS, out, skipped=f"{why}{_reasons(reasons)}")
     sums = _measure(out, found, edits.opset(out), data, provider)
-    changes = [_correct(out, layer, sums[layer.label]) for layer in found]
+    taken = edits.tensor_names(out)
+    changes = [_correct(out, layer, sums[layer.label], taken) for layer in found]
     edits.drop_unused_initializers(out, [layer.replaced for layer in found if layer.replaced])
     recorded = [c for c in changes if c is not None]
     skipped = "" if recorded else f"every weight is on its INT8 grid: no shift{_reasons(reasons)}"
@@ -265,9 +266,10 @@ def _add_probe(
     prefix = edits.unique(taken, prefix)
     g = probe.graph
     dw = quantized_weight(layer.weight, layer.axis) - layer.weight.astype(np.float32)
-    g.initializer.append(numpy_helper.from_array(dw.astype(layer.weight.dtype), f"{prefix}_dw"))
+    dw = dw.astype(layer.weight.dtype)
+    g.initializer.append(numpy_helper.from_array(dw, f"{prefix}_dw"))
     node = layer.node
-    nodes = [_twin(probe, node, f"{prefix}_dw", f"{prefix}_delta", opset)]
+    nodes = [_twin(probe, node, f"{prefix}_dw", f"{prefix}_delta", opset, dw.dtype)]
     nodes += [helper.make_node("Mul", [f"{prefix}_delta"] * 2, [f"{prefix}_delta_sq"])]
     nodes += [helper.make_node("Mul", [layer.output] * 2, [f"{prefix}_out_sq"])]
     nodes += [helper.make_node("Shape", [f"{prefix}_delta"], [f"{prefix}_shape"])]
@@ -280,15 +282,18 @@ def _add_probe(
 
 
 def _twin(
-    probe: onnx.ModelProto, node: onnx.NodeProto, weight: str, output: str, opset: int
+    probe: onnx.ModelProto,
+    node: onnx.NodeProto,
+    weight: str,
+    output: str,
+    opset: int,
+    dtype: np.dtype,
 ) -> onnx.NodeProto:
     """``node`` on ``weight`` with its attributes and without its bias (Gemm before opset 11
     requires a C: a zero scalar)."""
     inputs = [node.input[0], weight]
     if node.op_type == "Gemm" and opset < 11:
-        probe.graph.initializer.append(
-            numpy_helper.from_array(np.zeros(1, np.float32), f"{output}_c0")
-        )
+        probe.graph.initializer.append(numpy_helper.from_array(np.zeros(1, dtype), f"{output}_c0"))
         inputs.append(f"{output}_c0")
     twin = helper.make_node(node.op_type, inputs, [output], name=f"{output}_twin")
     twin.attribute.extend(node.attribute)
@@ -326,7 +331,9 @@ def _reduce_mean(
 # --------------------------------------------------------------------------- correcting
 
 
-def _correct(model: onnx.ModelProto, layer: _Layer, sums: _Sums) -> LayerChange | None:
+def _correct(
+    model: onnx.ModelProto, layer: _Layer, sums: _Sums, taken: set[str]
+) -> LayerChange | None:
     """Writes ``b - E[delta]`` as the layer's bias; the record, or None when nothing moved."""
     if sums.count == 0:
         return None
@@ -337,7 +344,7 @@ def _correct(model: onnx.ModelProto, layer: _Layer, sums: _Sums) -> LayerChange 
     old = layer.bias if layer.bias is not None else np.zeros(layer.channels, dtype)
     shift = mean.reshape(_bias_shape(layer, old))
     corrected = (old.astype(np.float64) - shift / layer.bias_gain).astype(dtype)
-    how = _write_bias(model, layer, corrected)
+    how = _write_bias(model, layer, corrected, taken)
     return _record(layer, sums, mean, how)
 
 
@@ -348,10 +355,9 @@ def _bias_shape(layer: _Layer, bias: np.ndarray) -> tuple[int, ...]:
     return (layer.channels,) if bias.ndim <= 1 else (*([1] * (bias.ndim - 1)), layer.channels)
 
 
-def _write_bias(model: onnx.ModelProto, layer: _Layer, bias: np.ndarray) -> str:
+def _write_bias(model: onnx.ModelProto, layer: _Layer, bias: np.ndarray, taken: set[str]) -> str:
     """Puts ``bias`` where the layer's bias lives, as a new initializer (an old one may be
     shared); says how."""
-    taken = edits.tensor_names(model)
     name = edits.add_initializer(model, bias, f"{layer.label}_bias_corrected", taken)
     node = layer.node
     if layer.bias_node is not None:
