@@ -1,0 +1,314 @@
+"""SmoothQuant-style activation-outlier migration for MatMul/Gemm with constant weights.
+
+Transformer activations (LayerNorm outputs, the residual stream) carry a few input channels
+up to 100x larger than the rest; one per-tensor INT8 scale sized for them leaves the other
+channels a handful of levels. Weights are quantized per *output* channel, so their input
+channels can absorb a per-channel factor: with ``s_j = max|X_j|^alpha / max|W_j|^(1-alpha)``
+(Xiao et al., "SmoothQuant", 2023), ``X' = X / s`` and ``W' = diag(s) W`` compute the same
+``X' W' = X W`` while the activation's channels come closer together (``alpha`` moves the
+difficulty between the two sides: 0.5 splits it evenly).
+
+``1/s`` is folded where it is free: a LayerNormalization whose output feeds only the smoothed
+projections (the Q/K/V of one attention layer share one ``s``, taken over all of their
+weights) gets its Scale and B divided by ``s``. Elsewhere one ``Mul(X, 1/s)`` feeds the
+smoothed consumers only; other consumers (a residual Add) keep ``X``.
+
+The rewrite keeps the FP32 function (up to float rounding) but moves activation ranges: a
+calibration table must be made on the refined model (``RANGE_CHANGING``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from quantbench.data.sources import DataSource
+from quantbench.errors import QuantbenchError
+from quantbench.model.graph import Graph, node_labels, open_graph
+from quantbench.refine import SMOOTH, LayerChange, Refined, edits
+from quantbench.refine.activations import stream_activations
+
+#: the smallest smoothing factor (SmoothQuant's clamp): keeps 1/s finite
+MIN_SCALE = 1e-5
+MEASURE = (
+    "activation channel range: max/median over X's input channels of max|X_j| on the "
+    "calibration data (1 = flat); after = max|X_j / s_j|, exact"
+)
+
+
+@dataclass
+class _Target:
+    """A MatMul/Gemm whose constant weight can absorb ``s`` along its input channels."""
+
+    node: onnx.NodeProto
+    label: str
+    weight: np.ndarray
+    #: the weight's input-channel axis: 0 for MatMul's [K, N] and Gemm's B, 1 for Gemm transB
+    in_axis: int
+
+    @property
+    def channel_max(self) -> np.ndarray:
+        """max|W_j| per input channel j (float64)."""
+        other = 1 - self.in_axis
+        return np.abs(self.weight.astype(np.float64)).max(axis=other)
+
+
+def smooth(
+    model: onnx.ModelProto,
+    data: DataSource | None,
+    *,
+    alpha: float = 0.5,
+    provider: str | None = None,
+    channel_max: Mapping[str, np.ndarray] | None = None,
+) -> Refined:
+    """Smoothed copy of ``model``: every activation X feeding MatMul/Gemm nodes with constant
+    2-D weights (Gemm without transA) is divided by ``s`` per input channel, their weights
+    multiplied by it, whatever produces X (a LayerNormalization takes ``1/s`` for free; a
+    residual Add, a graph input or any other producer gets a Mul). Channels whose maxima are
+    already flat (``s = 1`` throughout) are left alone.
+
+    ``channel_max``: max|X_j| per tensor (:func:`activation_channel_max`), so that a search
+    over ``alpha`` streams the data once; tensors it lacks are measured on ``data`` (which
+    may be None where ``channel_max`` has them all). ``model`` is not modified."""
+    if not 0.0 <= alpha <= 1.0:
+        raise QuantbenchError(f"smoothing alpha must lie in [0, 1], not {alpha}")
+    start = time.perf_counter()
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = open_graph(out, require_fixed_rank=False)
+    groups = _targets(graph, out)
+    if not groups:
+        why = "no MatMul or Gemm with a constant 2-D weight and a runtime input"
+        return Refined(SMOOTH, out, skipped=why)
+    maxima = dict(channel_max or {})
+    missing = [x for x in groups if x not in maxima]
+    if missing and data is None:
+        raise QuantbenchError(f"smoothing needs data: no channel maxima for {', '.join(missing)}")
+    if missing:
+        maxima.update(activation_channel_max(model, data, missing, provider=provider))
+    changes, reasons = _apply(graph, out, groups, maxima, alpha)
+    skipped = "" if changes else "; ".join(reasons) or "no activation to smooth"
+    return Refined(SMOOTH, out, changes, time.perf_counter() - start, skipped)
+
+
+def activation_channel_max(
+    model: onnx.ModelProto,
+    data: DataSource,
+    tensors: Iterable[str],
+    provider: str | None = None,
+) -> dict[str, np.ndarray]:
+    """max|X_j| per last-axis channel j of each tensor over ``data`` (one streamed FP32 pass,
+    a running maximum over all leading axes; non-finite values left out)."""
+    maxima: dict[str, np.ndarray] = {}
+    for values in stream_activations(model, data, list(tensors), provider=provider):
+        for name, value in values.items():
+            batch = _batch_channel_max(value)
+            maxima[name] = batch if name not in maxima else np.maximum(maxima[name], batch)
+    return maxima
+
+
+def _batch_channel_max(value: np.ndarray) -> np.ndarray:
+    magnitude = np.abs(np.asarray(value, np.float32))
+    magnitude[~np.isfinite(magnitude)] = 0
+    channels = magnitude.shape[-1] if magnitude.ndim else 1
+    return magnitude.reshape(-1, channels).max(axis=0, initial=0.0)
+
+
+def smoothing_scales(x_max: np.ndarray, w_max: np.ndarray, alpha: float) -> np.ndarray:
+    """``s_j = max|X_j|^alpha / max|W_j|^(1-alpha)``, at least :data:`MIN_SCALE`; 1 for a
+    channel whose activation or weight is all zero (nothing to balance, and the formula would
+    divide by zero or drive the weight to zero)."""
+    x = np.asarray(x_max, np.float64)
+    w = np.asarray(w_max, np.float64)
+    live = (x > 0) & (w > 0)
+    safe_w = np.where(live, w, 1.0)
+    s = np.where(live, np.power(x, alpha) / np.power(safe_w, 1.0 - alpha), 1.0)
+    return np.maximum(s, MIN_SCALE).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- which layers
+
+
+def _targets(graph: Graph, model: onnx.ModelProto) -> dict[str, list[_Target]]:
+    """The smoothable nodes of ``model`` grouped by their activation input, in graph order."""
+    groups: dict[str, list[_Target]] = {}
+    for node, label in zip(model.graph.node, node_labels(model.graph.node), strict=True):
+        target = _target(graph, model, node, label)
+        if target is not None:
+            groups.setdefault(node.input[0], []).append(target)
+    return groups
+
+
+def _target(
+    graph: Graph, model: onnx.ModelProto, node: onnx.NodeProto, label: str
+) -> _Target | None:
+    if node.op_type not in ("MatMul", "Gemm") or node.domain not in ("", "ai.onnx"):
+        return None
+    if len(node.input) < 2 or node.input[0] in graph.constants:
+        return None
+    if node.op_type == "Gemm" and edits.attr(node, "transA", 0):
+        return None  # X's input channels are then its first axis
+    weight = edits.constant(model, graph, node.input[1])
+    if weight is None or weight.ndim != 2 or weight.dtype.kind != "f":
+        return None
+    in_axis = 1 if node.op_type == "Gemm" and edits.attr(node, "transB", 0) else 0
+    return _Target(node, label, weight, in_axis)
+
+
+# --------------------------------------------------------------------------- rewriting
+
+
+def _apply(
+    graph: Graph,
+    model: onnx.ModelProto,
+    groups: dict[str, list[_Target]],
+    maxima: Mapping[str, np.ndarray],
+    alpha: float,
+) -> tuple[list[LayerChange], list[str]]:
+    """Smooths every group; the records, and why groups were left alone."""
+    taken = edits.tensor_names(model)
+    consumers = edits.consumers(model)
+    producers = {o: n for n in model.graph.node for o in n.output if o}
+    outputs = {o.name for o in model.graph.output}
+    changes: list[LayerChange] = []
+    reasons: list[str] = []
+    replaced: list[str] = []
+    for x, targets in groups.items():
+        x_max = np.asarray(maxima[x], np.float64).reshape(-1)
+        channels = targets[0].weight.shape[targets[0].in_axis]
+        if x_max.shape != (channels,):
+            reasons.append(f"{x}: {x_max.size} activation maxima for {channels} input channels")
+            continue
+        w_max = np.max([t.channel_max for t in targets], axis=0)
+        s = smoothing_scales(x_max, w_max, alpha)
+        if np.all(s == 1):
+            reasons.append(f"{x}: s = 1 on every channel")
+            continue
+        norm = _foldable_norm(graph, model, x, targets, consumers, producers, outputs)
+        if norm is not None:
+            ln, constants = norm
+            replaced += _fold_into_norm(model, ln, constants, s, taken)
+            how = f"1/s folded into LayerNormalization {ln.name or ln.output[0]}'s Scale and B"
+        else:
+            how = _insert_mul(model, x, targets, s, taken, len(consumers.get(x, [])))
+        replaced += [_scale_weight(model, t, s, taken) for t in targets]
+        changes.append(_record(x, targets, x_max, w_max, s, alpha, how))
+    edits.drop_unused_initializers(model, replaced)
+    return changes, reasons
+
+
+def _foldable_norm(
+    graph: Graph,
+    model: onnx.ModelProto,
+    x: str,
+    targets: list[_Target],
+    consumers: dict[str, list[onnx.NodeProto]],
+    producers: dict[str, onnx.NodeProto],
+    outputs: set[str],
+) -> tuple[onnx.NodeProto, dict[int, np.ndarray]] | None:
+    """The LayerNormalization producing ``x`` and its Scale/B by input index, when ``1/s`` can
+    go into them: ``x`` is its Y, read only by ``targets`` (not a graph output), and Scale/B
+    are constants whose last axis is X's channels."""
+    ln = producers.get(x)
+    if ln is None or ln.op_type != "LayerNormalization" or ln.domain not in ("", "ai.onnx"):
+        return None
+    if ln.output[0] != x or x in outputs:
+        return None
+    readers = consumers.get(x, [])
+    if sorted(n.output[0] for n in readers) != sorted(t.node.output[0] for t in targets):
+        return None
+    channels = targets[0].weight.shape[targets[0].in_axis]
+    constants: dict[int, np.ndarray] = {}
+    for index in [i for i in (1, 2) if len(ln.input) > i and ln.input[i]]:
+        value = edits.constant(model, graph, ln.input[index])
+        if value is None or value.ndim == 0 or value.shape[-1] != channels:
+            return None
+        constants[index] = value
+    return ln, constants
+
+
+def _fold_into_norm(
+    model: onnx.ModelProto,
+    ln: onnx.NodeProto,
+    constants: dict[int, np.ndarray],
+    s: np.ndarray,
+    taken: set[str],
+) -> list[str]:
+    """Scale/s and B/s as new initializers of ``ln`` (the old may be shared); the names they
+    replaced."""
+    old = [ln.input[index] for index in constants]
+    for (index, value), name in zip(constants.items(), old, strict=True):
+        scaled = (value / s).astype(value.dtype)
+        ln.input[index] = edits.add_initializer(model, scaled, f"{name}_smooth", taken)
+    return old
+
+
+def _insert_mul(
+    model: onnx.ModelProto,
+    x: str,
+    targets: list[_Target],
+    s: np.ndarray,
+    taken: set[str],
+    readers: int,
+) -> str:
+    """``Mul(x, 1/s)`` just before the first target, feeding the targets only; says so."""
+    dtype = targets[0].weight.dtype
+    inverse = edits.add_initializer(model, (1 / s).astype(dtype), f"{x}_smooth_scale", taken)
+    smoothed = edits.unique(taken, f"{x}_smooth")
+    mul = helper.make_node("Mul", [x, inverse], [smoothed], name=smoothed)
+    ours = {t.node.output[0] for t in targets}
+    at = next(i for i, n in enumerate(model.graph.node) if n.output and n.output[0] in ours)
+    for t in targets:
+        t.node.input[0] = smoothed
+    model.graph.node.insert(at, mul)
+    others = readers - len(targets)
+    kept = f"; {others} other consumer(s) keep {x}" if others else ""
+    return f"Mul {smoothed} inserted before them{kept}"
+
+
+def _scale_weight(model: onnx.ModelProto, target: _Target, s: np.ndarray, taken: set[str]) -> str:
+    """``diag(s) W`` as the target's new weight; the name it replaced."""
+    shape = [1, 1]
+    shape[target.in_axis] = -1
+    scaled = (target.weight * s.reshape(shape)).astype(target.weight.dtype)
+    old = target.node.input[1]
+    target.node.input[1] = edits.add_initializer(model, scaled, f"{old}_smooth", taken)
+    return old
+
+
+def _record(
+    x: str,
+    targets: list[_Target],
+    x_max: np.ndarray,
+    w_max: np.ndarray,
+    s: np.ndarray,
+    alpha: float,
+    how: str,
+) -> LayerChange:
+    """Activation channel range before/after (exact: max|X_j/s_j| = max|X_j|/s_j), with the
+    weights' input-channel range, which grows by what the activation loses."""
+    s64 = s.astype(np.float64)
+    before, after = _range(x_max), _range(x_max / s64)
+    detail = (
+        f"alpha {alpha:g}, {len(s)} channels: activation channel range "
+        f"{_text(before)} -> {_text(after)}, weights' input-channel range "
+        f"{_text(_range(w_max))} -> {_text(_range(w_max * s64))}; {how}"
+    )
+    node = f"{x} -> {', '.join(t.label for t in targets)}"
+    return LayerChange(node, detail, before=before, after=after, measure=MEASURE)
+
+
+def _range(channel_max: np.ndarray) -> float | None:
+    """max/median of per-channel maxima; None where most channels are zero."""
+    median = float(np.median(channel_max))
+    return float(np.max(channel_max)) / median if median > 0 else None
+
+
+def _text(value: float | None) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3g}"
