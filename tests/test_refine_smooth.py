@@ -190,14 +190,15 @@ def test_a_mul_feeds_the_projection_and_the_residual_keeps_x():
 
 
 def test_gemm_trans_b_scales_the_weight_columns():
-    """Gemm(X, W [N, K], transB=1) on a graph input: W' = W diag(s), X through a Mul."""
+    """Gemm(X, W [N, K], transB=1) on a residual sum: W' = W diag(s), X through a Mul."""
     w = (RNG.standard_normal((6, K)) * 0.3).astype(np.float32)
     m = make(
-        [helper.make_node("Gemm", ["h", "w"], ["y"], name="fc", transB=1)],
+        [helper.make_node("Add", ["h", "h"], ["x2"], name="residual"),
+         helper.make_node("Gemm", ["x2", "w"], ["y"], name="fc", transB=1)],
         [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", K])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6])],
         [("w", w)],
-    )
+    )  # fmt: skip
     rng = np.random.default_rng(4)
     data = [
         {
@@ -206,7 +207,7 @@ def test_gemm_trans_b_scales_the_weight_columns():
         }
     ]
     result = smooth(m, open_data(data, open_graph(m).inputs), alpha=0.7)
-    s = by_hand(data[0]["h"], [w.T], 0.7)
+    s = by_hand(2 * data[0]["h"], [w.T], 0.7)
     fc = node(result.model, "fc")
     np.testing.assert_allclose(initializers(result.model)[fc.input[1]], w * s, rtol=1e-5)
     (before,), (after,) = run(m, ["y"], data), run(result.model, ["y"], data)
@@ -244,3 +245,20 @@ def test_a_model_without_targets_is_skipped():
     )
     result = smooth(m, None)
     assert not result.changed and "no MatMul or Gemm with a constant 2-D weight" in result.skipped
+
+
+def test_a_cnn_head_is_left_alone():
+    """Flatten -> Gemm (a classifier head) has no LayerNorm or residual outliers to move: no
+    Mul is put in front of it."""
+    w = (RNG.standard_normal((6, K)) * 0.3).astype(np.float32)
+    m = make(
+        [helper.make_node("Flatten", ["h"], ["f"], name="flat"),
+         helper.make_node("Gemm", ["f", "w"], ["y"], name="fc", transB=1)],
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6])],
+        [("w", w)],
+    )  # fmt: skip
+    data = [{"h": RNG.standard_normal((4, K)).astype(np.float32)}]
+    result = smooth(m, open_data(data, open_graph(m).inputs))
+    assert not result.changed and result.skipped
+    assert [n.op_type for n in result.model.graph.node] == ["Flatten", "Gemm"]

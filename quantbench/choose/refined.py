@@ -183,6 +183,8 @@ def refine_judged(
             trial = _try(variant, run, state, fit, score, provider)
             trial.seconds = time.perf_counter() - start
             trials.append(trial)
+            if trial.score_db is None:
+                break  # nothing to change: the pass's other variants would say the same
             if trial.kept:
                 kept = [k for k in kept if k.split(":")[0] != name] + [variant]
     return RefineOutcome(state.graph, state.table, kept, trials, base, holdout_note)
@@ -213,8 +215,11 @@ def _variants(
     def smoothed(alpha: float) -> Callable[[onnx.ModelProto], Refined]:
         def run(m: onnx.ModelProto) -> Refined:
             if not maxima:
-                maxima["found"] = smooth.activation_channel_max(
-                    m, fit, smooth.smoothable_tensors(m), provider=provider
+                tensors = smooth.smoothable_tensors(m)
+                maxima["found"] = (
+                    smooth.activation_channel_max(m, fit, tensors, provider=provider)
+                    if tensors
+                    else {}
                 )
             return smooth.smooth(m, fit, alpha=alpha, provider=provider,
                                  channel_max=maxima["found"])  # fmt: skip

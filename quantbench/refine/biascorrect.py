@@ -60,6 +60,9 @@ class _Layer:
     bias_gain: float = 1.0
     #: the bias tensor the correction replaced (its initializer goes if nothing else uses it)
     replaced: str = ""
+    #: the FP32 weight the INT8 one is compared with when it is not ``weight`` itself: the
+    #: weight before a rounding pass put ``weight`` on its grid
+    unrounded: np.ndarray | None = None
 
     @property
     def channels(self) -> int:
@@ -96,6 +99,7 @@ def correct_bias(
     *,
     provider: str | None = None,
     layers: Iterable[str] | None = None,
+    original: onnx.ModelProto | None = None,
 ) -> Refined:
     """Bias-corrected copy of ``model`` for every Conv (grouped and depthwise included), Gemm
     and MatMul (2-D weight) of the main graph whose weight is constant, or only ``layers``
@@ -107,7 +111,9 @@ def correct_bias(
     alone consumes a MatMul's output, else a new Add after the MatMul (its output keeps the
     MatMul's tensor name, so consumers and tables still find it). Left alone: ConvTranspose,
     runtime weights or biases, MatMul weights that are not 2-D, Gemm with ``beta=0``.
-    ``model`` is not modified."""
+    ``original``: the model before :mod:`quantbench.refine.rounding` put the weights on their
+    INT8 grid (same weight names); the shift is then that of the rounded weights against the
+    original ones, which rounding alone leaves in. ``model`` is not modified."""
     start = time.perf_counter()
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -117,6 +123,8 @@ def correct_bias(
     if not found:
         why = "no Conv, Gemm or MatMul with a constant weight"
         return Refined(BIAS, out, skipped=f"{why}{_reasons(reasons)}")
+    if original is not None:
+        _compare_with(found, original)
     sums = _measure(out, found, edits.opset(out), data, provider)
     taken = edits.tensor_names(out)
     changes = [_correct(out, layer, sums[layer.label], taken) for layer in found]
@@ -237,6 +245,17 @@ def quantized_weight(weight: np.ndarray, axis: int) -> np.ndarray:
     return (np.clip(np.round(w / scale), -INT8_MAX, INT8_MAX) * scale).astype(np.float32)
 
 
+def _compare_with(found: list[_Layer], original: onnx.ModelProto) -> None:
+    """Each layer's weight before rounding, by the weight's name in ``original``."""
+    weights = {i.name: i for i in original.graph.initializer}
+    for layer in found:
+        init = weights.get(layer.node.input[1])
+        if init is not None:
+            values = numpy_helper.to_array(init)
+            if values.shape == layer.weight.shape:
+                layer.unrounded = values
+
+
 def _measure(
     model: onnx.ModelProto,
     found: list[_Layer],
@@ -265,7 +284,8 @@ def _add_probe(
     returns the names of mean(delta), mean(delta²), mean(output²) and delta's shape."""
     prefix = edits.unique(taken, prefix)
     g = probe.graph
-    dw = quantized_weight(layer.weight, layer.axis) - layer.weight.astype(np.float32)
+    reference = layer.weight if layer.unrounded is None else layer.unrounded
+    dw = quantized_weight(layer.weight, layer.axis) - reference.astype(np.float32)
     dw = dw.astype(layer.weight.dtype)
     g.initializer.append(numpy_helper.from_array(dw, f"{prefix}_dw"))
     node = layer.node

@@ -67,11 +67,11 @@ def smooth(
     provider: str | None = None,
     channel_max: Mapping[str, np.ndarray] | None = None,
 ) -> Refined:
-    """Smoothed copy of ``model``: every activation X feeding MatMul/Gemm nodes with constant
-    2-D weights (Gemm without transA) is divided by ``s`` per input channel, their weights
-    multiplied by it, whatever produces X (a LayerNormalization takes ``1/s`` for free; a
-    residual Add, a graph input or any other producer gets a Mul). Channels whose maxima are
-    already flat (``s = 1`` throughout) are left alone.
+    """Smoothed copy of ``model``: every activation X made by a LayerNorm or an Add
+    (:data:`OUTLIER_PRODUCERS`) feeding MatMul/Gemm nodes with constant 2-D weights (Gemm
+    without transA) is divided by ``s`` per input channel, their weights multiplied by it (a
+    LayerNormalization takes ``1/s`` for free; an Add gets a Mul after it).
+    Channels whose maxima are already flat (``s = 1`` throughout) are left alone.
 
     ``channel_max``: max|X_j| per tensor (:func:`activation_channel_max`), so that a search
     over ``alpha`` streams the data once; tensors it lacks are measured on ``data`` (which
@@ -84,7 +84,7 @@ def smooth(
     graph = open_graph(out, require_fixed_rank=False)
     groups = _targets(graph, out)
     if not groups:
-        why = "no MatMul or Gemm with a constant 2-D weight and a runtime input"
+        why = "no MatMul or Gemm with a constant 2-D weight reading a LayerNorm or Add output"
         return Refined(SMOOTH, out, skipped=why)
     maxima = dict(channel_max or {})
     missing = [x for x in groups if x not in maxima]
@@ -95,6 +95,18 @@ def smooth(
     changes, reasons = _apply(graph, out, groups, maxima, alpha)
     skipped = "" if changes else "; ".join(reasons) or "no activation to smooth"
     return Refined(SMOOTH, out, changes, time.perf_counter() - start, skipped)
+
+
+#: where activation outliers come from in transformers: a LayerNorm's per-channel gain, a
+#: residual sum (a LayerNorm decomposed by its exporter ends in an Add too). A CNN's classifier
+#: head (Flatten -> Gemm) has none worth a Mul in front of its Gemm.
+OUTLIER_PRODUCERS = frozenset({"LayerNormalization", "SkipLayerNormalization", "Add"})
+
+
+def smoothable_tensors(model: onnx.ModelProto) -> list[str]:
+    """The activations :func:`smooth` would divide (inputs of MatMul/Gemm with constant 2-D
+    weights), whose channel maxima it needs."""
+    return list(_targets(open_graph(model, require_fixed_rank=False), model))
 
 
 def activation_channel_max(
@@ -138,7 +150,11 @@ def smoothing_scales(x_max: np.ndarray, w_max: np.ndarray, alpha: float) -> np.n
 def _targets(graph: Graph, model: onnx.ModelProto) -> dict[str, list[_Target]]:
     """The smoothable nodes of ``model`` grouped by their activation input, in graph order."""
     groups: dict[str, list[_Target]] = {}
+    producers = graph.producers()
     for node, label in zip(model.graph.node, node_labels(model.graph.node), strict=True):
+        made_by = producers.get(node.input[0]) if node.input else None
+        if made_by is None or made_by.op_type not in OUTLIER_PRODUCERS:
+            continue
         target = _target(graph, model, node, label)
         if target is not None:
             groups.setdefault(node.input[0], []).append(target)
