@@ -199,7 +199,7 @@ def quantize(
     if widened:
         result.model = with_io_types_of(result.model, source.model)
     kept = refined.kept if refined is not None else []
-    mark_refined(result.model, kept)
+    mark_refined(result.model, kept, refined.to_dict() if refined is not None else None)
     written = [write_quantized(result, output)]
     if refined_model is not None:
         written.append(_write_refined(graph.model, kept, refined_model))

@@ -21,8 +21,10 @@ changed per layer. Passes never mutate their input model.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import onnx
 
@@ -41,6 +43,8 @@ RANGE_CHANGING = frozenset({EQUALIZE, SMOOTH})
 CHEAP = (EQUALIZE, SMOOTH, BIAS)
 #: metadata key of a refined model (FP32 or Q/DQ): which passes made it (``inspect`` says so)
 REFINED_KEY = "quantbench.refined"
+#: metadata key of the judging record (every pass tried, its score, its per-layer changes)
+RECORD_KEY = "quantbench.refine_record"
 
 
 @dataclass
@@ -74,13 +78,18 @@ class Refined:
         return bool(self.layers)
 
 
-def mark_refined(model: onnx.ModelProto, kept: Sequence[str]) -> None:
-    """Record in ``model``'s metadata which passes made it (``inspect`` says so)."""
+def mark_refined(
+    model: onnx.ModelProto, kept: Sequence[str], record: dict[str, Any] | None = None
+) -> None:
+    """Record in ``model``'s metadata which passes made it (``inspect`` says so) and, when
+    given, the judging record of every pass tried (``compare --report`` shows it)."""
     for prop in list(model.metadata_props):
-        if prop.key == REFINED_KEY:
+        if prop.key in (REFINED_KEY, RECORD_KEY):
             model.metadata_props.remove(prop)
     if kept:
         model.metadata_props.add(key=REFINED_KEY, value=",".join(kept))
+    if record is not None:
+        model.metadata_props.add(key=RECORD_KEY, value=json.dumps(record, allow_nan=False))
 
 
 def refined_passes(model: onnx.ModelProto) -> list[str]:
@@ -89,3 +98,15 @@ def refined_passes(model: onnx.ModelProto) -> list[str]:
         if prop.key == REFINED_KEY:
             return [p for p in prop.value.split(",") if p]
     return []
+
+
+def refine_record(model: onnx.ModelProto) -> dict[str, Any] | None:
+    """The judging record :func:`mark_refined` stored, or None (none stored, or unreadable)."""
+    for prop in model.metadata_props:
+        if prop.key == RECORD_KEY:
+            try:
+                found = json.loads(prop.value)
+            except ValueError:
+                return None
+            return found if isinstance(found, dict) else None
+    return None
