@@ -20,6 +20,7 @@ from quantbench.choose.clipguard import (
     ClipFlag,
     check_clip_warn,
     clip_flags,
+    clip_summary,
     clip_warning,
 )
 from quantbench.collect.devicecollect import table_device
@@ -41,7 +42,7 @@ from quantbench.progress import info, warn
 from quantbench.stats.tensorstats import StatsFile, settled
 from quantbench.table import CalibrationTable
 from quantbench.table.build import build_table, no_finite_tensors, nonfinite_report
-from quantbench.table.codecs import FORMAT_SUFFIX, encode_table
+from quantbench.table.codecs import FORMAT_SUFFIX, encode_table, output_format
 from quantbench.table.trt_cache import DEFAULT_TRT_VERSION, check_cache_target
 
 __all__ = ["AUTO", "build_table", "calibrate", "obtain_stats", "CalibrationResult"]
@@ -94,7 +95,7 @@ def obtain_stats(
     """
     check_float_model(graph)
     if merge:
-        merged = StatsFile.merge([_load_for(graph, p) for p in merge])
+        merged = StatsFile.merge(_distinct_shards(graph, merge))
         return merged, None, True
     if stats is not None:
         return _load_for(graph, stats), Path(stats), True
@@ -142,6 +143,24 @@ def obtain_stats(
         path.parent.mkdir(parents=True, exist_ok=True)
         result.save(path)
     return result, path, False
+
+
+def _distinct_shards(graph: Graph, paths: list[str | Path]) -> list[StatsFile]:
+    """The ``--merge`` files, refused when two hold the same data (their fingerprints agree):
+    merged, its samples would count twice; silently dropping one would hide the mistake."""
+    seen: dict[str, str | Path] = {}
+    shards = []
+    for path in paths:
+        shard = _load_for(graph, path)
+        first = seen.setdefault(shard.data_fingerprint, path)
+        if first is not path:
+            raise QuantbenchError(
+                f"{first} and {path} hold the same data ({shard.num_samples} samples, data "
+                f"fingerprint {shard.data_fingerprint[:12]}): merged, it would count twice; "
+                "give each shard once"
+            )
+        shards.append(shard)
+    return shards
 
 
 def _load_for(graph: Graph, path: str | Path) -> StatsFile:
@@ -263,6 +282,29 @@ def method_table(
     return auto.table, auto
 
 
+def _check_data_with_stats(
+    data: object | None,
+    stats: object | None,
+    merge: list[str | Path] | None,
+    methods: list[str],
+    holdout_data: object | None,
+) -> None:
+    """``--data`` beside ``--stats``/``--merge`` is never calibrated on: it serves only
+    ``auto``'s judging (said), and is refused where nothing reads it."""
+    if data is None or (stats is None and not merge):
+        return
+    given = "--stats" if stats is not None else "--merge"
+    if AUTO not in methods or holdout_data is not None:
+        raise QuantbenchError(
+            f"--data {data}: not read, the statistics come from {given}; drop --data, or drop "
+            f"{given} to calibrate on that data"
+        )
+    info(
+        f"statistics from {given}; --data {data} serves only --method auto, as the samples it "
+        "judges the calibrators on"
+    )
+
+
 def _cannot_judge(calib_data: object | None) -> str:
     """Why ``auto`` cannot judge on ``calib_data`` (and so falls back to the data-free
     method), or ''."""
@@ -288,7 +330,7 @@ def calibrate(
     *,
     methods: list[str] | None = None,
     output: str | Path | None = None,
-    fmt: str = "trt",
+    fmt: str | None = None,
     trt_version: str = DEFAULT_TRT_VERSION,
     tensors: str | None = None,
     batch_size: int | None = None,
@@ -309,15 +351,17 @@ def calibrate(
     Every option (methods and their options, format, TensorRT version, output paths) is checked
     before any inference, so a bad one costs nothing and leaves nothing behind.
     """
-    if fmt not in FORMAT_SUFFIX:
-        raise QuantbenchError(f"--format must be one of {', '.join(FORMAT_SUFFIX)}, not {fmt!r}")
+    checks = MethodChecks(methods, provider)
+    method_list = checks.methods
+    # one method into a file: its suffix names the format unless --format does; a folder of
+    # several (or one) gets --format, else trt, in files named <method><suffix>
+    into_file = output is not None and len(method_list) == 1 and not Path(output).is_dir()
+    fmt = output_format(output if into_file else None, fmt)
     if fmt == "trt":
         check_cache_target(trt_version)
     check_clip_warn(clip_warn)
     if executor is not None:
         executor.validate()
-    checks = MethodChecks(methods, provider)
-    method_list = checks.methods
     if AUTO in method_list and data is None and holdout_data is None:
         if methods:  # asked for by name: say what is missing
             raise QuantbenchError(
@@ -329,6 +373,7 @@ def calibrate(
             f"no data to judge the default method (auto) on: using {registry.DATA_FREE_METHOD}, "
             "the most robust method that needs no data on the real-model corpus"
         )
+    _check_data_with_stats(data, stats, merge, method_list, holdout_data)
     if data is not None and stats is None and not merge:
         start_provider(provider)  # CUDA starts while the model loads
     # the model's check runs beside the pass's session start (collect_stats)
@@ -388,9 +433,13 @@ def calibrate(
         clipping = {
             m: clip_flags(stats_file, t, clip_warn, known=tables) for m, t in tables.items()
         }
-    for m, flags in clipping.items():
-        if text := clip_warning(flags, clip_warn, m, listed_by="--report PAGE"):
-            warn(text)
+    if len(clipping) > 1:  # --method all: a line per method; the tensors are in the report
+        text = clip_summary(clipping, clip_warn, listed_by="--report PAGE")
+    else:
+        text = "".join(clip_warning(f, clip_warn, m, listed_by="--report PAGE")
+                       for m, f in clipping.items())  # fmt: skip
+    if text:
+        warn(text)
     # every table is encoded (and so checked) before any file is written: one that cannot be
     # written must not leave the others of --method all behind
     encoded = {m: encode_table(tables[m], fmt, trt_version) for m in targets}
@@ -458,3 +507,9 @@ def summarize(result: CalibrationResult) -> None:
         method = by_path.get(p, "?")
         note = registry.method_note(method) if method != "?" else ""
         info(f"wrote {p} (method {method}{': ' + note if note else ''})")
+    if not result.written:
+        kept = f"; statistics kept in {result.stats_path}" if result.stats_path else ""
+        info(
+            "no table was written (no -o): give -o FILE to write it (-o FOLDER for several "
+            f"methods){kept}"
+        )

@@ -19,6 +19,7 @@ from rich.markup import escape
 from quantbench import __version__
 from quantbench.calibrators import DEFAULT_METHOD
 from quantbench.choose.clipguard import DEFAULT_CLIP_WARN, DEFAULT_SQNR_FLOOR_DB
+from quantbench.clihelp import Command, Group
 from quantbench.errors import QuantbenchError
 from quantbench.evaluate.metrics import DECISION_THRESHOLD
 from quantbench.progress import console
@@ -29,6 +30,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
 
 ModelArg = Annotated[Path, typer.Argument(help="ONNX model file.", show_default=False)]
@@ -95,6 +97,13 @@ MetricScriptOpt = Annotated[
     typer.Option(
         help="Task metric script FILE.py[:NAME] (default NAME 'metric'): a function "
         "(fp32, candidate, labels) -> dict or a class with update()/compute()."
+    ),
+]
+LabelsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Labels, one per sample: a .npy, or a .npz holding one array (integers: accuracy "
+        "and accuracy_drop; any dtype: metric scripts)."
     ),
 ]
 
@@ -171,7 +180,7 @@ def _root(
     """quantbench: INT8 for TensorRT without losing accuracy."""
 
 
-@app.command()
+@app.command(cls=Command)
 def calibrate(
     model: ModelArg,
     data: DataOpt = None,
@@ -181,8 +190,14 @@ def calibrate(
         typer.Option("--output", "-o", help="Output file (one method) or folder (several)."),
     ] = None,
     fmt: Annotated[
-        str, typer.Option("--format", "-f", help="trt | json | ort-flatbuffers")
-    ] = "trt",
+        str | None,
+        typer.Option(
+            "--format",
+            "-f",
+            help="trt | json | ort-flatbuffers (default: the -o file's suffix, .json -> json, "
+            ".flatbuffers -> ort-flatbuffers, else trt).",
+        ),
+    ] = None,
     trt_version: Annotated[
         str, typer.Option(help="TensorRT version the cache header targets (X.Y.Z, <= 10.x).")
     ] = "10.16.0",
@@ -259,7 +274,7 @@ def calibrate(
         console.print(f"wrote {report}")
 
 
-@app.command()
+@app.command(cls=Command)
 def inspect(
     path: Annotated[
         Path, typer.Argument(help="An ONNX model, a calibration table/cache or a statistics file.")
@@ -283,7 +298,7 @@ def inspect(
         render(report, limit=limit)
 
 
-@app.command()
+@app.command(cls=Command)
 def quantize(
     model: ModelArg,
     output: Annotated[
@@ -436,7 +451,7 @@ def _print_quantize(outcome: object) -> None:
         console.print(f"wrote {p}")
 
 
-@app.command()
+@app.command(cls=Command)
 def rewrite(
     model: ModelArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="Rewritten ONNX model.")],
@@ -457,7 +472,7 @@ def rewrite(
     console.print(f"rewrote {changed} {what}; wrote {path}")
 
 
-@app.command()
+@app.command(cls=Command)
 def compare(
     a: Annotated[
         str,
@@ -481,10 +496,7 @@ def compare(
     clip_warn: ClipWarnOpt = DEFAULT_CLIP_WARN,
     sqnr_floor: SqnrFloorOpt = DEFAULT_SQNR_FLOOR_DB,
     mask_threshold: MaskThresholdOpt = DECISION_THRESHOLD,
-    labels: Annotated[
-        Path | None,
-        typer.Option(help=".npy of labels (integers: accuracy; any dtype: metric scripts)."),
-    ] = None,
+    labels: LabelsOpt = None,
     metric_script: MetricScriptOpt = None,
     exclude: EvalExcludeOpt = None,
     batch_size: BatchSizeOpt = None,
@@ -571,7 +583,7 @@ def compare(
         raise ThresholdFailed(gate_failures(doc))
 
 
-@app.command()
+@app.command(cls=Command)
 def report(
     results: Annotated[
         Path, typer.Argument(help="Results JSON from compare --json (or calibrate).")
@@ -585,7 +597,7 @@ def report(
     console.print(f"wrote {output}")
 
 
-@app.command()
+@app.command(cls=Command)
 def build(
     model: ModelArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="Engine file (.plan) to write.")],
@@ -609,7 +621,8 @@ def build(
         Path | None, typer.Option(help="Timing cache file (read and updated).")
     ] = None,
     plugin: Annotated[
-        list[Path] | None, typer.Option(help="Plugin library to load, e.g. libdwconv2d_plugin.so.")
+        list[Path] | None,
+        typer.Option(help="Plugin library to load (repeatable), e.g. libdwconv2d_plugin.so."),
     ] = None,
     workspace_mb: Annotated[
         int | None, typer.Option(help="Builder workspace limit in MiB.")
@@ -673,7 +686,7 @@ def _table_as_trt_cache(path: Path, trt_version: str) -> bytes:
     return encode_table(read_table(path), "trt", trt_version)
 
 
-@app.command()
+@app.command(cls=Command)
 def sensitivity(
     model: ModelArg,
     data: EvalDataOpt,
@@ -689,9 +702,7 @@ def sensitivity(
         ),
     ] = None,
     mask_threshold: MaskThresholdOpt = DECISION_THRESHOLD,
-    labels: Annotated[
-        Path | None, typer.Option(help=".npy of labels (integers add accuracy).")
-    ] = None,
+    labels: LabelsOpt = None,
     metric_script: MetricScriptOpt = None,
     holdout_data: HoldoutOpt = None,
     exclude: EvalExcludeOpt = None,
@@ -735,10 +746,7 @@ def sensitivity(
         executor=_executor(executor, workers, ray_address),
     )
     metric = rows[0]["ranked_by"] if rows else metric
-    console.print(f"{metric}: only this op INT8 / only this op FP32, worst first")
-    for row in rows:
-        alone, kept = row["only_quantized"][metric], row["only_fp32"][metric]
-        console.print(f"{row['rank']:>4}  {escape(row['node'])}  {_num(alone)} / {_num(kept)}")
+    _print_sensitivity(rows, metric)
     if json_out is not None:
         from quantbench.model.graph import open_graph
         from quantbench.results import base_document, write_json
@@ -751,7 +759,36 @@ def sensitivity(
         console.print(f"wrote {json_out}")
 
 
-@app.command()
+#: why a sensitivity cell holds no number, or an infinite one (footnotes of the table)
+_NOTHING_QUANTIZED = (
+    "—: no op was quantized in that view, so there is no error to measure: alone, this op has "
+    "no INT8 form (e.g. an Add's residual input, quantized only beside the quantized op it "
+    "follows, for TensorRT's fusion)"
+)
+_IDENTICAL = "inf: the outputs were identical to FP32's"
+
+
+def _print_sensitivity(rows: list[dict], metric: str | None) -> None:
+    """The ranking, one line per op; a view that quantized nothing reads "—", with why."""
+    console.print(f"{metric}: only this op INT8 / only this op FP32, worst first")
+    notes: list[str] = []
+    for row in rows:
+        cells = []
+        for view in ("only_quantized", "only_fp32"):
+            value = row[view][metric]
+            if row.get(f"{view}_nodes") == 0:
+                cells.append("—")
+                notes.append(_NOTHING_QUANTIZED)
+            else:
+                cells.append(_num(value))
+                if value == "inf" or value == float("inf"):
+                    notes.append(_IDENTICAL)
+        console.print(f"{row['rank']:>4}  {escape(row['node'])}  {cells[0]} / {cells[1]}")
+    for note in dict.fromkeys(notes):
+        console.print(note, soft_wrap=True, highlight=False)
+
+
+@app.command(cls=Command)
 def recover(
     model: ModelArg,
     data: EvalDataOpt,
@@ -770,9 +807,7 @@ def recover(
         ),
     ] = None,
     mask_threshold: MaskThresholdOpt = DECISION_THRESHOLD,
-    labels: Annotated[
-        Path | None, typer.Option(help=".npy of labels (integers: needed for accuracy_drop).")
-    ] = None,
+    labels: LabelsOpt = None,
     metric_script: MetricScriptOpt = None,
     method: AutoMethodOpt = DEFAULT_METHOD,
     budget: Annotated[
@@ -881,6 +916,9 @@ def _command_line() -> str:
 
 
 DEBUG_ENV = "QUANTBENCH_DEBUG"
+#: folder for the traceback files of internal errors (default: the system temp folder); the
+#: tests point it at their own tmp folder so that a run leaves nothing in /tmp
+ERROR_DIR_ENV = "QUANTBENCH_ERROR_DIR"
 
 
 def main() -> None:
@@ -892,10 +930,41 @@ def main() -> None:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        console.print("[red]interrupted[/red]: no output was written", highlight=False)
-        sys.exit(130)
+        sys.exit(_interrupted())
+    except SystemExit as exc:  # typer turns Ctrl-C into Exit(130) before it reaches us
+        if exc.code == 130 and _caused_by_interrupt(exc):
+            sys.exit(_interrupted())
+        raise
     except Exception as exc:  # noqa: BLE001 - anything else is a bug: exit 3, not a traceback
         sys.exit(_internal_error(exc))
+
+
+def _caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in the exception's chain (cause or context)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _interrupted() -> int:
+    """Ctrl-C: say what was written (outputs are atomic: nothing half-written, ever); the
+    statistics cache is no output of the command and is not named."""
+    from quantbench.collect.statspass import stats_cache_dir
+    from quantbench.fileio import written_files
+
+    cache = stats_cache_dir().parent.resolve()
+    outputs = [p for p in written_files() if not p.resolve().is_relative_to(cache)]
+    what = "nothing was written"
+    if outputs:
+        done = ", ".join(escape(str(p)) for p in outputs)
+        what = f"only {done} written before it, each complete; nothing else was"
+    console.print(f"[red]interrupted[/red]: {what}", highlight=False, soft_wrap=True)
+    return 130
 
 
 def _internal_error(exc: BaseException) -> int:
@@ -911,7 +980,10 @@ def _internal_error(exc: BaseException) -> int:
         sys.stderr.write(text)
         where = "the traceback is above"
     else:
-        fd, path = tempfile.mkstemp(prefix="quantbench-error-", suffix=".txt")
+        folder = os.environ.get(ERROR_DIR_ENV) or None
+        if folder is not None:
+            os.makedirs(folder, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix="quantbench-error-", suffix=".txt", dir=folder)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(f"{_command_line()}\nquantbench {__version__}\n\n{text}")
         where = f"traceback saved to {path} ({DEBUG_ENV}=1 prints it)"

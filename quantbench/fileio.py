@@ -13,6 +13,14 @@ from pathlib import Path
 
 from quantbench.errors import QuantbenchError
 
+#: every file this process has put in place, in order (what an interrupted run did write)
+_WRITTEN: list[Path] = []
+
+
+def written_files() -> list[Path]:
+    """The files written so far by this process (an interrupt's message names them)."""
+    return list(_WRITTEN)
+
 
 def check_output_path(path: str | os.PathLike[str]) -> Path:
     """Fail early, before any work, when the output's folder does not exist."""
@@ -53,6 +61,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp_path
         os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are shared files
         os.replace(tmp_path, target)
+        _WRITTEN.append(target)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()

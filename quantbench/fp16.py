@@ -30,7 +30,7 @@ from onnx import TensorProto
 
 from quantbench.backends.onnxruntime import session_providers
 from quantbench.errors import InternalError, QuantbenchError, first_line
-from quantbench.fp16range import RangeLoss, constant_losses, to_fp16
+from quantbench.fp16range import RangeLoss, constant_losses, stored_constants, to_fp16
 from quantbench.model.graph import QDQ_OPS, node_labels, rename_tensors
 from quantbench.model.protosize import loadable
 
@@ -279,29 +279,13 @@ def out_of_range_nodes(model: onnx.ModelProto) -> tuple[list[str], list[RangeLos
 def _faithful_constants(source: onnx.ModelProto, converted: onnx.ModelProto) -> None:
     """The float16 converter clamps (65504) and raises (5.96e-8) what FP16 cannot hold; each
     FP16 constant of ``converted`` is cast again from its FP32 original, as IEEE FP16 does."""
-    originals = {t.name: t for t in source.graph.initializer if t.data_type == TensorProto.FLOAT}
-    originals.update(
-        {
-            n.name: a.t
-            for n in source.graph.node
-            if n.op_type == "Constant"
-            for a in n.attribute
-            if a.name == "value" and a.t.data_type == TensorProto.FLOAT
-        }
-    )
-
-    def recast(t: onnx.TensorProto, key: str) -> None:
-        if t.data_type == TensorProto.FLOAT16 and key in originals:
-            half = to_fp16(onnx.numpy_helper.to_array(originals[key])).astype("float16")
+    originals = {
+        name: t for name, t in stored_constants(source.graph) if t.data_type == TensorProto.FLOAT
+    }
+    for name, t in stored_constants(converted.graph):
+        if t.data_type == TensorProto.FLOAT16 and name in originals:
+            half = to_fp16(onnx.numpy_helper.to_array(originals[name])).astype("float16")
             t.CopyFrom(onnx.numpy_helper.from_array(half, t.name))
-
-    for t in converted.graph.initializer:
-        recast(t, t.name)
-    for n in converted.graph.node:
-        if n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value":
-                    recast(a.t, n.name)
 
 
 def convert_fp16(
@@ -334,13 +318,7 @@ def convert_fp16(
         problem = _load_problem(converted, provider)
         if problem is None:
             result = _result(model, converted, blocked_ops, blocked_nodes, reasons, provider)
-            half = {i.name for i in converted.graph.initializer if i.data_type == _HALF}
-            half |= {
-                n.output[0]
-                for n in converted.graph.node
-                for a in n.attribute
-                if n.op_type == "Constant" and a.name == "value" and a.t.data_type == _HALF
-            }
+            half = {n for n, t in stored_constants(converted.graph) if t.data_type == _HALF}
             result.out_of_range = [x for x in constant_losses(model) if x.tensor in half]
             return result
         op_type, node = problem

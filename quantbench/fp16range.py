@@ -122,17 +122,22 @@ def range_loss(name: str, values: np.ndarray) -> RangeLoss | None:
     return RangeLoss(name, int(a.size), overflow, underflow, imprecise, max_abs, err)
 
 
-def constant_losses(model: onnx.ModelProto) -> list[RangeLoss]:
-    """Every FP32 initializer and Constant of ``model``'s main graph that FP16 cannot hold."""
-    out = []
-    named = [(t.name, t) for t in model.graph.initializer] + [
+def stored_constants(graph: onnx.GraphProto) -> list[tuple[str, onnx.TensorProto]]:
+    """Every tensor ``graph`` stores (initializers, and Constant nodes' ``value``), by the name
+    of the tensor it defines; the protos themselves, so a caller may rewrite them in place."""
+    return [(t.name, t) for t in graph.initializer] + [
         (n.output[0], a.t)
-        for n in model.graph.node
+        for n in graph.node
         if n.op_type == "Constant"
         for a in n.attribute
         if a.name == "value"
     ]
-    for name, t in named:
+
+
+def constant_losses(model: onnx.ModelProto) -> list[RangeLoss]:
+    """Every FP32 initializer and Constant of ``model``'s main graph that FP16 cannot hold."""
+    out = []
+    for name, t in stored_constants(model.graph):
         if t.data_type != TensorProto.FLOAT:
             continue
         loss = range_loss(name, numpy_helper.to_array(t))

@@ -30,11 +30,12 @@ from quantbench.model.graph import (
     is_dynamic_weight_conv,
     node_labels,
     open_graph,
+    residual_add_inputs,
     type_text,
     untyped_tensors,
 )
 from quantbench.model.widen import float32_graph
-from quantbench.progress import console
+from quantbench.progress import results as console
 from quantbench.stats.tensorstats import StatsFile
 from quantbench.table.codecs import read_table
 
@@ -69,6 +70,9 @@ def inspect_model(g: Graph) -> dict[str, Any]:
             for i, n in enumerate(nodes)
             if n.op_type in WEIGHTED_OP_TYPES
         ],
+        # quantize also quantizes the residual input of an Add after a weighted op (for
+        # TensorRT's INT8-out fusion): the ops it quantizes are these plus those Adds
+        "residual_adds": list(residual_add_inputs(g)),
         "dynamic_weight_convs": [
             {
                 "node": labels[i],
@@ -223,8 +227,10 @@ def _render_model(r: dict[str, Any]) -> None:
         ops = escape(", ".join(f"{n} {op}" for op, n in r["quantized_ops"].items()))
         console.print(f"[yellow]already quantized:[/yellow] {ops}")
     ct = r["calibration_tensors"]
+    weighted, adds = len(r["quantizable_ops"]), len(r["residual_adds"])
+    split = f" ({weighted} weighted, {adds} residual Add)" if adds else ""
     console.print(
-        f"{len(r['quantizable_ops'])} quantizable ops; tensors to calibrate: {ct['all']} (all) / "
+        f"{weighted + adds} ops to quantize{split}; tensors to calibrate: {ct['all']} (all) / "
         f"{ct['quantizable']} (quantizable)"
     )
     if r.get("untyped_tensors"):

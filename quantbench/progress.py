@@ -18,8 +18,11 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-#: progress and warnings go to stderr so stdout stays machine-readable.
+#: progress and warnings go to stderr, so that a command's result alone reaches stdout.
 console = Console(stderr=True)
+#: a command's human-readable result (inspect's tables, compare's summary) goes to stdout, so
+#: that ``| less`` pages it while the warnings stay on the terminal
+results = Console()
 
 #: without a terminal, long work says where it is at most this often (seconds)
 PLAIN_EVERY_S = 30.0

@@ -149,7 +149,7 @@ def quantize(
         info(f"calibrated with method {method}{': ' + note if note else ''}")
     else:
         cal_table = read_table(table)
-        info(f"{table}: method {cal_table.method or 'not recorded'}, {len(cal_table)} tensors")
+        info(f"{table}: {cal_table.origin()}, {len(cal_table)} tensors")
     kwargs = {} if op_types is None else {"op_types": op_types}
     result = quantize_model(
         graph,

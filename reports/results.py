@@ -80,8 +80,8 @@ def validate_results(results: Any, source: str = "results") -> dict[str, Any]:
     if kind not in KINDS:
         raise QuantbenchError(
             f"{source}: results of kind {kind!r} have no report page; report renders the --json "
-            "of compare, recover (its .recovery.json) and calibrate --report (sensitivity's "
-            "ranking is its JSON and CSV)"
+            "of compare and recover's .recovery.json (calibrate writes its page itself with "
+            "--report); a sensitivity ranking is what sensitivity prints and writes with --json"
         )
     _check_section_types(results, source)
     return results

@@ -13,6 +13,7 @@ from typing import Any
 
 from markupsafe import Markup
 
+from quantbench.compare.latency import timing_note
 from quantbench.evaluate.metrics import (
     MASK_IOU,
     MEAN_IOU,
@@ -88,6 +89,9 @@ class LatencySection:
     chart_ms: Markup | None
     chart_throughput: Markup | None
     speedup: float | None
+    #: what was timed, where no TensorRT engine ran ("onnxruntime CPU, Q/DQ emulated: not
+    #: TensorRT's speed"); None where an engine was timed
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -329,7 +333,9 @@ def speed_change(ratio: float) -> tuple[str, bool]:
     return f"{fmt_ratio(factor)} {'faster' if faster else 'slower'}", faster
 
 
-def latency_section(latency: dict[str, Any], labels: tuple[str, str]) -> LatencySection | None:
+def latency_section(
+    latency: dict[str, Any], labels: tuple[str, str], note: str | None = None
+) -> LatencySection | None:
     a, b = as_dict(latency.get("A")), as_dict(latency.get("B"))
     if not a and not b:
         return None
@@ -373,6 +379,7 @@ def latency_section(latency: dict[str, Any], labels: tuple[str, str]) -> Latency
             else None
         ),
         speedup=speedup(latency),
+        note=note,
     )
 
 
@@ -685,21 +692,10 @@ def verdict_cards(
         cards.append(
             Card(row.metric.capitalize(), row.b, f"{row.delta} vs {labels[0]} ({row.a})", row.tone)
         )
-    if latency and latency.speedup is not None:
-        change, faster = speed_change(latency.speedup)
-        lat = as_dict(results.get("latency"))
-        detail = (
-            f"median {fmt_ms(as_dict(lat.get('A')).get('median_ms'))} → "
-            f"{fmt_ms(as_dict(lat.get('B')).get('median_ms'))}"
-        )
-        cards.append(
-            Card(
-                f"Median latency, {labels[1]} vs {labels[0]}",
-                change,
-                detail,
-                "good" if faster else "bad",
-            )
-        )
+    speed = _speed_card(results, latency, labels)
+    demoted = bool(latency and latency.note)  # not TensorRT's speed: after the accuracy
+    if speed and not demoted:
+        cards.append(speed)
     if layers and layers.worst:
         worst = layers.worst[0]
         cards.append(
@@ -711,7 +707,33 @@ def verdict_cards(
                 "bad" if worst.sqnr is None or math.isnan(worst.sqnr) else "",
             )
         )
+    if speed and demoted:
+        cards.append(speed)
     return tuple(cards)
+
+
+def _speed_card(
+    results: dict[str, Any], latency: LatencySection | None, labels: tuple[str, str]
+) -> Card | None:
+    """B's median latency against A's. Timed on a TensorRT engine it is a verdict (good / bad);
+    timed in onnxruntime it is a secondary card saying what was timed, neither good nor bad."""
+    if not latency or latency.speedup is None:
+        return None
+    change, faster = speed_change(latency.speedup)
+    lat = as_dict(results.get("latency"))
+    detail = (
+        f"median {fmt_ms(as_dict(lat.get('A')).get('median_ms'))} → "
+        f"{fmt_ms(as_dict(lat.get('B')).get('median_ms'))}"
+    )
+    if latency.note:
+        return Card(
+            f"Median latency, {labels[1]} vs {labels[0]}",
+            change,
+            f"{latency.note} · {detail}",
+            "secondary",
+        )
+    label = f"Median latency, {labels[1]} vs {labels[0]}"
+    return Card(label, change, detail, "good" if faster else "bad")
 
 
 def calibration_cards(
@@ -769,7 +791,7 @@ def headline(results: dict[str, Any], labels: tuple[str, str], latency: LatencyS
         parts.append("NaN/Inf seen: some metrics are undefined")
     for row in task_rows(as_dict(results.get("task")))[:1]:
         parts.append(f"{row.metric} {row.a} → {row.b} ({row.delta})")
-    if latency and latency.speedup is not None:
+    if latency and latency.speedup is not None and not latency.note:  # a TensorRT engine's
         parts.append(f"{speed_change(latency.speedup)[0]} at the median")
     subject = f"{labels[1]} vs {labels[0]}"
     return subject + (": " + "; ".join(parts) + "." if parts else ".")
@@ -800,7 +822,7 @@ def build_view(results: dict[str, Any]) -> dict[str, Any]:
     labels = (side_label(a, "A"), side_label(b, "B"))
     thresholds = as_records(results.get("thresholds"))
     layers = layer_section(as_records(results.get("layers")))
-    latency = latency_section(as_dict(results.get("latency")), labels)
+    latency = latency_section(as_dict(results.get("latency")), labels, timing_note(results))
     recovery = recovery_section(as_dict(results.get("recovery")))
     calibration = calibration_section(
         as_dict(results.get("calibration")),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +23,35 @@ EXAMPLE = REPO / "examples" / "tinycnn"
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Every test gets its own statistics cache (never the user's ~/.cache)."""
     monkeypatch.setenv("QUANTBENCH_CACHE", str(tmp_path_factory.mktemp("qb-cache")))
+
+
+@pytest.fixture(autouse=True)
+def _isolated_error_files(tmp_path_factory, monkeypatch):
+    """An internal error's traceback file goes to the test's own folder, not the system temp
+    folder (every ``make test`` left one there)."""
+    from quantbench.cli import ERROR_DIR_ENV
+
+    monkeypatch.setenv(ERROR_DIR_ENV, str(tmp_path_factory.mktemp("qb-errors")))
+
+
+def _error_files() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("quantbench-error-*.txt"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_error_files_left_in_temp(tmp_path_factory):
+    """Fail the session when a test left a traceback file in the system temp folder: it ran
+    quantbench without the env var (a subprocess given its own environment?). Other sessions
+    share /tmp, so only files naming this session's folders count."""
+    before = _error_files()
+    yield
+    ours = str(tmp_path_factory.getbasetemp())
+    left = sorted(
+        str(f) for f in _error_files() - before if ours in f.read_text(errors="replace")
+    )
+    from quantbench.cli import ERROR_DIR_ENV
+
+    assert not left, f"tests left {left}: pass {ERROR_DIR_ENV} (tests/conftest.py) to quantbench"
 
 
 @pytest.fixture()

@@ -246,3 +246,29 @@ def test_auto_with_nothing_quantized_says_it_judged_nothing(run_cli, tmp_path):
     assert code == 0, err
     assert "nothing to judge: no op of the model would be quantized" in text
     assert "inf dB" not in text
+
+
+def test_auto_judging_has_its_own_progress_bar(cnn_path, cnn_data, monkeypatch):
+    """auto's judging, the longest part of a default calibrate, showed no progress. minmax and
+    mse plus the mix's base (entropy): 3 tables each scored alone, then 3 + the mix at the
+    outputs, on the 40 samples of cnn_data (fewer than the 64 held back at most)."""
+    from contextlib import contextmanager
+
+    from quantbench.choose.autocalib import auto_table, holdout_source
+
+    bars: list[tuple[str, int | None, list[int]]] = []
+
+    @contextmanager
+    def recording_bar(description, total, show=True, unit="samples"):
+        steps: list[int] = []
+        bars.append((description, total, steps))
+        yield steps.append
+
+    monkeypatch.setattr(autocalib, "progress_bar", recording_bar)
+    graph = open_graph(cnn_path)
+    stats, _, _ = cal.obtain_stats(graph, cnn_data, tensors="all", show_progress=False)
+    auto_table(graph, stats, holdout_source(graph, cnn_data), ["minmax", "mse"])
+    assert len(bars) == 1
+    description, total, steps = bars[0]
+    assert description == "auto: judging 4 candidates on 40 held-back samples"
+    assert total == 3 + 4 and sum(steps) == total and len(steps) >= 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 
@@ -12,7 +13,12 @@ import synthetic
 from onnx import TensorProto, helper
 
 from quantbench import calibrate as cal
-from quantbench.table.codecs import read_table
+from quantbench.table.codecs import FORMAT_SUFFIX, detect_format, read_table
+
+
+def onnx_hash(path) -> str:
+    """The model hash a table's provenance records: the file's sha256."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_one_method_writes_a_trt_cache(run_cli, cnn_path, cnn_data, tmp_path):
@@ -290,3 +296,141 @@ def test_inspect_shows_named_dims_and_says_a_model_is_quantized(run_cli, cnn_pat
         f"already quantized: {counts['QuantizeLinear']} QuantizeLinear, "
         f"{counts['DequantizeLinear']} DequantizeLinear" in " ".join((out + err).split())
     )
+
+
+def test_without_output_the_last_line_says_no_table_was_written(
+    run_cli, cnn_path, cnn_data, tmp_path, monkeypatch
+):
+    """calibrate without -o ended on "calibrated N tensors ...", writing nothing and not saying
+    so: its last line now says no table was written and how to get one."""
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.iterdir())
+    code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "-m", "minmax")
+    assert code == 0, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("no table was written (no -o): give -o FILE"), err
+    assert "statistics kept in" in last
+    assert sorted(tmp_path.iterdir()) == before
+    code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "-m", "minmax",
+                           "-o", "t.cache")  # fmt: skip
+    assert code == 0 and err.strip().splitlines()[-1].startswith("wrote t.cache"), err
+
+
+# --------------------------------------------------------------------------- format from -o
+
+
+@pytest.mark.parametrize(
+    ("name", "first_bytes"),
+    [
+        ("t.json", b"{"),
+        ("t.JSON", b"{"),
+        ("t.cache", b"TRT-101600-MinMaxCalibration\n"),
+        ("t.calib", b"TRT-101600-MinMaxCalibration\n"),
+        ("t.txt", b"TRT-101600-MinMaxCalibration\n"),
+        ("table", b"TRT-101600-MinMaxCalibration\n"),
+    ],
+)
+def test_output_suffix_names_the_format(run_cli, cnn_path, cnn_data, tmp_path, name, first_bytes):
+    """`-o A.json` wrote TensorRT cache text into a .json file and lost the model hash."""
+    out = tmp_path / name
+    code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "-m", "minmax", "-o", out)
+    assert code == 0, err
+    assert out.read_bytes().startswith(first_bytes)
+    if first_bytes == b"{":
+        document = json.loads(out.read_text())
+        assert document["provenance"]["model_hash"] == onnx_hash(cnn_path)
+
+
+def test_output_suffix_flatbuffers(run_cli, cnn_path, cnn_data, tmp_path):
+    out = tmp_path / "calibration.flatbuffers"
+    code, _, err = run_cli("calibrate", cnn_path, "--data", cnn_data, "-m", "minmax", "-o", out)
+    assert code == 0, err
+    assert detect_format(out.read_bytes()) == "ort-flatbuffers"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "name"), [("trt", "t.json"), ("json", "t.cache"), ("ort-flatbuffers", "t.json")]
+)
+def test_format_contradicting_the_suffix_is_refused_before_inference(
+    run_cli, cnn_path, cnn_data, tmp_path, monkeypatch, fmt, name
+):
+    calls = []
+    monkeypatch.setattr(cal, "collect_stats", lambda *a, **k: calls.append(1))
+    out = tmp_path / name
+    args = ["calibrate", cnn_path, "--data", cnn_data, "-m", "minmax", "-f", fmt, "-o", out]
+    code, _, err = run_cli(*args)
+    assert code == 2 and calls == [] and not out.exists()
+    suffix = out.suffix
+    assert err.strip().splitlines() == [
+        f"error: {out}: --format {fmt} contradicts the suffix {suffix} (a "
+        f"{'json' if suffix == '.json' else 'trt'} table); drop --format, or name the file "
+        f"*{FORMAT_SUFFIX[fmt]}"
+    ]
+
+
+@pytest.mark.parametrize(("fmt", "suffix"), [(None, ".cache"), ("json", ".json")])
+def test_several_methods_into_a_folder_name_each_file(
+    run_cli, cnn_path, cnn_data, tmp_path, fmt, suffix
+):
+    out = tmp_path / "tables.json"  # a folder: its name's suffix names no format
+    args = ["calibrate", cnn_path, "--data", cnn_data, "-m", "minmax", "-m", "percentile:99.9"]
+    code, _, err = run_cli(*args, *(["-f", fmt] if fmt else []), "-o", out)
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == [
+        f"minmax{suffix}",
+        f"percentile-99.9{suffix}",
+    ]
+    assert read_table(out / f"minmax{suffix}").method == ("minmax" if fmt else "")
+
+
+# --------------------------------------------------------------------------- one label, one count
+
+
+def test_inspect_and_quantize_count_the_same_ops(run_cli, tmp_path):
+    """inspect said '8 quantizable ops' where quantize said '10 ops quantized' on the bundled
+    example: quantize also quantizes the residual input of an Add after a weighted op."""
+    from conftest import require_example
+
+    example = require_example()
+    model = onnx.load(str(example / "tinycnn.onnx"))
+    producer = {out: n.op_type for n in model.graph.node for out in n.output}
+    kinds = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+    weighted = sum(n.op_type in kinds for n in model.graph.node)
+    adds = sum(
+        n.op_type == "Add" and any(producer.get(t) in kinds for t in n.input)
+        for n in model.graph.node
+    )
+    assert (weighted, adds) == (8, 2)  # the bundled example, counted by hand from the graph
+    code, out, err = run_cli("inspect", example / "tinycnn.onnx")
+    assert code == 0
+    said = f"{weighted + adds} ops to quantize ({weighted} weighted, {adds} residual Add)"
+    assert said in " ".join((out + err).split())
+    table = tmp_path / "t.json"
+    args = ["calibrate", example / "tinycnn.onnx", "--data", example / "calib.npz", "-m", "minmax"]
+    assert run_cli(*args, "-o", table)[0] == 0
+    code, out, err = run_cli("quantize", example / "tinycnn.onnx", "--table", table, "-o",
+                             tmp_path / "q.onnx")  # fmt: skip
+    assert code == 0, err
+    said = f"{weighted + adds} ops quantized ({weighted} weighted, {adds} residual Add), 0 left"
+    assert said in " ".join((out + err).split())
+
+
+def test_quantize_reports_what_the_table_records(run_cli, cnn_path, cnn_data, tmp_path):
+    """quantize said 'method not recorded' for a cache calibrate had just labelled entropy: a
+    cache records only its header (quantbench writes EntropyCalibration2 for percentile too)."""
+    for name, said in [
+        ("t.json", "t.json: method percentile:99.9, 8 tensors"),
+        (
+            "t.cache",
+            "t.cache: TensorRT 10.16.0 cache, algorithm EntropyCalibration2 (caches record no "
+            "method; quantbench writes EntropyCalibration2 for all but minmax, its JSON tables "
+            "record the method), 8 tensors",
+        ),
+    ]:
+        table = tmp_path / name
+        args = ["calibrate", cnn_path, "--data", cnn_data, "-m", "percentile:99.9", "-o", table]
+        assert run_cli(*args)[0] == 0
+        code, out, err = run_cli("quantize", cnn_path, "--table", table, "-o", tmp_path / "q.onnx")
+        assert code == 0, err
+        assert said in " ".join((out + err).split())
+        assert "not recorded" not in out + err

@@ -53,11 +53,8 @@ def test_a_bug_is_exit_3_with_one_line_and_a_saved_traceback(run_cli, monkeypatc
         raise RuntimeError("boom\nsecond line")
 
     monkeypatch.setattr(inspection, "inspect_path", boom)
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("QUANTBENCH_ERROR_DIR", str(tmp_path))
     monkeypatch.delenv("QUANTBENCH_DEBUG", raising=False)
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
     code, out, err = run_cli("inspect", tmp_path)
     assert code == 3
     text = " ".join((out + err).split())
@@ -71,6 +68,26 @@ def test_a_bug_is_exit_3_with_one_line_and_a_saved_traceback(run_cli, monkeypatc
     monkeypatch.setenv("QUANTBENCH_DEBUG", "1")
     code, out, err = run_cli("inspect", tmp_path)
     assert code == 3 and "Traceback" in err and "RuntimeError: boom" in err
+
+
+def test_traceback_file_defaults_to_the_system_temp_folder(run_cli, tmp_path, monkeypatch):
+    """Without QUANTBENCH_ERROR_DIR the file goes where tempfile puts it (TMPDIR here)."""
+    import tempfile
+
+    import quantbench.inspection as inspection
+
+    def boom(*_a: object, **_k: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(inspection, "inspect_path", boom)
+    monkeypatch.delenv("QUANTBENCH_ERROR_DIR")
+    monkeypatch.delenv("QUANTBENCH_DEBUG", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    code, _, err = run_cli("inspect", tmp_path)
+    assert code == 3
+    saved = list(tmp_path.glob("quantbench-error-*.txt"))
+    assert len(saved) == 1 and str(saved[0]) in " ".join(err.split()).replace(" ", "")
 
 
 def test_user_error_stays_exit_2_and_gate_exit_1():
@@ -374,3 +391,14 @@ def test_report_of_sensitivity_results_says_what_report_renders(run_cli, tmp_pat
     (tmp_path / "s.json").write_text(json.dumps(doc))
     code, _, err = run_cli("report", tmp_path / "s.json", "-o", tmp_path / "s.html")
     assert code == 2 and "have no report page" in err and "recover" in err
+    # it pointed to "its JSON and CSV": sensitivity has --json and no --csv
+    import typer
+
+    from quantbench.cli import app
+
+    options = {
+        opt for p in typer.main.get_command(app).commands["sensitivity"].params for opt in p.opts
+    }
+    assert "--json" in options and "--csv" not in options
+    assert "sensitivity prints and writes with --json" in " ".join(err.split())
+    assert "csv" not in err.lower()

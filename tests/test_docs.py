@@ -4,6 +4,7 @@ behaviour is checked here against the code, never against a copy of the text."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from quantbench.stats.tensorstats import TensorStats
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
+#: the README's internals, moved out of it: each file's claims are checked as the README's were
+DOCS = {p.name: p.read_text(encoding="utf-8") for p in sorted((REPO / "docs").glob("*.md"))}
 OPTION = re.compile(r"(?<![\w-])--[A-Za-z][A-Za-z0-9-]*")
 
 
@@ -69,7 +72,7 @@ def test_every_option_the_readme_names_exists_somewhere(run_cli, monkeypatch):
     # options of other programs the README quotes (trtexec, pip, pytest)
     foreign = {"--precisionConstraints", "--layerPrecisions", "--noconftest", "--extra-index-url"}
     foreign |= {"--onnx", "--stronglyTyped", "--calib"}  # trtexec
-    named = set(OPTION.findall(README)) - foreign
+    named = set(OPTION.findall("\n".join([README, *DOCS.values()]))) - foreign
     assert sorted(named - known) == []
 
 
@@ -118,7 +121,7 @@ def test_entropy_ort_uses_all_the_data_and_equals_minmax_with_its_defaults():
 
 
 def test_the_readme_tensorrt_section_states_facts_about_tensorrt():
-    section = _section(README, "## GPU and TensorRT")
+    section = DOCS["tensorrt.md"]  # the README's "GPU and TensorRT" details, moved
     assert "workplace" not in section and "cannot be installed" not in section
     assert "pypi.nvidia.com" in section
     pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
@@ -128,18 +131,102 @@ def test_the_readme_tensorrt_section_states_facts_about_tensorrt():
         assert f"`{requirement}`" in section, requirement
 
 
-@pytest.mark.parametrize("command", ["calibrate", "quantize", "compare", "sensitivity", "recover"])
-def test_bracketed_words_survive_help_rendering(run_cli, monkeypatch, command):
-    """rich read `pip install 'quantbench[ray]'` in --executor's help as a style tag and printed
-    `pip install 'quantbench'`, an install line that does not install Ray."""
+def _commands() -> dict:
     import typer
 
     from quantbench.cli import app
 
+    return typer.main.get_command(app).commands
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_bracketed_words_survive_help_rendering(run_cli, monkeypatch, command):
+    """rich read `pip install 'quantbench[ray]'` in --executor's help as a style tag and printed
+    `pip install 'quantbench'`, an install line that does not install Ray. typer's own
+    placeholders read as code: `<bool>` after every flag, `<list[str]>`, `{model}`."""
     monkeypatch.setenv("COLUMNS", "250")
     rendered = help_text(run_cli, command)
-    params = typer.main.get_command(app).commands[command].params
+    params = _commands()[command].params
     helps = [getattr(p, "help", "") or "" for p in params]
     wanted = {m for h in helps for m in re.findall(r"\[[A-Za-z][\w-]*\]", h)}
-    assert "[ray]" in wanted  # the --executor option every one of these commands has
+    if any("--executor" in getattr(p, "opts", ()) for p in params):
+        assert "[ray]" in wanted
     assert sorted(w for w in wanted if w not in rendered) == []
+    assert not re.findall(r"<bool>|<list\[|\{[a-z_]+\}", rendered)
+    usage = next(line for line in rendered.splitlines() if "Usage:" in line)
+    arguments = [p.name.upper() for p in params if p.param_type_name == "argument"]
+    assert arguments and all(f" {a}" in usage for a in arguments), usage
+
+
+@pytest.mark.parametrize("command", [None, *sorted(_commands())])
+def test_help_sentences_are_not_broken_mid_line(run_cli, monkeypatch, command):
+    """A docstring wrapped in the source kept its line break on screen: `rewrite` read "...
+    or widen a" / "float16 model to float32." in the command list and in its own --help."""
+    monkeypatch.setenv("COLUMNS", "250")  # wide enough that nothing wraps on its own
+    code, rendered, err = run_cli(*([command] if command else []), "--help")
+    assert code == 0, err
+    lines = [" ".join(line.strip(" │").split()) for line in rendered.splitlines()]
+    for name, cmd in _commands().items() if command is None else [(command, _commands()[command])]:
+        first = " ".join(inspect.cleandoc(cmd.help or "").split("\n\n")[0].split())
+        assert any(first in line for line in lines), (name, first)
+
+
+def test_the_docs_folder_is_linked_and_each_file_says_its_purpose():
+    """The README's internals moved to docs/: each file is linked from the README and opens
+    with its title and a one-line purpose."""
+    assert {"internals.md", "gpu.md", "tensorrt.md", "metrics.md"} <= set(DOCS)
+    for name, text in DOCS.items():
+        assert f"(docs/{name})" in README, name
+        title, blank, purpose, *_ = text.split("\n")
+        assert title.startswith("# ") and blank == "" and purpose.endswith("."), name
+    for target, anchor in re.findall(r"\]\((docs/[\w.-]+\.md)#([\w-]+)\)", README):
+        headings = re.findall(r"^#+ (.+)$", DOCS[target.removeprefix("docs/")], re.M)
+        slugs = {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in headings}
+        assert anchor in slugs, f"{target}#{anchor}"
+
+
+def test_the_readme_states_the_python_pyproject_requires():
+    """README said Python >= 3.11 while pyproject (and test_imports' vermin check) said 3.10."""
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    required = re.search(r'^requires-python = ">=\s*([\d.]+)"$', pyproject, re.M)
+    assert required is not None
+    stated = re.findall(r"Python ≥ ([\d.]+)", README)
+    assert stated == [required[1]]
+
+
+def test_the_readme_first_screen_is_a_quick_start():
+    """A newcomer's first screen: the two set-up commands, how to run `quantbench` then, a
+    three-command run on their own model, and what the browser tests need."""
+    quick = _section(README, "## Quick start")
+    block = quick.split("```sh\n", 1)[1].split("```", 1)[0]
+    assert [line.split("#")[0].strip() for line in block.splitlines()] == ["make demo", "make test"]
+    first_screen = "\n".join(README.splitlines()[:40])
+    for needed in (". .venv/bin/activate", "pip install -e .", "--preset imagenet", "chromium"):
+        assert needed in first_screen, needed
+    own = quick.split("```sh\n", 2)[2].split("```", 1)[0].splitlines()
+    assert [line.split()[:2] for line in own] == [
+        ["quantbench", "calibrate"],
+        ["quantbench", "quantize"],
+        ["quantbench", "compare"],
+    ]
+    assert all(line in first_screen for line in own)
+    # the three commands chain: quantize reads calibrate's table, compare measures quantize's model
+    table = own[0].split("-o ")[1].split()[0]
+    model = own[1].split("-o ")[1].split()[0]
+    assert f"--table {table}" in own[1] and own[2].split()[2:4] == ["fp32", model]
+
+
+def test_the_readme_says_what_the_latency_numbers_are():
+    """compare's console and report say what was timed: the README quotes their wording."""
+    from quantbench.compare.latency import timing_note
+
+    doc = {
+        "a": {"spec": "fp32", "op_precisions": {"fp32": 20}},
+        "b": {"spec": "int8", "op_precisions": {"int8": 10, "fp32": 10}},
+        "latency": {
+            side: {"median_ms": 1.0, "backend": "onnxruntime", "provider": "CPUExecutionProvider"}
+            for side in ("A", "B")
+        },
+    }
+    note = timing_note(doc)
+    assert note is not None and f'"{note}"' in " ".join(README.split())

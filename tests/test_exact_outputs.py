@@ -141,7 +141,7 @@ def test_compare_checks_class_ids_exactly(run_cli, tmp_path):
     data, x = _data(tmp_path)
     int8, out = tmp_path / "q.onnx", tmp_path / "c.json"
     assert run_cli("quantize", path, "--data", data, "-m", "minmax", "-o", int8)[0] == 0
-    code, _, err = run_cli("compare", "fp32", int8, "--model", path, "--data", data,
+    code, stdout, err = run_cli("compare", "fp32", int8, "--model", path, "--data", data,
                            "--no-latency", "--json", out, "--batch-size", "8",
                            "--report", tmp_path / "r.html")  # fmt: skip
     assert code == 0, err
@@ -154,10 +154,10 @@ def test_compare_checks_class_ids_exactly(run_cli, tmp_path):
     assert ids["agreement"] == pytest.approx(float((a == b).mean()))
     assert ids["sequence_agreement"] == pytest.approx(float((a == b).all(axis=1).mean()))
     assert ids["cosine"] is None and ids["sqnr_db"] is None and ids["agreement_kind"] == "exact"
-    assert "integers: compared exactly" in " ".join(err.split())
+    assert "integers: compared exactly" in " ".join((stdout + err).split())
     prob = next(o for o in doc["outputs"] if o["name"] == "prob")
     gate = f"cosine={prob['cosine'] - 1e-6}"
-    code, _, err = run_cli("compare", "fp32", int8, "--model", path, "--data", data,
+    code, stdout, err = run_cli("compare", "fp32", int8, "--model", path, "--data", data,
                            "--no-latency", "--fail-below", gate)  # fmt: skip
     assert code == 0, err  # the model's cosine is prob's, not a cosine of class numbers
 
@@ -169,7 +169,7 @@ def test_a_variable_size_output_is_told_not_a_crash(run_cli, tmp_path):
     other = _save(tmp_path, _nonzero_model(0.45), "other.onnx")
     data, x = _data(tmp_path)
     out = tmp_path / "c.json"
-    code, _, err = run_cli("compare", "fp32", other, "--model", path, "--data", data,
+    code, stdout, err = run_cli("compare", "fp32", other, "--model", path, "--data", data,
                            "--no-latency", "--json", out, "--batch-size", "8")  # fmt: skip
     assert code == 0, err
     row = json.loads(out.read_text())["outputs"][0]
@@ -186,7 +186,7 @@ def test_a_variable_size_output_is_told_not_a_crash(run_cli, tmp_path):
     assert row["agreement"] == pytest.approx(same / total)
     assert row["shape_mismatches"] == mismatched
     assert f"differed between FP32 and the candidate on {mismatched} batch(es)" in " ".join(
-        err.split()
+        (stdout + err).split()
     )
 
 
@@ -196,14 +196,14 @@ def test_compare_judges_a_float_output_of_varying_size_on_what_it_chose_from(run
     path = _save(tmp_path, _gathered_model())
     data, _ = _data(tmp_path, samples=400)
     out = tmp_path / "c.json"
-    code, _, err = run_cli("compare", "fp32", "int8", "--model", path, "--data", data,
+    code, stdout, err = run_cli("compare", "fp32", "int8", "--model", path, "--data", data,
                            "--calib-data", data, "-m", "minmax", "--no-latency", "--json", out,
                            "--fail-below", "sqnr_db=10")  # fmt: skip
     assert code == 0, err
     rows = {o["name"]: o for o in json.loads(out.read_text())["outputs"]}
     assert rows["vals"]["judged_on"] == ["p"] and rows["vals"]["shape_mismatches"] > 0
     assert rows["p"]["sqnr_db"] > 10
-    assert "its drift is judged on p, what it chose from" in " ".join(err.split())
+    assert "its drift is judged on p, what it chose from" in " ".join((stdout + err).split())
 
 
 def test_sensitivity_and_auto_rank_an_integer_only_model_by_its_changed_values(run_cli, tmp_path):
@@ -431,7 +431,7 @@ def test_an_nms_detector_is_compared_and_judged(run_cli, tmp_path):
     assert "(sel on boxes, scores: the tensors its NMS/NonZero chose from)" in text
     assert "not judged" not in text
     out = tmp_path / "c.json"
-    code, _, err = run_cli("compare", "fp32", "int8", "--model", path, "--data",
+    code, stdout, err = run_cli("compare", "fp32", "int8", "--model", path, "--data",
                            tmp_path / "d.npz", "--table", tmp_path / "t.cache",
                            "--batch-size", "8", "--no-latency", "--json", out)  # fmt: skip
     assert code == 0, err

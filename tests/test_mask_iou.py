@@ -127,43 +127,43 @@ def test_compare_reports_and_gates_the_mask_iou(run_cli, tmp_path):
     expected = _iou_by_onnxruntime(str(path), str(int8), x)
     assert 0.5 < expected < 1.0  # the test needs a mask that INT8 changed, but not wholly
     args = ["--model", path, "--data", data, "--no-latency", "--json", out, "--report", html]
-    code, _, err = run_cli("compare", "fp32", int8, *args)
+    code, stdout, err = run_cli("compare", "fp32", int8, *args)
     assert code == 0, err
     row = json.loads(out.read_text())["outputs"][0]
     assert row["mask_iou"] == pytest.approx(expected)
     assert row["mask_threshold"] == 0.5 and row["agreement"] is None
-    assert "mask IoU (decisions at 0.5), cosine and SQNR stand" in " ".join(err.split())
+    assert "mask IoU (decisions at 0.5), cosine and SQNR stand" in " ".join((stdout + err).split())
     decided = int((ort.InferenceSession(str(path)).run(None, {"x": x})[0] > 0.5).sum())
     assert row["mask_decisions"]["fp32"] == decided
     assert row["mask_decisions"]["values"] == x.shape[0] * 8 * 8
-    assert f"mask y (B), decisions at 0.5: FP32 {decided:,}," in " ".join(err.split())
+    assert f"mask y (B), decisions at 0.5: FP32 {decided:,}," in " ".join((stdout + err).split())
     page = html.read_text()
     assert "Mask IoU" in page and f"{expected * 100:.2f}%" in page
     assert f'title="decisions at 0.5: FP32 {decided:,}, B ' in page
     gate = ["--model", path, "--data", data, "--no-latency", "--fail-below"]
-    code, _, err = run_cli("compare", "fp32", int8, *gate, f"mask_iou={expected + 0.01}")
+    code, stdout, err = run_cli("compare", "fp32", int8, *gate, f"mask_iou={expected + 0.01}")
     assert code == 1, err
-    code, _, err = run_cli("compare", "fp32", int8, *gate, f"mask_iou={expected - 0.01}")
+    code, stdout, err = run_cli("compare", "fp32", int8, *gate, f"mask_iou={expected - 0.01}")
     assert code == 0, err
     at_03 = _iou_by_onnxruntime(str(path), str(int8), x, at=0.3)
     assert at_03 != pytest.approx(expected)  # the threshold matters on this map
-    code, _, err = run_cli("compare", "fp32", int8, *args, "--mask-threshold", "0.3")
+    code, stdout, err = run_cli("compare", "fp32", int8, *args, "--mask-threshold", "0.3")
     assert code == 0, err
     row = json.loads(out.read_text())["outputs"][0]
     assert row["mask_iou"] == pytest.approx(at_03) and row["mask_threshold"] == 0.3
-    code, _, err = run_cli("compare", "fp32", int8, *args, "--mask-threshold", "1")
+    code, stdout, err = run_cli("compare", "fp32", int8, *args, "--mask-threshold", "1")
     assert code == 2 and "--mask-threshold 1: a probability map's decision threshold" in err
 
 
 def test_a_mask_gate_on_a_model_without_one_says_what_is_defined(run_cli, tmp_path):
     path, data, _ = _files(tmp_path, _map_model(None))
-    code, _, err = run_cli(
+    code, stdout, err = run_cli(
         "compare", "fp32", "int8", "--model", path, "--data", data, "--calib-data", data,
         "--fail-below", "mask_iou=0.9",
     )  # fmt: skip
     assert code == 2
     assert "no output holds probabilities a Sigmoid made" in err
-    assert "defined for it: cosine, sqnr_db" in " ".join(err.split())
+    assert "defined for it: cosine, sqnr_db" in " ".join((stdout + err).split())
 
 
 def test_recover_aims_at_the_mask_by_default_and_sensitivity_ranks_by_it(run_cli, tmp_path):
@@ -244,10 +244,10 @@ def test_inspect_says_how_the_outputs_can_be_judged(run_cli, tmp_path):
         assert doc["output_metrics"] == metrics
         assert doc["output_agreement"]["y"]["mask"] is (tail == "Sigmoid")
         assert "one channel" in doc["output_agreement"]["y"]["reason"]
-        code, _, err = run_cli("inspect", path)
+        code, stdout, err = run_cli("inspect", path)
         assert "judged by (compare --fail-below, sensitivity --metric, recover --target): " + (
             ", ".join(metrics)
-        ) in " ".join(err.split())
+        ) in " ".join((stdout + err).split())
 
 
 def test_a_detectors_class_scores_are_judged_by_their_decisions(tmp_path):

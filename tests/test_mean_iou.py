@@ -99,12 +99,12 @@ def test_compare_reports_and_gates_the_mean_iou(run_cli, tmp_path):
     expected = float(np.mean(ious))
     assert expected < 1.0  # the test needs a map INT8 changed
     html = tmp_path / "r.html"
-    code, _, err = run_cli("compare", "fp32", int8, "--model", path, "--data", data,
+    code, stdout, err = run_cli("compare", "fp32", int8, "--model", path, "--data", data,
                            "--no-latency", "--json", out, "--report", html)  # fmt: skip
     assert code == 0, err
     row = json.loads(out.read_text())["outputs"][0]
     assert row["mean_iou"] == pytest.approx(expected) and row["iou_classes"] == len(ious)
-    assert "mIoU" in " ".join(err.split()) and "mIoU" in html.read_text()
+    assert "mIoU" in " ".join((stdout + err).split()) and "mIoU" in html.read_text()
     assert f"mean IoU {expected * 100:.2f}% on y" in html.read_text()  # the headline
     gate = ["--model", path, "--data", data, "--no-latency", "--fail-below"]
     assert run_cli("compare", "fp32", int8, *gate, f"mean_iou={expected + 0.01}")[0] == 1

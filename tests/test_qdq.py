@@ -624,15 +624,26 @@ def test_a_tensor_zero_in_every_sample_stays_high_precision_without_refusal():
     )
 
 
-@pytest.mark.parametrize("amax", [-1.0, float("inf"), float("nan"), 1e-45])
-def test_invalid_scale_is_refused_naming_the_tensor(amax):
+@pytest.mark.parametrize(
+    ("amax", "problem"),
+    [
+        (-1.0, "amax -1.0 is negative"),
+        (float("inf"), "amax inf is infinite"),
+        (float("nan"), "amax nan is NaN"),
+        (1e-45, "amax 1e-45 gives an FP32 scale (amax / 127) that underflows to 0"),
+        (1e-44, "amax 1e-44 gives an FP32 scale (amax / 127) that underflows to 0"),
+        (1e-40, "amax 1e-40 gives a subnormal FP32 scale (7.88e-43;"),
+    ],
+)
+def test_invalid_scale_is_refused_naming_the_tensor(amax, problem):
     fp32 = cnn()
     table = minmax_table(fp32, random_feeds(fp32))
     table.set("r1", amax)
-    with pytest.raises(QuantbenchError, match=r"r1 \(amax="):
+    with pytest.raises(QuantbenchError, match=r"have no usable scale, e.g\. r1 \(") as info:
         quantize_model(fp32, table)
+    assert problem in str(info.value)
     result = quantize_model(fp32, table, allow_partial=True)
-    assert "invalid calibration entry" in result.skipped_node("conv2").reason
+    assert problem in result.skipped_node("conv2").reason
 
 
 def test_existing_qdq_is_refused_unless_requantize():

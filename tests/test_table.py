@@ -249,7 +249,6 @@ def test_header_parse_and_format() -> None:
         "10.14.1",
         "MinMaxCalibration",
     )
-    assert parse_header("TRT-110000-EntropyCalibration2")[1] == "11.0.0"  # readable, not writable
     assert format_header("10.0.1", "MinMaxCalibration") == "TRT-100001-MinMaxCalibration"
     for unverified in ("EntropyCalibration", "LegacyCalibration"):
         assert format_header("8.6.1", unverified) == f"TRT-8601-{unverified}"
@@ -260,8 +259,15 @@ def test_header_parse_and_format() -> None:
     [
         ("TRT-8401", "not TRT-<version>-<algorithm>"),
         ("TRT-8401-Percentile", "unknown calibration algorithm 'Percentile'"),
-        ("TRT-12345-EntropyCalibration2", "NV_TENSORRT_VERSION"),
         ("TRT-x-EntropyCalibration2", "not TRT-<version>-<algorithm>"),
+        # versions no TensorRT writes: 5 digits, leading zeros, TensorRT 11+ (no caches), 90.x
+        ("TRT-12345-EntropyCalibration2", "version 12345 is no TensorRT that writes caches"),
+        ("TRT-08401-EntropyCalibration2", "version 08401 is no TensorRT"),
+        ("TRT-001000-EntropyCalibration2", "version 001000 is no TensorRT"),
+        ("TRT-110000-EntropyCalibration2", "version 110000 is no TensorRT"),
+        ("TRT-900001-EntropyCalibration2", "version 900001 is no TensorRT"),
+        ("TRT-0-EntropyCalibration2", "version 0 is no TensorRT"),
+        ("TRT-8401-EntropyCalibration2 ", "not TRT-<version>-<algorithm>"),
     ],
 )
 def test_bad_headers(header: str, message: str) -> None:
@@ -283,7 +289,6 @@ SPECIAL_CACHE = (
     b"/model.22/ConstantOfShape_1_output_0: 0\n"
     b"/Constant_3_output_0_output: 7c010204\n"
     b"/encoder/Log_output_0: 7f800000\n"
-    b"tiny: 1\n"
 )
 
 
@@ -296,7 +301,6 @@ def test_special_values_round_trip_with_allow_invalid() -> None:
         "/Constant_3_output_0_output",
         "/encoder/Log_output_0",
     ]
-    assert table.amax("tiny") > 0  # the smallest subnormal scale, hex "1"
     assert encode_trt_cache(table, allow_invalid=True) == SPECIAL_CACHE
     with pytest.raises(QuantbenchError, match="'/encoder/Log_output_0': infinite"):
         encode_trt_cache(table)
@@ -311,15 +315,59 @@ def test_zero_scale_is_written_without_allow_invalid() -> None:
 
 @pytest.mark.parametrize(
     ("hex_text", "problem"),
-    [("bf800000", "negative"), ("7fc00001", "NaN"), ("80000000", "negative")],
+    [
+        ("bf800000", "is a negative scale"),
+        ("80000000", "is a negative scale"),
+        ("ff800000", "is a negative scale"),
+        ("7fc00001", "is NaN"),
+        ("7f800001", "is NaN"),
+        # fewer than 8 digits: a subnormal or below-2**-95 scale, as a cut value reads
+        ("1", r"has 1 hex digits \(scale 1\.4e-45\)"),
+        ("3ce0", r"has 4 hex digits \(scale 2\.18e-41\)"),
+        ("800000", r"has 6 hex digits \(scale 1\.18e-38\)"),  # smallest normal: still refused
+        ("fffffff", r"has 7 hex digits \(scale 2\.52e-29\)"),
+        ("03caa54f", "starts with 0"),
+        ("00000000", "starts with 0"),
+        ("", "is not hex digits"),
+        ("3caa 4fc", "is not hex digits"),
+        ("3caa54fcf", "has 9 hex digits"),
+    ],
 )
-def test_scales_tensorrt_cannot_write(hex_text: str, problem: str) -> None:
+def test_values_tensorrt_never_writes_are_refused(hex_text: str, problem: str) -> None:
+    """A damaged value must not be read as another scale (the 3ce0 cut made a 2.18e-41 scale
+    that quantize applied: accuracy 0.918 -> 0.168)."""
     data = f"TRT-8401-EntropyCalibration2\nok: 3f800000\nodd tensor: {hex_text}\n".encode()
-    table = decode_trt_cache(data, "odd.cache")
-    assert table.invalid() == ["odd tensor"]
+    with pytest.raises(
+        QuantbenchError, match=rf"^odd\.cache:3: tensor 'odd tensor': value .*{problem}.*restore"
+    ) as info:
+        decode_trt_cache(data, "odd.cache")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("bits", "problem"),
+    [
+        (0xBF800000, "negative"),
+        (0x7FC00001, "NaN"),
+        (0x7F800000, "infinite"),
+        (0x00000001, "below 2\\*\\*-95"),
+        (0x0FFFFFFF, "below 2\\*\\*-95"),
+    ],
+)
+def test_writer_refuses_scales_the_reader_would_refuse(bits: int, problem: str) -> None:
+    table = CalibrationTable()
+    table.entries["odd tensor"] = TableEntry.from_scale(
+        np.array(bits, dtype=np.uint32).view(np.float32)[()]
+    )
     with pytest.raises(QuantbenchError, match=f"tensor 'odd tensor': {problem}"):
         encode_trt_cache(table)
-    assert encode_trt_cache(table, allow_invalid=True) == data  # NaN payload bits kept
+
+
+def test_smallest_cache_scale_is_read_and_written() -> None:
+    data = b"TRT-8401-EntropyCalibration2\nsmall: 10000000\n"
+    table = decode_trt_cache(data, "s.cache")
+    assert float(table.scale("small")) == 2.0**-95
+    assert encode_trt_cache(table) == data
 
 
 @pytest.mark.parametrize("amax", [math.nan, -1.0, math.inf, 1e39])
@@ -366,7 +414,15 @@ def test_decoder_tolerates_crlf_and_missing_final_newline() -> None:
         (b"TRT-8401-EntropyCalibration2\na:3f800000\n", r"c\.cache:2: tensor 'a': value"),
         (b"TRT-8401-EntropyCalibration2\na: \n", r"c\.cache:2: tensor 'a': value"),
         (b"TRT-8401-EntropyCalibration2\n: 3f800000\n", r"c\.cache:2: empty tensor name"),
-        (b"TRT-8401-EntropyCalibration2\na: 1\nb: 2\na: 3\n", r"c\.cache:4: .*line 2"),
+        (
+            b"TRT-8401-EntropyCalibration2\na: 3f800000\nb: 0\na: 3f800000\n",
+            r"c\.cache:4: .*line 2",
+        ),
+        (
+            b"TRT-8401-EntropyCalibration2\na: 3f800000b: 3caa4a58\n",
+            r"c\.cache:2: 'a: 3f800000b: 3caa4a58' holds two entries",
+        ),
+        (b"TRT-8401-EntropyCalibration2\na: 0b: 3caa4a58\n", r"c\.cache:2: .*two entries"),
         (b"TRT-8401-EntropyCalibration2\n\xff\xfe: 1\n", r"c\.cache:2: not UTF-8"),
     ],
 )
@@ -446,6 +502,52 @@ def test_json_is_deterministic_and_lossless() -> None:
     )
     assert back.entries["é layer"].exact_scale is not None
     assert encode_json_table(back) == first
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        # 1e-40 / 127 = 7.87e-43 in float32 (numpy): subnormal, below finfo(float32).tiny
+        (
+            {"format": "quantbench-table", "version": 1, "tensors": {"X": {"amax": 1e-40}}},
+            r"^t\.json: tensor 'X': amax 1e-40 gives a subnormal FP32 scale \(7\.88e-43; the "
+            r"smallest usable amax is 1\.5e-36\); recalibrate",
+        ),
+        # 1e-44 / 127 rounds to 0 in float32: not "zero, negative, Inf or NaN"
+        (
+            {"format": "quantbench-table", "version": 1, "tensors": {"X": {"amax": 1e-44}}},
+            r"^t\.json: tensor 'X': amax 1e-44 gives an FP32 scale \(amax / 127\) that "
+            "underflows to 0",
+        ),
+        # the exact scale of a table converted from a cache: bits 0x00000001 (subnormal)
+        (
+            {
+                "format": "quantbench-table",
+                "version": 1,
+                "tensors": {"X": {"amax": 1.78e-43, "scale_hex": "1"}},
+            },
+            r"tensor 'X': amax 1\.78e-43 gives a subnormal FP32 scale \(1\.4e-45",
+        ),
+        ({"X": [-1e-40, 1e-40]}, r"tensor 'X': amax 1e-40 gives a subnormal FP32 scale"),
+    ],
+)
+def test_json_subnormal_scales_are_refused(document: dict, message: str) -> None:
+    assert 0 < np.float32(1e-40) / np.float32(127) < np.finfo(np.float32).tiny
+    assert np.float32(1e-44) / np.float32(127) == 0
+    with pytest.raises(QuantbenchError, match=message):
+        decode_json_table(json.dumps(document).encode(), "t.json")
+
+
+def test_json_smallest_normal_scale_and_zero_are_read() -> None:
+    tiny = float(np.finfo(np.float32).tiny)
+    document = {
+        "format": "quantbench-table",
+        "version": 1,
+        "tensors": {"small": {"amax": tiny * 127}, "zeros": {"amax": 0.0}},
+    }
+    table = decode_json_table(json.dumps(document).encode(), "t.json")
+    assert float(table.scale("small")) == tiny
+    assert table.amax("zeros") == 0.0
 
 
 def test_json_non_finite_values_are_strings() -> None:
@@ -709,9 +811,8 @@ def _random_table(rng: np.random.Generator, count: int, exact: bool) -> Calibrat
     table = CalibrationTable(method="random", provenance=Provenance(model_hash="h", num_samples=3))
     for name in _random_names(rng, count):
         if exact:
-            bits = (
-                int(rng.integers(1, 0x7C000000)) if rng.random() > 0.1 else int(rng.integers(1, 9))
-            )
+            # every scale a cache holds: 8 hex digits (from 2**-95) or 0
+            bits = int(rng.integers(0x10000000, 0x7C000000)) if rng.random() > 0.1 else 0
             scale = np.array(bits, dtype=np.uint32).view(np.float32)[()]
             table.entries[name] = TableEntry.from_scale(scale, method="trt")
         else:

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -64,7 +66,7 @@ from quantbench.evaluate.isolated import build_isolated, rename_twins, shared_up
 from quantbench.evaluate.metrics import DriftAccumulator, OutputLayout, OutputsAccumulator
 from quantbench.jsonsafe import json_float
 from quantbench.model.graph import Graph
-from quantbench.progress import warn
+from quantbench.progress import progress_bar, warn
 from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
 from quantbench.stats.tensorstats import StatsFile
 from quantbench.table import CalibrationTable
@@ -448,52 +450,65 @@ def auto_table(
     judged = list(dict.fromkeys(same_as.values()))  # each distinct table scored once
     parallel = executor is not None and not executor.is_local and job is not None
     activations = 0
-    if parallel:
-        found = run_tasks(
-            executor,
-            _isolated_task,
-            [tables[m] for m in judged],
-            shared=job,
-            describe=lambda t: f"--method auto: isolated scoring of {t.method}",
-            description="auto: per-tensor scores",
-        )
-        judged_scores = dict(zip(judged, found))
-    else:
-        with shared_upgrades():  # the candidates share one reference: upgraded once
-            judged_scores, activations = _isolated_scores(
-                graph, {m: tables[m] for m in judged}, held_out, provider, threads
+    with ExitStack() as stack:  # the local judging's own progress (the workers' has its own)
+        advance = None
+        if not parallel:
+            advance = stack.enter_context(
+                progress_bar(_judging(len(judged) + 1, held_out), total=2 * len(judged) + 1,
+                             unit="scores")
+            )  # fmt: skip
+        if parallel:
+            found = run_tasks(
+                executor,
+                _isolated_task,
+                [tables[m] for m in judged],
+                shared=job,
+                describe=lambda t: f"--method auto: isolated scoring of {t.method}",
+                description="auto: per-tensor scores",
             )
-    scores = {m: judged_scores[same_as[m]] for m in method_list}
-    mixed = _relabelled(tables[base_name], base_name)
-    choices: dict[str, dict[str, Any]] = {}
-    for tensor, nodes in _readers(graph, tables[base_name]).items():
-        worst = {m: min(scores[m].get(n, -math.inf) for n in nodes) for m in method_list}
-        # ties go to the earliest method in the list, i.e. base first
-        best = max(method_list, key=lambda m: (worst[m], -method_list.index(m)))
-        if tensor in tables[best]:
-            mixed.set(tensor, tables[best].amax(tensor), best)
-        choices[tensor] = {
-            "method": best,
-            "isolated_best": best,
-            "readers": nodes,
-            "isolated_sqnr_db": {m: json_float(v) for m, v in worst.items()},
-        }
-    scored = {MIX: mixed, **{m: tables[m] for m in judged}}
-    if parallel:
-        job = replace(job, reference=reference_outputs(graph, held_out, provider, threads))
-        found = run_tasks(
-            executor,
-            _output_task,
-            list(scored.items()),
-            shared=job,
-            describe=lambda c: f"--method auto: output scoring of {c[0]}",
-            description="auto: candidates",
-        )
-        scored_output = dict(zip(scored, found))
-    else:
-        scored_output = output_sqnrs(
-            graph, scored, held_out, provider, threads, activation_bytes=activations
-        )
+            judged_scores = dict(zip(judged, found))
+        else:
+            with shared_upgrades():  # the candidates share one reference: upgraded once
+                judged_scores, activations = _isolated_scores(
+                    graph, {m: tables[m] for m in judged}, held_out, provider, threads, advance
+                )
+        scores = {m: judged_scores[same_as[m]] for m in method_list}
+        mixed = _relabelled(tables[base_name], base_name)
+        choices: dict[str, dict[str, Any]] = {}
+        for tensor, nodes in _readers(graph, tables[base_name]).items():
+            worst = {m: min(scores[m].get(n, -math.inf) for n in nodes) for m in method_list}
+            # ties go to the earliest method in the list, i.e. base first
+            best = max(method_list, key=lambda m: (worst[m], -method_list.index(m)))
+            if tensor in tables[best]:
+                mixed.set(tensor, tables[best].amax(tensor), best)
+            choices[tensor] = {
+                "method": best,
+                "isolated_best": best,
+                "readers": nodes,
+                "isolated_sqnr_db": {m: json_float(v) for m, v in worst.items()},
+            }
+        scored = {MIX: mixed, **{m: tables[m] for m in judged}}
+        if parallel:
+            job = replace(job, reference=reference_outputs(graph, held_out, provider, threads))
+            found = run_tasks(
+                executor,
+                _output_task,
+                list(scored.items()),
+                shared=job,
+                describe=lambda c: f"--method auto: output scoring of {c[0]}",
+                description="auto: candidates",
+            )
+            scored_output = dict(zip(scored, found))
+        else:
+            scored_output = output_sqnrs(
+                graph,
+                scored,
+                held_out,
+                provider,
+                threads,
+                advance=advance,
+                activation_bytes=activations,
+            )
     output = {MIX: scored_output[MIX], **{m: scored_output[same_as[m]] for m in method_list}}
     # the highest output SQNR wins; ties go to the mix, then to the methods in list order
     order = [MIX, *tables]
@@ -591,12 +606,14 @@ def isolated_sqnrs(
     held_out: DataSource,
     provider: str | None = None,
     threads: int | None = None,
+    advance: Callable[[int], None] | None = None,
 ) -> dict[str, dict[str, float]]:
     """:func:`isolated_sqnr` of every table (by name), in as few passes as memory allows: the
     twins of several tables share one reference graph, whose FP32 ops then run once instead of
     once a table. The first table runs alone and measures the bytes one table's twins add to
-    a feed; the others go :data:`ISOLATED_TWIN_BUDGET` worth at a time."""
-    return _isolated_scores(graph, tables, held_out, provider, threads)[0]
+    a feed; the others go :data:`ISOLATED_TWIN_BUDGET` worth at a time. ``advance(n)``: n
+    tables scored (after each pass)."""
+    return _isolated_scores(graph, tables, held_out, provider, threads, advance)[0]
 
 
 def _isolated_scores(
@@ -605,19 +622,23 @@ def _isolated_scores(
     held_out: DataSource,
     provider: str | None,
     threads: int | None,
+    advance: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, dict[str, float]], int]:
     """:func:`isolated_sqnrs`, and the bytes a sample's FP32 activations (those quantized ops
     read) take, which size the output pass's parts."""
     names = list(tables)
     if not names:
         return {}, 0
+    step = advance or (lambda n: None)
     scores, per_table, activations = _isolated_pass(
         graph, {names[0]: tables[names[0]]}, held_out, provider, threads
     )
+    step(1)
     group = max(1, ISOLATED_TWIN_BUDGET // max(per_table, 1))
     for start in range(1, len(names), group):
         chunk = {n: tables[n] for n in names[start : start + group]}
         scores.update(_isolated_pass(graph, chunk, held_out, provider, threads)[0])
+        step(len(chunk))
     return scores, activations
 
 
@@ -708,6 +729,7 @@ def output_sqnrs(
     provider: str | None = None,
     threads: int | None = None,
     reference: list[dict[str, np.ndarray]] | None = None,
+    advance: Callable[[int], None] | None = None,
     *,
     activation_bytes: int = 0,
 ) -> dict[str, float]:
@@ -757,7 +779,16 @@ def output_sqnrs(
         runner.close()
     if fp32 is not None:
         fp32.close()
+    if advance is not None:
+        advance(len(tables))
     return {name: _judged_sqnr(acc) for name, acc in accs.items()}
+
+
+def _judging(candidates: int, held_out: DataSource) -> str:
+    """What the judging's progress bar says it is doing."""
+    n = held_out.num_samples
+    on = f"{n} held-back samples" if n else "the held-back samples"
+    return f"auto: judging {candidates} candidates on {on}"
 
 
 def _judged_sqnr(acc: OutputsAccumulator) -> float:

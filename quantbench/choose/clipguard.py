@@ -211,6 +211,31 @@ def clip_warning(
     return _listing(head, [f.message() for f in flags], shown, listed_by)
 
 
+def clip_summary(flags: dict[str, list[ClipFlag]], limit: float, *, listed_by: str) -> str:
+    """One warning for several methods (``--method all``): a line per method that clips, with
+    its worst tensor and how many a suggested method clips less on; the per-tensor lines
+    (``listed_by``) would bury the methods the user did not choose in dozens of lines."""
+    clipping = {m: f for m, f in flags.items() if f}
+    if not clipping:
+        return ""
+    head = (
+        f"{len(clipping)} of {len(flags)} methods clip more than {limit:.3g} of some tensors' "
+        f"values at their threshold (--clip-warn; per tensor: {listed_by}):"
+    )
+    lines = []
+    for method, found in clipping.items():
+        worst = max(found, key=lambda f: f.fraction)
+        helped = [f.suggestion for f in found if f.suggestion is not None]
+        better = ""
+        if helped:
+            best = max(set(helped), key=helped.count)
+            better = f"; {best} clips less on {helped.count(best)}"
+        lines.append(
+            f"{method}: {len(found)} tensor(s), worst {worst.tensor} {_pct(worst.fraction)}{better}"
+        )
+    return "\n".join([head, *(f"  {line}" for line in lines)])
+
+
 def _listing(head: str, items: list[str], shown: int, listed_by: str) -> str:
     """``head``, then the first ``shown`` items, then how many more ``listed_by`` lists."""
     lines = [head] + [f"  {item}" for item in items[:shown]]

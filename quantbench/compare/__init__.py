@@ -47,10 +47,10 @@ __all__ = ["compare", "labels_for_samples", "load_labels"]
 
 
 def load_labels(labels: str | Path | np.ndarray | None) -> np.ndarray | None:
-    """Labels from a plain ``.npy`` (or an array, from Python): any dtype such a file holds
-    (integers, floats, unicode strings...), one entry per sample along axis 0. Built-in accuracy
-    uses them only when they are integers and an output holds class scores; every label reaches
-    a ``--metric-script``."""
+    """Labels from a plain ``.npy``, a one-array ``.npz`` (or an array, from Python): any dtype
+    such a file holds (integers, floats, unicode strings...), one entry per sample along axis 0.
+    Built-in accuracy uses them only when they are integers and an output holds class scores;
+    every label reaches a ``--metric-script``."""
     if labels is None:
         return None
     where = "labels" if isinstance(labels, np.ndarray) else str(labels)
@@ -76,12 +76,28 @@ def labels_for_samples(
 
 
 def _read_labels(path: Path) -> np.ndarray:
+    """A ``.npy``, or a ``.npz`` holding one array (its only array is the labels: a ``.npz``
+    with several cannot say which, so the user is told to pick one)."""
     try:
-        return np.load(path, allow_pickle=False)
+        loaded = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise QuantbenchError(f"{path}: labels file not found") from None
     except Exception as exc:  # noqa: BLE001
-        raise QuantbenchError(f"{path}: not a readable .npy of labels ({exc})") from None
+        raise QuantbenchError(f"{path}: not a readable .npy/.npz of labels ({exc})") from None
+    if isinstance(loaded, np.ndarray):
+        return loaded
+    with loaded:
+        names = list(loaded.files)
+        if len(names) != 1:
+            held = ", ".join(names) or "no array"
+            raise QuantbenchError(
+                f"{path}: a .npz of labels must hold one array, this one holds {held}; save the "
+                "labels alone (np.save('labels.npy', labels)) and give that file"
+            )
+        try:
+            return loaded[names[0]]
+        except Exception as exc:  # noqa: BLE001
+            raise QuantbenchError(f"{path}: array {names[0]!r} is not readable ({exc})") from None
 
 
 def compare(

@@ -7,10 +7,12 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from quantbench.compare.latency import timing_note
 from quantbench.evaluate.metrics import OPTIONAL_KEYS, carried_metrics, nonfinite_text
 from quantbench.fp16 import FP16, FP16_EMULATED, describe
 from quantbench.fp16range import RangeLoss, losses_text
-from quantbench.progress import console
+from quantbench.progress import results as console
+from quantbench.progress import warn
 
 
 def _standing(output: dict[str, Any]) -> str:
@@ -81,7 +83,7 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
                 RangeLoss.from_dict(r) for r in doc[side]["fp16"].get("out_of_range_constants", [])
             ]
             if text := losses_text(lost, f"of {side.upper()}"):
-                console.print(f"[yellow]warning:[/yellow] {escape(text)}", soft_wrap=True)
+                warn(text)
     for name, entry in (doc.get("task") or {}).items():
         console.print(
             f"{escape(name)}: A {_fmt(entry.get('A'))}  B {_fmt(entry.get('B'))}  "
@@ -147,7 +149,9 @@ def print_summary(doc: dict[str, Any], worst: int = 5) -> None:
         console.print(t)
     lat = doc.get("latency")
     if lat:
-        t = Table(title="Latency", title_justify="left")
+        note = timing_note(doc)
+        title = f"Latency ({note})" if note else "Latency"
+        t = Table(title=escape(title), title_justify="left")
         for col in ("side", "median ms", "p90 ms", "p99 ms", "throughput/s"):
             t.add_column(col)
         for side, v in lat.items():

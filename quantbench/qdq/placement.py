@@ -271,11 +271,10 @@ def _table_scale(table: CalibrationTable, tensor: str, placement: Placement) -> 
     entry = table.entries[tensor]
     if entry.amax == 0:  # e.g. an LSTM's initial state: zero for every sample, exact in FP32
         return f"input {tensor!r} was zero in every calibration sample: nothing to quantize"
-    scale = np.float32(entry.scale)
-    if not entry.is_valid or not np.isfinite(scale) or scale <= 0:
+    if problem := entry.problem():
         placement.invalid.append(tensor)
-        return f"input {tensor!r} has an invalid calibration entry (amax={entry.amax!r})"
-    return np.asarray(scale, dtype=np.float32)
+        return f"input {tensor!r} has an unusable calibration entry ({problem})"
+    return np.asarray(np.float32(entry.scale), dtype=np.float32)
 
 
 def _plan_residuals(

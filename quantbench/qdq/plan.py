@@ -118,8 +118,12 @@ class QuantizeResult:
         )
         weights = "per-channel" if self.per_channel else "per-tensor"
         kept = ", ".join(f"{n} {op}" for op, n in self.not_quantizable.items())
+        adds = sum(q.op_type == "Add" for q in self.quantized)
+        # the same split inspect gives for a model's ops to quantize
+        split = f" ({len(self.quantized) - adds} weighted, {adds} residual Add)" if adds else ""
         return (
-            f"{len(self.quantized)} ops quantized, {len(self.skipped)} left in high precision, "
+            f"{len(self.quantized)} ops quantized{split}, {len(self.skipped)} left in high "
+            "precision, "
             f"{self.qdq_pairs} Q/DQ pairs, {weights} weights, {opset}"
             + (f", {kept} not quantizable (they stay in FP32/FP16)" if kept else "")
             + (f", {len(self.warnings)} warnings" if self.warnings else "")

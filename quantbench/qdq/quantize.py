@@ -203,11 +203,10 @@ def _check_coverage(
     extra = [name for name in table if name not in model_tensors]
     notes: list[str] = []
     if placement.invalid:
-        bad = ", ".join(f"{t} (amax={table.amax(t)!r})" for t in placement.invalid[:_EXAMPLES])
-        message = (
-            f"{len(placement.invalid)} tensors to quantize have a zero, negative, Inf or NaN "
-            f"amax, e.g. {bad}"
+        bad = ", ".join(
+            f"{t} ({table.entries[t].problem()})" for t in placement.invalid[:_EXAMPLES]
         )
+        message = f"{len(placement.invalid)} tensors to quantize have no usable scale, e.g. {bad}"
         if not allow_partial:
             raise QuantbenchError(
                 f"{label}: {message}; recalibrate them or use --allow-partial to quantize only "

@@ -22,14 +22,18 @@ approximation: check the built engine with ``quantbench inspect`` / the engine i
 
 from __future__ import annotations
 
+import math
 import shlex
 from pathlib import Path
 from typing import Any
 
 from quantbench.errors import QuantbenchError
+from quantbench.evaluate.metrics import lower_is_better
 from quantbench.fileio import write_text_atomic
+from quantbench.jsonsafe import from_json_float
 from quantbench.model.graph import node_labels
 from quantbench.model.protosize import save_model
+from quantbench.recovery.evaluation import RESERVED, json_metrics
 from quantbench.recovery.search import RecoveryResult
 from quantbench.results import base_document, write_json
 from quantbench.table import CalibrationTable
@@ -138,11 +142,48 @@ def recovery_document(result: RecoveryResult, command: str = "") -> dict[str, An
         "eval_samples": ctx.evaluator.num_samples,
         "calib_samples": ctx.stats.num_samples,
     }
-    accuracy = ctx.evaluator.fp32_accuracy
-    if accuracy is not None:
-        final = result.steps[-1]["metrics"].get("accuracy")
-        doc["task"] = {"accuracy": {"A": accuracy, "B": final, "delta": final - accuracy}}
+    task = _task_section(result)
+    if task:
+        doc["task"] = task
+    doc["thresholds"] = [target_gate(result)]
+    doc["passed"] = result.met
     return doc
+
+
+def _task_section(result: RecoveryResult) -> dict[str, Any]:
+    """``accuracy`` (integer labels) and the metric script's numbers as ``{A, B, delta}``, A
+    measured on FP32, B on the recovered model: the report's task table, as compare's."""
+    final = result.steps[-1]["metrics"]
+    fp32 = json_metrics(result.context.evaluator.fp32_metrics)
+    task: dict[str, Any] = {}
+    accuracy = result.context.evaluator.fp32_accuracy
+    if accuracy is not None:
+        task["accuracy"] = {"A": accuracy, "B": final.get("accuracy")}
+    for name in final:
+        if name not in RESERVED:  # a metric script's own
+            task[name] = {"A": fp32.get(name), "B": final[name]}
+    for entry in task.values():
+        a, b = _number(entry["A"]), _number(entry["B"])
+        entry["delta"] = None if a is None or b is None else b - a
+    return task
+
+
+def _number(value: Any) -> float | None:
+    """A metric as a float; None when undefined (``"nan"``, null)."""
+    number = from_json_float(value)
+    return None if number is None or math.isnan(number) else number
+
+
+def target_gate(result: RecoveryResult) -> dict[str, Any]:
+    """The ``--target`` as a gate row (``thresholds``), judged as the search judged it: the
+    recovery record shows the metric it was judged on, its bound, value and verdict."""
+    target = result.target
+    bound = "max" if lower_is_better(target.metric) else "min"
+    gate: dict[str, Any] = {"metric": target.metric, bound: target.value}
+    gate.update({"value": result.metric, "passed": result.met})
+    if _number(result.metric) is None:
+        gate["reason"] = "undefined on the recovered model's outputs (NaN/Inf)"
+    return gate
 
 
 def check_artefact_target(out_dir: str | Path, trt_version: str) -> Path:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 INT8_MAX = 127
+#: the smallest normal float32: a smaller (subnormal) scale may be flushed to zero on a GPU
+FLT_TINY = float(np.finfo(np.float32).tiny)
 
 
 def scale_from_amax(amax: float) -> np.float32:
@@ -46,6 +48,34 @@ class TableEntry:
         if self.exact_scale is not None:
             return np.float32(self.exact_scale)
         return scale_from_amax(self.amax)
+
+    def problem(self) -> str | None:
+        """Why this entry gives no usable Q/DQ scale, as "amax ... is/gives ...", else None.
+
+        Zero is not a problem: a tensor zero in every sample (TensorRT writes ``0`` for it),
+        which quantize leaves in high precision. A positive amax whose float32 scale is
+        subnormal or 0 is: a GPU may flush it to zero (the weight path refuses those too).
+        """
+        amax = self.amax
+        for bad, word in ((math.isnan(amax), "NaN"), (amax < 0, "negative")):
+            if bad:
+                return f"amax {amax!r} is {word}"
+        if math.isinf(amax):
+            return f"amax {amax!r} is infinite (127 x scale overflows float32)"
+        if amax == 0:
+            return None
+        with np.errstate(over="ignore", under="ignore"):
+            scale = float(self.scale)
+        if scale == 0:
+            return f"amax {amax!r} gives an FP32 scale (amax / 127) that underflows to 0"
+        if scale < FLT_TINY:
+            return (
+                f"amax {amax!r} gives a subnormal FP32 scale ({scale:.3g}; the smallest usable "
+                f"amax is {FLT_TINY * INT8_MAX:.2g})"
+            )
+        if math.isinf(scale):
+            return f"amax {amax!r} gives an FP32 scale beyond the float32 range"
+        return None
 
     @property
     def is_valid(self) -> bool:
@@ -117,6 +147,20 @@ class CalibrationTable:
 
     def amaxes(self) -> dict[str, float]:
         return {name: e.amax for name, e in self.entries.items()}
+
+    def origin(self) -> str:
+        """How the table says it was made, in one phrase: the method where it records one;
+        a TensorRT cache records only its header's algorithm, which quantbench writes as
+        EntropyCalibration2 for every method but minmax, so that is all it can say."""
+        if self.method:
+            return f"method {self.method}"
+        if self.provenance.trt_version:
+            return (
+                f"TensorRT {self.provenance.trt_version} cache, algorithm {self.algorithm} "
+                "(caches record no method; quantbench writes EntropyCalibration2 for all but "
+                "minmax, its JSON tables record the method)"
+            )
+        return "method not recorded"
 
     def invalid(self) -> list[str]:
         """Tensors whose amax is zero, negative, Inf or NaN."""

@@ -134,6 +134,27 @@ def write_table(
     return write_bytes_atomic(path, data)
 
 
+def output_format(path: str | os.PathLike[str] | None, fmt: str | None) -> TableFormat:
+    """The format to write ``path`` in: ``fmt`` when given, else the one its suffix names
+    (``.json``, ``.flatbuffers``/``.fb``), else ``trt`` (``.cache``, ``.calib``, any other).
+
+    A ``fmt`` the suffix contradicts (``--format trt -o t.json``) is refused: the file would
+    hold another format than its name says, and a cache in ``t.json`` loses the model hash.
+    """
+    if fmt is not None and fmt not in FORMAT_SUFFIX:
+        raise QuantbenchError(f"--format must be one of {', '.join(FORMAT_SUFFIX)}, not {fmt!r}")
+    suffix = Path(path).suffix.lower() if path is not None else ""
+    named = _SUFFIX_FORMAT.get(suffix)
+    if fmt is None:
+        return named or "trt"
+    if named is not None and named != fmt:
+        raise QuantbenchError(
+            f"{path}: --format {fmt} contradicts the suffix {suffix} (a {named} table); drop "
+            f"--format, or name the file *{FORMAT_SUFFIX[fmt]}"
+        )
+    return fmt  # type: ignore[return-value]
+
+
 def format_for_path(path: str | os.PathLike[str]) -> TableFormat:
     """The output format a file name asks for (``.cache`` -> trt, ``.json``, ``.flatbuffers``)."""
     suffix = Path(path).suffix.lower()

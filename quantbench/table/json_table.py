@@ -169,6 +169,18 @@ def _scale_in(raw: Mapping[str, Any], where: str) -> np.float32 | None:
     return scale
 
 
+def _usable(entry: TableEntry, where: str) -> TableEntry:
+    """Refuse a positive amax whose FP32 scale is subnormal or 0 (a GPU may flush it to zero:
+    a silently wrong model). NaN, Inf, negative and 0 are read; ``table.invalid()`` lists the
+    first three and quantize refuses them for a tensor it quantizes."""
+    if math.isfinite(entry.amax) and entry.amax > 0 and (problem := entry.problem()):
+        raise QuantbenchError(
+            f"{where}: {problem}; recalibrate it, or write amax 0 for a tensor that is zero in "
+            "every sample"
+        )
+    return entry
+
+
 def _entry_in(raw: Any, where: str) -> TableEntry:
     if not isinstance(raw, dict):
         raise QuantbenchError(f"{where}: expected an object with 'amax', got {raw!r}")
@@ -178,14 +190,14 @@ def _entry_in(raw: Any, where: str) -> TableEntry:
     method = _str_in(raw.get("method", ""), f"{where}.method")
     scale = _scale_in(raw, where)
     if scale is None:
-        return TableEntry(amax, method)
+        return _usable(TableEntry(amax, method), where)
     with np.errstate(over="ignore", invalid="ignore"):
         derived = scale_from_amax(amax)
         if scale_bits(derived) == scale_bits(scale):
-            return TableEntry(amax, method)
+            return _usable(TableEntry(amax, method), where)
         if _same_float(amax_from_scale(scale), amax):
             # Read from a TensorRT cache: amax was derived from these exact scale bits.
-            return TableEntry(amax, method, exact_scale=scale)
+            return _usable(TableEntry(amax, method, exact_scale=scale), where)
     raise QuantbenchError(
         f"{where}: amax {raw['amax']!r} does not match scale_hex {scale_to_hex(scale)!r} "
         f"(amax/127 is {scale_to_hex(derived)}); edit amax only and delete scale and scale_hex"
@@ -261,7 +273,7 @@ def _decode_ort(document: dict[str, Any], flavour: str, source: str) -> Calibrat
             amax = _ort_amax(raw["lowest"], raw["highest"], where)
         else:
             raise QuantbenchError(f"{where}: expected [min, max] or lowest/highest, got {raw!r}")
-        table.entries[tensor] = TableEntry(amax, method)
+        table.entries[tensor] = _usable(TableEntry(amax, method), where)
     return table
 
 

@@ -38,7 +38,14 @@ TRTEXEC_ALGORITHM = "EntropyCalibration2"
 
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)?")
 _HEADER_RE = re.compile(r"TRT-(\d+)-([A-Za-z0-9_]+)")
-_HEX_RE = re.compile(r"[0-9a-fA-F]{1,8}")
+#: what TensorRT can have written: 4 digits (1.0.0 .. 9.9.99) or 10xxxx (10.x; 11 has no caches)
+_HEADER_VERSION_RE = re.compile(r"[1-9]\d{3}|10\d{4}")
+_HEX_RE = re.compile(r"[0-9a-fA-F]+")
+#: a value as TensorRT writes a scale quantbench can use: no zero padding, so every scale from
+#: 2**-95 (bits 0x10000000, about 2.5e-29) up has exactly 8 digits; ``0`` is an all-zero tensor's
+_VALUE_RE = re.compile(r"0|[1-9a-fA-F][0-9a-fA-F]{7}")
+#: ": <value>" inside a name: two entries whose line break was lost
+_MERGED_RE = re.compile(r": (?:0|[1-9a-fA-F][0-9a-fA-F]{7})")
 _DECIMAL = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _ORT_TEXT_LINE_RE = re.compile(rf"\S+ +{_DECIMAL}")
 _RANGES_LINE_RE = re.compile(rf".+: *{_DECIMAL}")
@@ -46,6 +53,9 @@ _ENTRY_LINE_RE = re.compile(r".+: [0-9a-fA-F]{1,8}")
 
 _SIGN_BIT = 0x80000000
 _EXPONENT_MASK = 0x7F800000
+_INFINITY_BITS = 0x7F800000
+#: the smallest scale a cache holds in 8 hex digits: 2**-95 (about 2.5e-29, amax 3.2e-27)
+SMALLEST_CACHE_BITS = 0x10000000
 
 
 def trt_version_int(version: str) -> int:
@@ -120,11 +130,14 @@ def parse_header(line: str, source: str = "cache") -> tuple[int, str, str]:
             f"{source}:1: header {text[:60]!r} is not TRT-<version>-<algorithm> "
             "(e.g. TRT-101000-EntropyCalibration2)"
         )
+    if _HEADER_VERSION_RE.fullmatch(match[1]) is None:
+        raise QuantbenchError(
+            f"{source}:1: header {text[:60]!r}: version {match[1]} is no TensorRT that writes "
+            "caches (4 digits for TensorRT <= 9, e.g. 8401; 10xxxx for 10.x, e.g. 101000); "
+            "the header is damaged: restore the cache or calibrate again"
+        )
     version_int = int(match[1])
-    try:
-        version = trt_version_str(version_int)
-    except QuantbenchError as exc:
-        raise QuantbenchError(f"{source}:1: {exc}") from None
+    version = trt_version_str(version_int)
     algorithm = match[2]
     if algorithm not in ALGORITHMS:
         raise QuantbenchError(
@@ -155,7 +168,8 @@ def hex_to_scale(text: str) -> np.float32:
 
 
 def scale_problem(bits: int) -> str | None:
-    """Why a scale with these bits cannot come from TensorRT (NaN, +-inf, negative), else None.
+    """Why a scale with these bits must not be written to a cache (NaN, +-inf, negative, or too
+    small for the 8 hex digits :func:`decode_trt_cache` demands), else None.
 
     Zero is allowed: TensorRT itself writes ``0`` for all-zero tensors.
     """
@@ -163,6 +177,8 @@ def scale_problem(bits: int) -> str | None:
         return "NaN" if bits & 0x007FFFFF else "infinite"
     if bits & _SIGN_BIT:
         return "negative"
+    if 0 < bits < SMALLEST_CACHE_BITS:
+        return "below 2**-95 (about 2.5e-29, amax 3.2e-27: no usable range)"
     return None
 
 
@@ -238,6 +254,33 @@ def foreign_hint(data: bytes) -> str:
     return "a TensorRT cache starts with a header line like TRT-101000-EntropyCalibration2"
 
 
+def _value_problem(value: str) -> str | None:
+    """Why ``value`` (the text after ': ') is not a scale TensorRT wrote, else None.
+
+    TensorRT writes 8 digits for every scale from 2**-95 up and ``0`` for an all-zero tensor, so
+    a shorter value (a subnormal or absurdly small scale), a leading zero, a negative or NaN
+    scale can only be damage. ``7f800000`` (+inf) is kept: TensorRT writes it (a Log output);
+    quantize refuses it for a tensor it quantizes.
+    """
+    if _HEX_RE.fullmatch(value) is None:
+        return "is not hex digits (the float32 bits of the scale)"
+    if _VALUE_RE.fullmatch(value) is None:
+        if len(value) > 8:
+            return f"has {len(value)} hex digits; a float32 has 8"
+        if len(value) == 8:
+            return "starts with 0, which TensorRT never writes"
+        return (
+            f"has {len(value)} hex digits (scale {hex_to_scale(value):.3g}); TensorRT writes 8 "
+            "for every scale above 2.5e-29 and '0' for zero"
+        )
+    bits = int(value, 16)
+    if bits & _SIGN_BIT:
+        return f"is a negative scale ({hex_to_scale(value):.3g}), which TensorRT never writes"
+    if bits & _EXPONENT_MASK == _EXPONENT_MASK and bits != _INFINITY_BITS:
+        return "is NaN, which TensorRT never writes"
+    return None
+
+
 def _parse_entry(line: str, source: str, lineno: int) -> tuple[str, np.float32]:
     name, colon, value = line.rpartition(":")
     if not colon:
@@ -246,11 +289,19 @@ def _parse_entry(line: str, source: str, lineno: int) -> tuple[str, np.float32]:
         )
     if not name:
         raise QuantbenchError(f"{source}:{lineno}: empty tensor name in {line[:80]!r}")
-    if not value.startswith(" ") or _HEX_RE.fullmatch(value[1:]) is None:
+    if not value.startswith(" "):
+        problem = "does not follow ': ' (a colon and one space)"
+    else:
+        problem = _value_problem(value[1:])
+    if problem is None and _MERGED_RE.search(name):
         raise QuantbenchError(
-            f"{source}:{lineno}: tensor {name!r}: value {value.strip()[:40]!r} is not ': ' then "
-            "1-8 hex digits (the float32 bits of the scale); the file is corrupt or not a "
-            "TensorRT cache"
+            f"{source}:{lineno}: {line[:80]!r} holds two entries (a lost line break?); the cache "
+            "is damaged: restore it or calibrate again"
+        )
+    if problem:
+        raise QuantbenchError(
+            f"{source}:{lineno}: tensor {name!r}: value {value.strip()[:40]!r} {problem}; the "
+            "cache is damaged or not a TensorRT cache: restore it or calibrate again"
         )
     return name, hex_to_scale(value[1:])
 
@@ -268,8 +319,9 @@ def _decode_text(data: bytes, source: str) -> str:
 def decode_trt_cache(data: bytes, source: str) -> CalibrationTable:
     """Parse a TensorRT cache; ``source`` (the file name) prefixes every error message.
 
-    Names are everything before the *last* ':' (names may contain ':' and spaces). Scales that
-    TensorRT cannot produce (NaN, negative) are kept; ``table.invalid()`` lists them.
+    Names are everything before the *last* ':' (names may contain ':' and spaces). Values must
+    be written as TensorRT writes them (:func:`_value_problem`), so a damaged value is refused
+    rather than read as another scale; ``0`` and +inf are kept and ``table.invalid()`` lists them.
     """
     if not data.startswith(HEADER_PREFIX.encode()):
         raise QuantbenchError(f"{source}:1: not a TensorRT calibration cache: {foreign_hint(data)}")

@@ -1,0 +1,326 @@
+"""Refinement passes judged like every other candidate: kept only where the outputs gain.
+
+A pass (:mod:`quantbench.refine`) rewrites the FP32 model; whether its INT8 form is better is
+an empirical question, answered the way ``auto`` answers it for ranges: the Q/DQ model of the
+refined FP32 model is run on the held-back slice and scored at the outputs against the
+*original* FP32 model (:func:`quantbench.choose.autocalib.output_sqnrs`, same score, same
+slice). Passes are tried greedily in :data:`quantbench.refine.PASSES` order, each on top of
+what was kept; a pass is kept when it raises the score by at least :data:`MIN_GAIN_DB`.
+
+Tables: a pass that keeps activation ranges (bias correction, rounding) is judged with the
+table already chosen; one that moves them (equalization, smoothing) gets a table calibrated on
+the refined model from one statistics pass, each tensor with the method the chosen table used
+for it. The passes that read data, and those statistics, see the calibration samples after the
+held-back ones (when the data can be cut there), so the slice stays unseen by what is judged.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from quantbench.choose.autocalib import (
+    DEFAULT_HOLDOUT_SAMPLES,
+    held_back_count,
+    holdout_source,
+    output_sqnrs,
+    reference_outputs,
+)
+from quantbench.collect.statspass import collect_stats
+from quantbench.data.sources import DataSource, open_data
+from quantbench.errors import QuantbenchError
+from quantbench.jsonsafe import json_float
+from quantbench.model.graph import Graph, calibration_tensors, open_graph
+from quantbench.progress import info
+from quantbench.refine import (
+    BIAS,
+    CHEAP,
+    EQUALIZE,
+    PASSES,
+    RANGE_CHANGING,
+    ROUNDING,
+    SMOOTH,
+    LayerChange,
+    Refined,
+)
+from quantbench.table import CalibrationTable
+from quantbench.table.build import build_table
+
+#: a pass must raise the judged output SQNR by this much to be kept (a smaller change is
+#: within the slice's noise and not worth a different model)
+MIN_GAIN_DB = 0.01
+#: SmoothQuant's migration strengths tried (0.5 balances; larger moves more onto the weights)
+SMOOTH_ALPHAS = (0.5, 0.8)
+#: metadata key of a refined model: which passes made it (``inspect`` reads it)
+REFINED_KEY = "quantbench.refined"
+
+
+def parse_refine(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """``--refine``: None (the default: the cheap passes where ``auto`` judges), ``none``,
+    ``cheap``, ``all`` or a comma list of pass names; one line naming a wrong one."""
+    if text is None:
+        return None
+    words = text.split(",") if isinstance(text, str) else list(text)
+    names = [w.strip().lower() for w in words if w.strip()]
+    if names in (["none"], []):
+        return ()
+    if names == ["all"]:
+        return PASSES
+    if names == ["cheap"]:
+        return CHEAP
+    wrong = [n for n in names if n not in PASSES]
+    if wrong:
+        raise QuantbenchError(
+            f"--refine: unknown pass {', '.join(map(repr, wrong))}; choose from "
+            f"{', '.join(PASSES)}, or cheap, all, none"
+        )
+    return tuple(p for p in PASSES if p in names)
+
+
+@dataclass
+class RefineTrial:
+    """One pass tried: its judged output SQNR on the slice, and whether it was kept."""
+
+    name: str
+    score_db: float | None
+    kept: bool
+    seconds: float
+    layers: list[LayerChange] = field(default_factory=list)
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pass": self.name,
+            "output_sqnr_db": json_float(self.score_db) if self.score_db is not None else None,
+            "kept": self.kept,
+            "seconds": round(self.seconds, 3),
+            "note": self.note,
+            "layers": [
+                {"node": c.node, "detail": c.detail, "measure": c.measure,
+                 "before": json_float(c.before) if c.before is not None else None,
+                 "after": json_float(c.after) if c.after is not None else None}
+                for c in self.layers
+            ],
+        }  # fmt: skip
+
+
+@dataclass
+class RefineOutcome:
+    """The model to quantize (the original when no pass was kept), its table, and the record."""
+
+    graph: Graph
+    table: CalibrationTable
+    kept: list[str]
+    trials: list[RefineTrial]
+    base_score_db: float
+    holdout: str = ""
+
+    @property
+    def refined(self) -> bool:
+        return bool(self.kept)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kept": list(self.kept),
+            "base_output_sqnr_db": json_float(self.base_score_db),
+            "holdout": self.holdout,
+            "trials": [t.to_dict() for t in self.trials],
+        }
+
+
+@dataclass
+class _State:
+    graph: Graph
+    table: CalibrationTable
+    score: float
+    #: the model before a kept rounding pass (bias correction measures the shift of the
+    #: rounded weights against these); None while no rounding was kept
+    unrounded: onnx.ModelProto | None = None
+
+
+def refine_judged(
+    graph: Graph,
+    table: CalibrationTable,
+    data: object,
+    passes: Sequence[str],
+    *,
+    num_samples: int,
+    holdout_data: object | None = None,
+    batch_size: int | None = None,
+    preset: str | None = None,
+    provider: str | None = None,
+    threads: int | None = None,
+) -> RefineOutcome:
+    """Try ``passes`` on ``graph`` (quantized with ``table``) and keep those that help (module
+    doc). ``num_samples``: how many calibration samples ``data`` holds (the statistics')."""
+    held = 0 if holdout_data is not None else held_back_count(num_samples)
+    held_out = holdout_source(
+        graph, data, holdout_data, batch_size=batch_size, preset=preset,
+        samples=held or DEFAULT_HOLDOUT_SAMPLES,
+    )  # fmt: skip
+    fit, holdout_note = _fit_source(graph, data, held, num_samples, batch_size, preset)
+    reference = reference_outputs(graph, held_out, provider, threads)
+
+    def score(g: Graph, t: CalibrationTable) -> float:
+        found = output_sqnrs(g, {"candidate": t}, held_out, provider, threads, reference=reference)
+        return found["candidate"]
+
+    state = _State(graph, table, score(graph, table))
+    base = state.score
+    info(f"refine: unrefined INT8 scores {base:.2f} dB at the outputs on the held-back slice")
+    trials: list[RefineTrial] = []
+    kept: list[str] = []
+    for name in PASSES:
+        if name not in passes:
+            continue
+        for variant, run in _variants(name, state, fit, provider):
+            start = time.perf_counter()
+            trial = _try(variant, run, state, fit, score, provider)
+            trial.seconds = time.perf_counter() - start
+            trials.append(trial)
+            if trial.kept:
+                kept = [k for k in kept if k.split(":")[0] != name] + [variant]
+    return RefineOutcome(state.graph, state.table, kept, trials, base, holdout_note)
+
+
+def _variants(
+    name: str, state: _State, fit: DataSource, provider: str | None
+) -> list[tuple[str, Callable[[onnx.ModelProto], Refined]]]:
+    """The pass's candidates: one run, or one per SmoothQuant alpha (the activation maxima
+    measured once for all of them)."""
+    from quantbench.refine import biascorrect, equalize, rounding, smooth
+
+    if name == EQUALIZE:
+        return [(name, equalize.equalize)]
+    if name == BIAS:
+        return [(name, lambda m: biascorrect.correct_bias(m, fit, provider=provider,
+                                                           original=state.unrounded))]  # fmt: skip
+    if name == ROUNDING:
+        return [(name, lambda m: rounding.round_weights(m, fit, provider=provider))]
+    maxima: dict[str, Any] = {}
+
+    def smoothed(alpha: float) -> Callable[[onnx.ModelProto], Refined]:
+        def run(m: onnx.ModelProto) -> Refined:
+            if not maxima:
+                maxima["found"] = smooth.activation_channel_max(
+                    m, fit, smooth.smoothable_tensors(m), provider=provider
+                )
+            return smooth.smooth(m, fit, alpha=alpha, provider=provider,
+                                 channel_max=maxima["found"])  # fmt: skip
+
+        return run
+
+    return [(f"{SMOOTH}:{alpha:g}", smoothed(alpha)) for alpha in SMOOTH_ALPHAS]
+
+
+def _try(
+    name: str,
+    run: Callable[[onnx.ModelProto], Refined],
+    state: _State,
+    fit: DataSource,
+    score: Callable[[Graph, CalibrationTable], float],
+    provider: str | None,
+) -> RefineTrial:
+    """Run one pass on the state's model, judge it, and move the state when it gains."""
+    refined = run(state.graph.model)
+    if not refined.changed:
+        info(f"refine: {name}: {refined.skipped or 'nothing to change'}")
+        return RefineTrial(name, None, False, 0.0, note=refined.skipped or "nothing to change")
+    graph = open_graph(refined.model, require_fixed_rank=False)
+    if name.split(":")[0] in RANGE_CHANGING:
+        table = retabled(graph, state.table, fit, provider)
+    else:
+        table = restamped(state.table, graph)
+    found = score(graph, table)
+    gained = _ranked(found) >= _ranked(state.score) + MIN_GAIN_DB
+    verdict = "kept" if gained else "not kept"
+    info(f"refine: {name}: {found:.2f} dB against {state.score:.2f} dB: {verdict}")
+    trial = RefineTrial(name, found, gained, 0.0, refined.layers)
+    if gained:
+        if name == ROUNDING:
+            state.unrounded = state.graph.model
+        state.graph, state.table, state.score = graph, table, found
+    return trial
+
+
+def _ranked(score: float) -> float:
+    return -math.inf if math.isnan(score) else score
+
+
+def restamped(table: CalibrationTable, graph: Graph) -> CalibrationTable:
+    """``table`` recorded as made for ``graph``: a pass that keeps the activation ranges
+    (bias correction, rounding) carries the ranges over to the model it refined."""
+    return replace(table, entries=dict(table.entries),
+                   provenance=replace(table.provenance, model_hash=graph.hash))  # fmt: skip
+
+
+def retabled(
+    graph: Graph, chosen: CalibrationTable, fit: DataSource, provider: str | None
+) -> CalibrationTable:
+    """A table of the refined ``graph`` from one statistics pass over ``fit``: each tensor
+    with the method ``chosen`` used for it; a tensor the pass added (a smoothing Mul) with the
+    method ``chosen`` used most."""
+    stats = collect_stats(
+        graph, fit, calibration_tensors(graph, "quantizable"), provider=provider,
+        show_progress=False,
+    )  # fmt: skip
+    methods = {name: entry.method or chosen.method for name, entry in chosen.entries.items()}
+    common = Counter(methods.values()).most_common(1)[0][0] if methods else "entropy"
+    per_method: dict[str, CalibrationTable] = {}
+    table = build_table(stats, common)
+    table.method = chosen.method
+    for tensor in list(table.entries):
+        method = methods.get(tensor, common)
+        if method not in per_method:
+            per_method[method] = build_table(stats, method)
+        if tensor in per_method[method]:
+            table.set(tensor, per_method[method].amax(tensor), method)
+    return table
+
+
+def _fit_source(
+    graph: Graph,
+    data: object,
+    held: int,
+    num_samples: int,
+    batch_size: int | None,
+    preset: str | None,
+) -> tuple[DataSource, str]:
+    """The data the passes read: the calibration samples after the held-back ones when the
+    data is a file or folder that can be cut there; else all of it (and the record says the
+    slice was seen)."""
+    if held and isinstance(data, (str, Path)):
+        try:
+            source = open_data(data, graph.inputs, batch_size=batch_size, preset=preset,
+                               sample_range=(held, num_samples))  # fmt: skip
+            source.on_nonfinite = None
+            return source, f"first {held} calibration samples held back from the passes"
+        except QuantbenchError:
+            pass
+    source = open_data(data, graph.inputs, batch_size=batch_size, preset=preset)
+    source.on_nonfinite = None
+    return source, "the passes read every calibration sample, the judging slice included"
+
+
+def mark_refined(model: onnx.ModelProto, kept: Sequence[str]) -> None:
+    """Record in ``model``'s metadata which passes made it (``inspect`` says so)."""
+    for prop in list(model.metadata_props):
+        if prop.key == REFINED_KEY:
+            model.metadata_props.remove(prop)
+    if kept:
+        model.metadata_props.add(key=REFINED_KEY, value=",".join(kept))
+
+
+def refined_passes(model: onnx.ModelProto) -> list[str]:
+    """The passes :func:`mark_refined` recorded, or none."""
+    for prop in model.metadata_props:
+        if prop.key == REFINED_KEY:
+            return [p for p in prop.value.split(",") if p]
+    return []
