@@ -286,11 +286,15 @@ class OnnxRuntimeRunner:
         optimization: str = "all",
         spin: bool = True,
         generated_from: onnx.ModelProto | None = None,
+        arena: bool = True,
     ):
         """``generated_from``: the user's model when ``model`` is one quantbench built from it
         (Q/DQ, isolated twins, exposed tensors, FP16). If onnxruntime rejects ``model`` but
         loads ``generated_from``, the fault is quantbench's (:class:`InternalError`, exit 3);
-        otherwise it is the user's model (:class:`QuantbenchError`, exit 2)."""
+        otherwise it is the user's model (:class:`QuantbenchError`, exit 2). ``arena=False``:
+        no CPU memory arena and no memory pattern, so that several sessions alive at once
+        (``--method auto``'s candidates) do not each keep the most their runs took, and a run
+        frees each intermediate when read; the values are the same."""
         import onnxruntime as ort
 
         self.provider = resolve_provider(provider)
@@ -302,6 +306,8 @@ class OnnxRuntimeRunner:
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if threads:
             opts.intra_op_num_threads = threads
+        opts.enable_cpu_mem_arena = arena
+        opts.enable_mem_pattern = arena  # a pattern is one block for a run's intermediates
         opts.graph_optimization_level = {
             "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

@@ -27,6 +27,13 @@ Cost: one table, one Q/DQ model and one isolated pass over the slice per method,
 over the slice in which each batch runs FP32 once and every candidate (methods + the mix). With
 ``--executor`` each method's isolated pass and each candidate's output pass is one task on the
 workers (the slice's FP32 outputs computed once here and sent along); the scores are the same.
+
+Memory: every pass streams the slice and accumulates its sums (:class:`DriftAccumulator`,
+:class:`OutputsAccumulator`), and each batch runs in parts of at most :data:`JUDGE_BUDGET` of
+activations (one sample where one is larger), in sessions without onnxruntime's CPU arena, so
+judging holds a bounded amount whatever the number of held-back samples. The parts change only
+the float32 rounding of the sums (at most 4e-5 dB on a 7-conv SR CNN): the choice and the
+tables came out byte-identical.
 """
 
 from __future__ import annotations
@@ -47,7 +54,13 @@ from quantbench.choose.automemo import judgement_key, load_judgement, store_judg
 from quantbench.collect.executors import ExecutorSpec, run_tasks, task_threads
 from quantbench.collect.statspass import collect_stats
 from quantbench.collect.workerinput import WorkerInput
-from quantbench.data.sources import DataSource, dynamic_batch, open_data
+from quantbench.data.sources import (
+    DataSource,
+    dynamic_batch,
+    feed_num_samples,
+    feed_parts,
+    open_data,
+)
 from quantbench.errors import QuantbenchError, first_line
 from quantbench.evaluate.isolated import build_isolated, rename_twins, shared_upgrades
 from quantbench.evaluate.metrics import DriftAccumulator, OutputLayout, OutputsAccumulator
@@ -223,14 +236,18 @@ def _holdout_batch(
 def _runs_batched(
     graph: Graph, source: DataSource, batch: int, provider: str | None, threads: int | None
 ) -> bool:
-    """Whether the model runs ``batch`` samples in one feed, tried on the slice's first one:
-    some declare a dynamic batch axis and reshape to a batch of 1 inside (khmersm), and the
-    statistics pass, fed as ``--batch-size`` says, never tried more."""
+    """Whether the model runs ``batch`` samples in one feed, tried on the first two samples of
+    the slice's first one: some declare a dynamic batch axis and reshape to a batch of 1
+    inside (khmersm), and the statistics pass, fed as ``--batch-size`` says, never tried more.
+    Two show it as well as ``batch`` (the judging passes run parts of 1 to ``batch`` samples)
+    without holding ``batch`` samples' activations (1.6 GiB for 16 tiles of 256x256 through a
+    64-channel CNN)."""
     try:
         feed = next(iter(source.batches()))
     except QuantbenchError:  # data that does not batch (images of several sizes): not the model
         return False
-    runner = OnnxRuntimeRunner(graph.model, provider, threads)
+    feed = {name: np.asarray(value)[:2] for name, value in feed.items()}
+    runner = OnnxRuntimeRunner(graph.model, provider, threads, arena=False)
     try:
         runner.infer(feed, [graph.model.graph.output[0].name])
     except QuantbenchError as exc:
@@ -432,6 +449,7 @@ def auto_table(
     same_as = _identical_tables(tables)
     judged = list(dict.fromkeys(same_as.values()))  # each distinct table scored once
     parallel = executor is not None and not executor.is_local and job is not None
+    activations = 0
     with ExitStack() as stack:  # the local judging's own progress (the workers' has its own)
         advance = None
         if not parallel:
@@ -451,7 +469,7 @@ def auto_table(
             judged_scores = dict(zip(judged, found))
         else:
             with shared_upgrades():  # the candidates share one reference: upgraded once
-                judged_scores = isolated_sqnrs(
+                judged_scores, activations = _isolated_scores(
                     graph, {m: tables[m] for m in judged}, held_out, provider, threads, advance
                 )
         scores = {m: judged_scores[same_as[m]] for m in method_list}
@@ -483,7 +501,13 @@ def auto_table(
             scored_output = dict(zip(scored, found))
         else:
             scored_output = output_sqnrs(
-                graph, scored, held_out, provider, threads, advance=advance
+                graph,
+                scored,
+                held_out,
+                provider,
+                threads,
+                advance=advance,
+                activation_bytes=activations,
             )
     output = {MIX: scored_output[MIX], **{m: scored_output[same_as[m]] for m in method_list}}
     # the highest output SQNR wins; ties go to the mix, then to the methods in list order
@@ -589,23 +613,44 @@ def isolated_sqnrs(
     once a table. The first table runs alone and measures the bytes one table's twins add to
     a feed; the others go :data:`ISOLATED_TWIN_BUDGET` worth at a time. ``advance(n)``: n
     tables scored (after each pass)."""
+    return _isolated_scores(graph, tables, held_out, provider, threads, advance)[0]
+
+
+def _isolated_scores(
+    graph: Graph,
+    tables: dict[str, CalibrationTable],
+    held_out: DataSource,
+    provider: str | None,
+    threads: int | None,
+    advance: Callable[[int], None] | None = None,
+) -> tuple[dict[str, dict[str, float]], int]:
+    """:func:`isolated_sqnrs`, and the bytes a sample's FP32 activations (those quantized ops
+    read) take, which size the output pass's parts."""
     names = list(tables)
     if not names:
-        return {}
+        return {}, 0
     step = advance or (lambda n: None)
-    scores, per_table = _isolated_pass(graph, {names[0]: tables[names[0]]}, held_out, provider,
-                                       threads)  # fmt: skip
+    scores, per_table, activations = _isolated_pass(
+        graph, {names[0]: tables[names[0]]}, held_out, provider, threads
+    )
     step(1)
     group = max(1, ISOLATED_TWIN_BUDGET // max(per_table, 1))
     for start in range(1, len(names), group):
         chunk = {n: tables[n] for n in names[start : start + group]}
         scores.update(_isolated_pass(graph, chunk, held_out, provider, threads)[0])
         step(len(chunk))
-    return scores
+    return scores, activations
 
 
-#: bytes of isolated twins (INT8 ops' outputs) one feed of auto's combined isolated pass holds
-ISOLATED_TWIN_BUDGET = 512 << 20
+#: bytes of a sample's isolated twins (INT8 ops' outputs) auto's combined isolated pass may
+#: return: more tables' twins in one pass share the FP32 ops, but make its parts smaller
+ISOLATED_TWIN_BUDGET = 32 << 20
+#: bytes of activations one run of a judging pass may return (the isolated pass's FP32 tensors
+#: and twins) or, for an output pass, hold (the FP32 activations of the samples it runs): the
+#: slice's batches are run in parts of at most this, so that judging holds a bounded amount
+#: whatever the resolution and the number of held-back samples (the sums are streaming:
+#: only their float32 rounding sees the parts)
+JUDGE_BUDGET = 32 << 20
 
 
 def _isolated_pass(
@@ -614,9 +659,11 @@ def _isolated_pass(
     held_out: DataSource,
     provider: str | None,
     threads: int | None,
-) -> tuple[dict[str, dict[str, float]], int]:
+) -> tuple[dict[str, dict[str, float]], int, int]:
     """One pass over ``held_out`` scoring every table's isolated ops (their twins renamed apart
-    in one reference graph), and the most bytes one table's twins took in a feed."""
+    in one reference graph), the bytes a sample's twins of one table take, and the bytes a
+    sample's FP32 tensors read by quantized ops take. Each batch runs in parts of at most
+    :data:`JUDGE_BUDGET` bytes of returned tensors (measured on a first one-sample part)."""
     model, twins_of, ops_of = graph.model, {}, {}
     for index, (name, table) in enumerate(tables.items()):
         plan = quantize_model(graph, table, allow_partial=True)
@@ -639,21 +686,29 @@ def _isolated_pass(
         provider,
         threads,
         generated_from=graph.model,
+        arena=False,
     )
     accs = {name: {t: DriftAccumulator() for t in tw} for name, tw in twins_of.items()}
-    per_table = 0
+    per_table, per_sample, activations = 0, [0], 0
     for feed in held_out.batches():
-        got = runner.infer(feed, fetch)
-        for name, twins in twins_of.items():
-            per_table = max(per_table, sum(np.asarray(got[w]).nbytes for w in twins.values()))
-            for tensor, acc in accs[name].items():
-                acc.update(got[tensor], got[twins[tensor]])
+        for part in feed_parts(feed, graph.inputs, lambda: per_sample[0], JUDGE_BUDGET):
+            got = runner.infer(part, fetch)
+            samples = max(1, feed_num_samples(part, graph.inputs))
+            if not per_sample[0]:
+                per_sample[0] = max(1, sum(np.asarray(v).nbytes for v in got.values()) // samples)
+                activations = sum(np.asarray(got[t]).nbytes for t in sources) // samples
+            for name, twins in twins_of.items():
+                twin_bytes = sum(np.asarray(got[w]).nbytes for w in twins.values())
+                per_table = max(per_table, twin_bytes // samples)
+                for tensor, acc in accs[name].items():
+                    acc.update(got[tensor], got[twins[tensor]])
+            del got
     runner.close()
     scores = {
         name: {ops_of[name][t]: _sqnr(acc) for t, acc in table_accs.items()}
         for name, table_accs in accs.items()
     }
-    return scores, per_table
+    return scores, per_table, activations
 
 
 def output_sqnr(
@@ -675,20 +730,25 @@ def output_sqnrs(
     threads: int | None = None,
     reference: list[dict[str, np.ndarray]] | None = None,
     advance: Callable[[int], None] | None = None,
+    *,
+    activation_bytes: int = 0,
 ) -> dict[str, float]:
     """Candidate -> SQNR (dB) of its full Q/DQ model against FP32 over ``held_out``: its worst
     output's, an output joining kinds of values (a detector's boxes and scores,
     :func:`quantbench.evaluate.outputaxes.concat_parts`) judged over its parts
     (:func:`_judged_sqnr`;
     ``-inf`` when one is undefined, e.g. holds NaN). One pass: each batch runs FP32 once (or
-    ``reference``: FP32 outputs per batch computed before), then every candidate."""
+    ``reference``: FP32 outputs per batch computed before), then every candidate. Without
+    ``reference``, each batch runs in parts of at most :data:`JUDGE_BUDGET` bytes of FP32
+    activations (``activation_bytes`` a sample; else the outputs' bytes, measured on a first
+    one-sample part), so that no session holds a whole batch's activations."""
     layout = OutputLayout.of(graph.model, held_out.unbatched)
     outputs, extra = layout.judged_tensors()
     fp32 = None
     if reference is None:
         model = with_outputs(graph.model, extra, graph.elem_types)
-        fp32 = OnnxRuntimeRunner(model, provider, threads)
-    runners = {
+        fp32 = OnnxRuntimeRunner(model, provider, threads, arena=False)
+    runners = {  # without arenas: the candidates' sessions share the memory one run needs
         name: OnnxRuntimeRunner(
             with_outputs(
                 quantize_model(graph, table, allow_partial=True).model, extra, graph.elem_types
@@ -696,14 +756,25 @@ def output_sqnrs(
             provider,
             threads,
             generated_from=graph.model,
+            arena=False,
         )
         for name, table in tables.items()
     }
     accs = {name: OutputsAccumulator(outputs, False, layout) for name in tables}
+    per_sample = [activation_bytes]
     for index, feed in enumerate(held_out.batches()):
-        ref = reference[index] if fp32 is None else fp32.infer(feed, outputs)
-        for name, runner in runners.items():
-            accs[name].update(ref, runner.infer(feed, outputs))
+        if fp32 is None:  # the reference's batches are the slice's: they are not cut
+            ref = reference[index]
+            for name, runner in runners.items():
+                accs[name].update(ref, runner.infer(feed, outputs))
+            continue
+        for part in feed_parts(feed, graph.inputs, lambda: per_sample[0], JUDGE_BUDGET):
+            ref = fp32.infer(part, outputs)
+            if not per_sample[0]:
+                samples = max(1, feed_num_samples(part, graph.inputs))
+                per_sample[0] = max(1, sum(np.asarray(v).nbytes for v in ref.values()) // samples)
+            for name, runner in runners.items():
+                accs[name].update(ref, runner.infer(part, outputs))
     for runner in runners.values():
         runner.close()
     if fp32 is not None:

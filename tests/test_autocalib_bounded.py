@@ -1,0 +1,87 @@
+"""``--method auto`` judges at a bounded memory: the slice's batches run in parts of at most
+:data:`autocalib.JUDGE_BUDGET` bytes of returned activations, whatever the resolution and the
+number of held-back samples, and the parts change neither the choice nor a table.
+
+The reference here is the unbounded judgement (a budget no batch reaches: one run per batch,
+every table's twins in one pass, as before the bound); the bounded one must agree with it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import synthetic
+
+from quantbench import calibrate as cal
+from quantbench.choose import autocalib
+from quantbench.choose.autocalib import choose_auto
+from quantbench.model.graph import open_graph
+from quantbench.table.json_table import encode_json_table
+
+HUGE = 1 << 40
+
+
+def _judge(graph, data, monkeypatch, budget, twin_budget):
+    monkeypatch.setattr(autocalib, "JUDGE_BUDGET", budget)
+    monkeypatch.setattr(autocalib, "ISOLATED_TWIN_BUDGET", twin_budget)
+    stats, _, _ = cal.obtain_stats(graph, data, tensors="all", use_cache=False)
+    return choose_auto(graph, stats, data, use_cache=False)
+
+
+def _runs(monkeypatch):
+    """(samples, bytes returned) of every onnxruntime run auto's judging makes (not the
+    statistics passes, which have their own budget)."""
+    seen: list[tuple[int, int]] = []
+    infer = autocalib.OnnxRuntimeRunner.infer
+
+    def spy(self, feed, *args, **kwargs):
+        got = infer(self, feed, *args, **kwargs)
+        if sys._getframe(1).f_globals["__name__"] != autocalib.__name__:
+            return got
+        samples = int(next(iter(feed.values())).shape[0])
+        seen.append((samples, sum(np.asarray(v).nbytes for v in got.values())))
+        return got
+
+    monkeypatch.setattr(autocalib.OnnxRuntimeRunner, "infer", spy)
+    return seen
+
+
+def test_parts_change_no_choice_and_no_table(cnn_path, tmp_path, monkeypatch):
+    np.savez(tmp_path / "d.npz", input=synthetic.images(40, seed=3))
+    graph = open_graph(cnn_path)
+    whole = _judge(graph, tmp_path / "d.npz", monkeypatch, HUGE, HUGE)
+    parts = _judge(graph, tmp_path / "d.npz", monkeypatch, 1, 1)  # one sample, one table a run
+    assert encode_json_table(parts.table) == encode_json_table(whole.table)
+    assert parts.chosen == whole.chosen
+    assert {t: c["method"] for t, c in parts.choices.items()} == {
+        t: c["method"] for t, c in whole.choices.items()
+    }
+    assert parts.output_sqnr_db.keys() == whole.output_sqnr_db.keys()
+    for name, db in whole.output_sqnr_db.items():  # only the float32 rounding of sums differs
+        assert parts.output_sqnr_db[name] == pytest.approx(db, rel=1e-5), name
+    for tensor, choice in whole.choices.items():
+        for method, db in choice["isolated_sqnr_db"].items():
+            got = parts.choices[tensor]["isolated_sqnr_db"][method]
+            assert got == pytest.approx(db, rel=1e-5), (tensor, method)
+
+
+@pytest.mark.parametrize("samples", [16, 40])
+def test_a_run_returns_at_most_the_budget(cnn_path, tmp_path, monkeypatch, samples):
+    """With a budget of 3 samples' activations, no judging run returns more than the budget
+    (or one sample), with 8 or 20 samples held back alike."""
+    np.savez(tmp_path / "d.npz", input=synthetic.images(samples, seed=1))
+    graph = open_graph(cnn_path)
+    seen = _runs(monkeypatch)
+    _judge(graph, tmp_path / "d.npz", monkeypatch, HUGE, HUGE)
+    biggest = max(b for _, b in seen)
+    per_sample = max(b // n for n, b in seen)
+    assert max(n for n, _ in seen) >= 8  # unbounded: whole batches of the slice
+    seen.clear()
+    budget = 3 * per_sample
+    _judge(graph, tmp_path / "d.npz", monkeypatch, budget, HUGE)
+    assert seen
+    for n, returned in seen:
+        assert n == 1 or returned <= budget, (n, returned, budget)
+    assert max(b for _, b in seen) <= budget < biggest
