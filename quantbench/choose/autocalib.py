@@ -732,6 +732,7 @@ def output_sqnrs(
     advance: Callable[[int], None] | None = None,
     *,
     activation_bytes: int = 0,
+    reference_graph: Graph | None = None,
 ) -> dict[str, float]:
     """Candidate -> SQNR (dB) of its full Q/DQ model against FP32 over ``held_out``: its worst
     output's, an output joining kinds of values (a detector's boxes and scores,
@@ -741,12 +742,15 @@ def output_sqnrs(
     ``reference``: FP32 outputs per batch computed before), then every candidate. Without
     ``reference``, each batch runs in parts of at most :data:`JUDGE_BUDGET` bytes of FP32
     activations (``activation_bytes`` a sample; else the outputs' bytes, measured on a first
-    one-sample part), so that no session holds a whole batch's activations."""
+    one-sample part), so that no session holds a whole batch's activations.
+    ``reference_graph``: the FP32 model judged against, when not ``graph`` itself (a refined
+    model's INT8 form is judged against the model it was refined from)."""
     layout = OutputLayout.of(graph.model, held_out.unbatched)
     outputs, extra = layout.judged_tensors()
     fp32 = None
     if reference is None:
-        model = with_outputs(graph.model, extra, graph.elem_types)
+        against = reference_graph or graph
+        model = with_outputs(against.model, extra, against.elem_types)
         fp32 = OnnxRuntimeRunner(model, provider, threads, arena=False)
     runners = {  # without arenas: the candidates' sessions share the memory one run needs
         name: OnnxRuntimeRunner(

@@ -31,7 +31,6 @@ from quantbench.choose.autocalib import (
     held_back_count,
     holdout_source,
     output_sqnrs,
-    reference_outputs,
 )
 from quantbench.collect.statspass import collect_stats
 from quantbench.data.sources import DataSource, open_data
@@ -164,10 +163,11 @@ def refine_judged(
         samples=held or DEFAULT_HOLDOUT_SAMPLES,
     )  # fmt: skip
     fit, holdout_note = _fit_source(graph, data, held, num_samples, batch_size, preset)
-    reference = reference_outputs(graph, held_out, provider, threads)
-
     def score(g: Graph, t: CalibrationTable) -> float:
-        found = output_sqnrs(g, {"candidate": t}, held_out, provider, threads, reference=reference)
+        """The INT8 form of ``g`` against the original FP32 model, FP32 run beside it in
+        bounded parts (no slice's worth of outputs is held)."""
+        found = output_sqnrs(g, {"candidate": t}, held_out, provider, threads,
+                             reference_graph=graph)  # fmt: skip
         return found["candidate"]
 
     state = _State(graph, table, score(graph, table))
