@@ -877,6 +877,7 @@ def recover(
     executor: ExecutorOpt = "local",
     workers: WorkersOpt = None,
     ray_address: RayAddressOpt = None,
+    refine: RefineOpt = None,
 ) -> None:
     """Keep the fewest ops in FP32/FP16 (greedy by sensitivity) until the target is met."""
     from quantbench.errors import ThresholdFailed
@@ -908,7 +909,10 @@ def recover(
         threads=threads,
         show_progress=True,
         executor=_executor(executor, workers, ray_address),
+        refine=refine,
     )
+    if result.context.refine is not None:
+        _print_refine(result.context.refine)
     paths = write_artefacts(
         result, output, model_path=model, trt_version=trt_version, command=_command_line()
     )

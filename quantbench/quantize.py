@@ -21,7 +21,7 @@ from quantbench.choose.clipguard import (
     clip_flags,
     clip_warning,
 )
-from quantbench.choose.refined import RefineOutcome, parse_refine, refine_judged
+from quantbench.choose.refined import RefineOutcome, passes_to_try, refine_judged
 from quantbench.collect.executors import ExecutorSpec
 from quantbench.errors import QuantbenchError
 from quantbench.fileio import check_not_an_input, check_output_path
@@ -41,7 +41,7 @@ from quantbench.model.protosize import save_model
 from quantbench.model.widen import float32_work_graph, own_high_precision, with_io_types_of
 from quantbench.progress import info, warn
 from quantbench.qdq import QuantizeResult, quantize_model, table_from_qdq, write_quantized
-from quantbench.refine import CHEAP, mark_refined
+from quantbench.refine import mark_refined
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import format_for_path, read_table, write_table
 
@@ -118,7 +118,7 @@ def quantize(
     check_clip_warn(clip_warn)
     if data is not None:
         method = check_methods([method])[0]  # a bad name or option fails before the data pass
-    passes = _passes(refine, table, method)
+    passes = passes_to_try(refine, method, table_given=table is not None)
     if refined_model is not None:
         check_output_path(refined_model)
         check_not_an_input(refined_model, model, table, data, holdout_data, output)
@@ -212,20 +212,6 @@ def quantize(
     return QuantizeOutcome(
         result, cal_table, written, rows, flags, auto, high_precision, precisions, refined
     )
-
-
-def _passes(refine: str | list[str] | None, table: object, method: str) -> tuple[str, ...]:
-    """The refinement passes to try: the asked ones, or by default the cheap ones when ``auto``
-    calibrates (it judges candidates anyway); none from a given table (no data to judge on)."""
-    asked = parse_refine(refine)
-    if asked is None:
-        return CHEAP if table is None and method == registry.AUTO else ()
-    if asked and table is not None:
-        raise QuantbenchError(
-            "--refine needs --data: each pass reads the calibration data and is judged on it "
-            "(a given table was calibrated on the unrefined model); drop --table or --refine"
-        )
-    return asked
 
 
 def _write_refined(model: onnx.ModelProto, kept: list[str], path: str | Path) -> Path:

@@ -26,6 +26,7 @@ from typing import Any
 
 import onnx
 
+from quantbench import calibrators as registry
 from quantbench.choose.autocalib import (
     DEFAULT_HOLDOUT_SAMPLES,
     held_back_count,
@@ -79,6 +80,24 @@ def parse_refine(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
             f"{', '.join(PASSES)}, or cheap, all, none"
         )
     return tuple(p for p in PASSES if p in names)
+
+
+def passes_to_try(
+    refine: str | Sequence[str] | None, method: str, *, table_given: bool = False
+) -> tuple[str, ...]:
+    """The passes a command tries: the asked ones, or by default the cheap ones when ``auto``
+    calibrates (it judges candidates anyway); none from a given table (no data to judge on,
+    and the table was calibrated on the unrefined model)."""
+    asked = parse_refine(refine)
+    if asked is None:
+        auto = method.strip().lower() == registry.AUTO
+        return CHEAP if auto and not table_given else ()
+    if asked and table_given:
+        raise QuantbenchError(
+            "--refine needs --data: each pass reads the calibration data and is judged on it "
+            "(a given table was calibrated on the unrefined model); drop --table or --refine"
+        )
+    return asked
 
 
 @dataclass

@@ -27,6 +27,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from quantbench.errors import QuantbenchError
 from quantbench.evaluate.metrics import lower_is_better
 from quantbench.fileio import write_text_atomic
@@ -35,6 +37,7 @@ from quantbench.model.graph import node_labels
 from quantbench.model.protosize import save_model
 from quantbench.recovery.evaluation import RESERVED, json_metrics
 from quantbench.recovery.search import RecoveryResult
+from quantbench.refine import mark_refined
 from quantbench.results import base_document, write_json
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import write_table
@@ -217,15 +220,26 @@ def write_artefacts(
     }
     table, removed, shared = trimmed_table(result)
     artefact = result.artefact if result.artefact is not None else result.final.model
+    ctx = result.context
+    if ctx.refine is not None:
+        mark_refined(artefact, ctx.refine.kept, ctx.refine.to_dict())
     save_model(artefact, paths["model"])
     write_table(table, paths["cache"], "trt", trt_version=trt_version)
-    source = Path(model_path or result.context.graph.path or f"{name}.onnx")
+    source = Path(model_path or ctx.graph.path or f"{name}.onnx")
+    if ctx.refined:  # the cache's ranges and weights are the refined model's: build from it
+        paths["refined"] = out / f"{name}.refined.onnx"
+        refined = onnx.ModelProto()
+        refined.CopyFrom(ctx.graph.model)
+        mark_refined(refined, ctx.refine.kept)
+        source = save_model(refined, paths["refined"])
     write_text_atomic(
         paths["trtexec"], trtexec_lines(result, source, paths["model"], paths["cache"])
     )
     doc = recovery_document(result, command)
     doc["recovery"]["cache_removed"] = removed
     doc["recovery"]["cache_kept_shared"] = shared
+    if ctx.refine is not None:
+        doc["recovery"]["refine"] = ctx.refine.to_dict()
     doc["recovery"]["artefacts"] = {k: str(v) for k, v in paths.items()}
     write_json(doc, paths["results"])
     return paths

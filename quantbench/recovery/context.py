@@ -8,7 +8,7 @@ covers every tensor TensorRT may run in INT8.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import onnx
 from quantbench import calibrators as registry
 from quantbench.calibrate import check_methods, method_table, obtain_stats
 from quantbench.choose.autocalib import AutoTable
+from quantbench.choose.refined import RefineOutcome, refine_judged
 from quantbench.collect.executors import ExecutorSpec
 from quantbench.compare import labels_for_samples, load_labels
 from quantbench.data.sources import open_data
@@ -44,6 +45,14 @@ class RecoveryContext:
     auto: AutoTable | None = None
     #: what the ops left unquantized run in: "fp32", or "fp16" (the strongly-typed artefact)
     precision: str = FP32
+    #: the refinement passes tried before any op is kept in high precision; when some were
+    #: kept, :attr:`graph` is the refined model (the evaluator still judges against the
+    #: original FP32 model)
+    refine: RefineOutcome | None = None
+
+    @property
+    def refined(self) -> bool:
+        return self.refine is not None and self.refine.refined
 
     @property
     def quantized_nodes(self) -> list[str]:
@@ -102,9 +111,12 @@ def prepare(
     show_progress: bool = False,
     executor: ExecutorSpec | None = None,
     mask_threshold: float = DECISION_THRESHOLD,
+    refine: Sequence[str] = (),
 ) -> RecoveryContext:
-    """Calibrate, plan the full INT8 model and run FP32 over the evaluation data once
-    (``mask_threshold``: where a probability map's values count as decided)."""
+    """Calibrate, try the refinement passes ``refine`` (each kept where it helps at the
+    outputs, :mod:`quantbench.choose.refined`), plan the full INT8 model and run FP32 over the
+    evaluation data once (``mask_threshold``: where a probability map's values count as
+    decided)."""
     method = check_methods([method])[0]  # a bad name or option fails before any inference
     graph = model if isinstance(model, Graph) else open_graph(model)
     label_array = load_labels(labels)
@@ -132,7 +144,16 @@ def prepare(
         executor=executor,
     )
     excluded = tuple(exclude)
-    plan = quantize_model(graph, table, exclude=excluded, allow_partial=True)
+    refined = None
+    work = graph
+    if refine:
+        refined = refine_judged(
+            graph, table, calib_data, refine, num_samples=stats.num_samples,
+            holdout_data=holdout_data, batch_size=batch_size, preset=preset, provider=provider,
+            threads=threads,
+        )  # fmt: skip
+        work, table = refined.graph, refined.table
+    plan = quantize_model(work, table, exclude=excluded, allow_partial=True)
     plan.require_quantized(f"{graph.path or graph.name}")
     source = open_data(
         eval_data, graph.inputs, batch_size=batch_size, max_samples=max_samples, preset=preset
@@ -142,4 +163,6 @@ def prepare(
     evaluator = Evaluator(
         graph, source, label_array, provider, threads, mask_threshold=mask_threshold
     )
-    return RecoveryContext(graph, stats, table, plan, evaluator, method, excluded, auto)
+    return RecoveryContext(
+        work, stats, table, plan, evaluator, method, excluded, auto, refine=refined
+    )

@@ -26,6 +26,7 @@ import onnx
 
 from quantbench.backends.onnxruntime import start_provider
 from quantbench.calibrators import DEFAULT_METHOD
+from quantbench.choose.refined import passes_to_try
 from quantbench.collect.executors import ExecutorSpec
 from quantbench.compare import load_labels
 from quantbench.errors import QuantbenchError
@@ -194,6 +195,7 @@ def recover(
     show_progress: bool = False,
     executor: ExecutorSpec | None = None,
     mask_threshold: float = DECISION_THRESHOLD,
+    refine: str | list[str] | None = None,
 ) -> RecoveryResult:
     """Keep the fewest ops in ``precision`` (greedy, worst first) until ``target`` is met
     (``None``: :func:`default_target`, said in one line).
@@ -202,6 +204,10 @@ def recover(
     FP16; each step is verified on the emulated equivalent of the strongly-typed artefact
     written (:meth:`RecoveryContext.verification_model`). The sensitivity ranking itself is
     measured with FP32 high precision (it only orders the candidates).
+
+    ``refine``: refinement passes tried before any op is kept in high precision (as
+    ``quantize --refine``; None: the cheap ones with ``auto``), so a pass that recovers
+    accuracy in INT8 spares a fallback.
     """
     started = time.perf_counter()
     if executor is not None:
@@ -241,6 +247,7 @@ def recover(
         show_progress=show_progress,
         executor=executor,
         mask_threshold=mask_threshold,
+        refine=passes_to_try(refine, method),
     )
     ctx.precision = precision
     ctx.evaluator.attach_script(script)

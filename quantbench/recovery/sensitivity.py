@@ -143,6 +143,12 @@ def parallel_job(
     here: a local executor, or evaluation data the workers cannot open by path (a note)."""
     if executor is None or executor.is_local:
         return None
+    if ctx.refined:  # the workers quantize the model they load: the unrefined one
+        warn(
+            f"refined by {', '.join(ctx.refine.kept)}: the ranking is evaluated here "
+            f"(not with --executor {executor.kind}), where the refined model is"
+        )
+        return None
     job = evaluation_job(
         ctx.evaluator,
         eval_data,
