@@ -137,6 +137,9 @@ class RefineOutcome:
     trials: list[RefineTrial]
     base_score_db: float
     holdout: str = ""
+    #: the model before a kept rounding pass (``recover`` gives a layer it keeps in high
+    #: precision its unrounded weights back)
+    unrounded: onnx.ModelProto | None = None
 
     @property
     def refined(self) -> bool:
@@ -206,7 +209,9 @@ def refine_judged(
                 break  # nothing to change: the pass's other variants would say the same
             if trial.kept:
                 kept = [k for k in kept if k.split(":")[0] != name] + [variant]
-    return RefineOutcome(state.graph, state.table, kept, trials, base, holdout_note)
+    return RefineOutcome(
+        state.graph, state.table, kept, trials, base, holdout_note, state.unrounded
+    )
 
 
 def _variants(

@@ -18,7 +18,7 @@ import onnx
 from quantbench import calibrators as registry
 from quantbench.calibrate import check_methods, method_table, obtain_stats
 from quantbench.choose.autocalib import AutoTable
-from quantbench.choose.refined import RefineOutcome, refine_judged
+from quantbench.choose.refined import RefineOutcome, refine_judged, restamped
 from quantbench.collect.executors import ExecutorSpec
 from quantbench.compare import labels_for_samples, load_labels
 from quantbench.data.sources import open_data
@@ -59,8 +59,14 @@ class RecoveryContext:
         return [q.node for q in self.plan.quantized]
 
     def quantize_except(self, keep_high_precision: Iterable[str]) -> QuantizeResult:
-        """The full INT8 model with ``keep_high_precision`` (exact node names) left unquantized."""
-        return quantize_except(self.graph, self.table, self.exclude, keep_high_precision)
+        """The full INT8 model with ``keep_high_precision`` (exact node names) left unquantized
+        (with their unrounded weights, when a rounding pass was kept)."""
+        keep = list(keep_high_precision)
+        graph, table = self.graph, self.table
+        if keep and self.refine is not None and self.refine.unrounded is not None:
+            graph = unrounded_for(self.graph, self.refine.unrounded, keep)
+            table = restamped(table, graph)
+        return quantize_except(graph, table, self.exclude, keep)
 
     def verification_model(self, variant: QuantizeResult) -> onnx.ModelProto:
         """What a variant is scored on: the Q/DQ model itself for ``fp32``; for ``fp16`` its
@@ -82,6 +88,22 @@ class RecoveryContext:
     def quantize_only(self, node: str) -> QuantizeResult:
         """Only ``node`` quantized: every other op of the plan excluded by its exact name."""
         return self.quantize_except(n for n in self.quantized_nodes if n != node)
+
+
+def unrounded_for(graph: Graph, unrounded: onnx.ModelProto, nodes: list[str]) -> Graph:
+    """``graph`` whose ``nodes`` read their weights as they were before rounding: a layer
+    kept in high precision computes with the FP32 weights, not their INT8 grid points."""
+    before = {i.name: i for i in unrounded.graph.initializer}
+    chosen = set(nodes)
+    weights = {n.input[1] for n in graph.model.graph.node if n.name in chosen and len(n.input) > 1}
+    model = onnx.ModelProto()
+    model.CopyFrom(graph.model)
+    for init in model.graph.initializer:
+        if init.name in weights and init.name in before:
+            init.CopyFrom(before[init.name])
+    restored = open_graph(model, require_fixed_rank=False)
+    restored.path = graph.path
+    return restored
 
 
 def quantize_except(
@@ -111,12 +133,9 @@ def prepare(
     show_progress: bool = False,
     executor: ExecutorSpec | None = None,
     mask_threshold: float = DECISION_THRESHOLD,
-    refine: Sequence[str] = (),
 ) -> RecoveryContext:
-    """Calibrate, try the refinement passes ``refine`` (each kept where it helps at the
-    outputs, :mod:`quantbench.choose.refined`), plan the full INT8 model and run FP32 over the
-    evaluation data once (``mask_threshold``: where a probability map's values count as
-    decided)."""
+    """Calibrate, plan the full INT8 model and run FP32 over the evaluation data once
+    (``mask_threshold``: where a probability map's values count as decided)."""
     method = check_methods([method])[0]  # a bad name or option fails before any inference
     graph = model if isinstance(model, Graph) else open_graph(model)
     label_array = load_labels(labels)
@@ -144,16 +163,7 @@ def prepare(
         executor=executor,
     )
     excluded = tuple(exclude)
-    refined = None
-    work = graph
-    if refine:
-        refined = refine_judged(
-            graph, table, calib_data, refine, num_samples=stats.num_samples,
-            holdout_data=holdout_data, batch_size=batch_size, preset=preset, provider=provider,
-            threads=threads,
-        )  # fmt: skip
-        work, table = refined.graph, refined.table
-    plan = quantize_model(work, table, exclude=excluded, allow_partial=True)
+    plan = quantize_model(graph, table, exclude=excluded, allow_partial=True)
     plan.require_quantized(f"{graph.path or graph.name}")
     source = open_data(
         eval_data, graph.inputs, batch_size=batch_size, max_samples=max_samples, preset=preset
@@ -163,6 +173,29 @@ def prepare(
     evaluator = Evaluator(
         graph, source, label_array, provider, threads, mask_threshold=mask_threshold
     )
-    return RecoveryContext(
-        work, stats, table, plan, evaluator, method, excluded, auto, refine=refined
-    )
+    return RecoveryContext(graph, stats, table, plan, evaluator, method, excluded, auto)
+
+
+def refine_context(
+    ctx: RecoveryContext,
+    passes: Sequence[str],
+    calib_data: object,
+    *,
+    holdout_data: object | None = None,
+    batch_size: int | None = None,
+    preset: str | Path | None = None,
+    provider: str | None = None,
+    threads: int | None = None,
+) -> None:
+    """Try the refinement passes on ``ctx``'s model (each kept where it helps at the outputs,
+    :mod:`quantbench.choose.refined`) and re-plan its INT8 model on what was kept; the
+    evaluator keeps judging against the original FP32 model."""
+    refined = refine_judged(
+        ctx.graph, ctx.table, calib_data, passes, num_samples=ctx.stats.num_samples,
+        holdout_data=holdout_data, batch_size=batch_size, preset=preset, provider=provider,
+        threads=threads,
+    )  # fmt: skip
+    ctx.refine = refined
+    if refined.refined:
+        ctx.graph, ctx.table = refined.graph, refined.table
+        ctx.plan = quantize_model(ctx.graph, ctx.table, exclude=ctx.exclude, allow_partial=True)
