@@ -66,6 +66,9 @@ DAMP_RETRIES = (DAMP, 0.1, 1.0)
 HESSIAN_BUDGET = 512 << 20
 #: im2col rows are built in chunks of at most this many bytes (float64)
 ROW_CHUNK_BYTES = 32 << 20
+#: a layer keeps its rounding only if its output error is lower than round-to-nearest's by
+#: more than this fraction (float32 noise, and a one-ulp move of the scale, are not a gain)
+KEEP_MARGIN = 1e-6
 #: GPTQ's lazy-batch width: columns rounded before the rest of ``W`` is updated at once
 BLOCK = 128
 #: the seed of the row choice (with the node position and the item index)
@@ -553,7 +556,12 @@ def nearest(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 def output_error(dw: np.ndarray, h: np.ndarray) -> float:
     """``sum_g tr(dW_g H_g dW_g^T)``: the energy of the layer's output change on the rows."""
-    return float(((dw @ h) * dw).sum())
+    return float(channel_errors(dw, h).sum())
+
+
+def channel_errors(dw: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """Each output channel's share ``dW_o H dW_o^T`` of :func:`output_error` (``[G, R]``)."""
+    return ((dw @ h) * dw).sum(axis=-1)
 
 
 def sqnr_db(signal: float, error: float) -> float:
@@ -575,8 +583,10 @@ class Rounded:
 
 
 def round_layer(layer: Layer, hess: Hessian) -> Rounded:
-    """GPTQ on one layer, kept only if it lowers the layer's output error below
-    round-to-nearest's (both measured on ``H``, exact on the sampled rows)."""
+    """GPTQ on one layer. The output error is a sum over output channels, so each channel
+    takes GPTQ's integers only where they lower its own error, else its nearest ones; the
+    layer keeps the result only if its output error drops below round-to-nearest's (both
+    measured on ``H``, exact on the sampled rows)."""
     g, k = layer.groups, layer.k
     w = layer.matrix().astype(np.float64).reshape(g, -1, k)
     h = hess.h
@@ -584,30 +594,36 @@ def round_layer(layer: Layer, hess: Hessian) -> Rounded:
         return Rounded(None, None, "its H is not finite")
     own = weight_scale(layer.values, layer.axis).astype(np.float64).reshape(g, -1)
     scale = grid_scale(layer.values, layer.axis).astype(np.float64).reshape(g, -1)
-    q = None
+    adaptive = None
     for damp in DAMP_RETRIES:
         try:
-            q = gptq(w, h, scale, damp=damp)
+            adaptive = gptq(w, h, scale, damp=damp)
             break
         except np.linalg.LinAlgError:
             continue
-    if q is None:
+    if adaptive is None:
         return Rounded(
             None, None, f"H^-1 has no Cholesky factor (damping up to {DAMP_RETRIES[-1]})"
         )
-    new = (q * scale[..., None]).astype(np.float32)
+    near = nearest(w, scale)
+    adaptive_errors = channel_errors(_on_grid(adaptive, scale) - w, h)
+    near_errors = channel_errors(_on_grid(near, scale) - w, h)
+    q = np.where((adaptive_errors < near_errors)[..., None], adaptive, near)
+    new = _on_grid(q, scale)
     signal = output_error(w, h)
-    before = output_error(nearest(w, own) * own[..., None] - w, h)
-    after = output_error(new.astype(np.float64) - w, h)
-    if not after < before:
+    before = output_error(_on_grid(nearest(w, own), own) - w, h)  # the original's INT8 form
+    after = output_error(new - w, h)
+    if not after < before * (1 - KEEP_MARGIN):
         return Rounded(
             None,
             None,
             f"adaptive rounding did not lower its output error ({after:.4g} vs {before:.4g})",
         )
-    moved = int((q != nearest(w, scale)).sum())
+    moved = int((q != near).sum())
+    worse = int((adaptive_errors > near_errors).sum())
     detail = (
-        f"{layer.weight}: {moved} of {q.size} weights rounded away from nearest "
+        f"{layer.weight}: {moved} of {q.size} weights rounded away from nearest"
+        f"{_nearest_text(worse, layer.cout)} "
         f"(H from {hess.rows} rows{_groups_text(g)})"
     )
     change = LayerChange(
@@ -617,7 +633,17 @@ def round_layer(layer: Layer, hess: Hessian) -> Rounded:
         sqnr_db(signal, after),
         "layer output SQNR (dB)",
     )
-    return Rounded(layer.stored(new.reshape(layer.cout, k)), change)
+    return Rounded(layer.stored(new.reshape(layer.cout, k).astype(np.float32)), change)
+
+
+def _on_grid(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The float32 weights ``q * s`` (what DequantizeLinear gives), as float64."""
+    return (q * scale[..., None]).astype(np.float32).astype(np.float64)
+
+
+def _nearest_text(kept: int, channels: int) -> str:
+    """Channels where GPTQ's integers were worse than the nearest ones, which they keep."""
+    return f", {kept} of {channels} channels kept at nearest" if kept else ""
 
 
 def _groups_text(groups: int) -> str:
