@@ -522,15 +522,14 @@ def gptq(
     keep_col = np.abs(w).argmax(axis=2)
     keep_q = np.sign(np.take_along_axis(w, keep_col[..., None], 2)[..., 0]) * INT8_MAX
     h = _damped(h, damp)
-    diag = np.diagonal(h, axis1=1, axis2=2)
-    perm = (
-        np.argsort(-diag, axis=1, kind="stable")
-        if act_order
-        else np.tile(np.arange(k), (groups, 1))
-    )
+    if act_order:
+        perm = np.argsort(-np.diagonal(h, axis1=1, axis2=2), axis=1, kind="stable")
+    else:
+        perm = np.tile(np.arange(k), (groups, 1))
     inverse = np.argsort(perm, axis=1)
-    g3 = np.arange(groups)[:, None, None]
-    u = _upper_inverse_cholesky(h[g3, perm[:, :, None], perm[:, None, :]])
+    h = h[np.arange(groups)[:, None, None], perm[:, :, None], perm[:, None, :]]
+    u = _upper_inverse_cholesky(h)
+    del h  # a large layer's H is hundreds of MiB: hold as few copies as possible
     w = np.take_along_axis(w.astype(np.float64), perm[:, None, :], 2)
     keep_pos = np.take_along_axis(inverse, keep_col, 1)
     q = np.zeros_like(w)
