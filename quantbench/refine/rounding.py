@@ -65,7 +65,7 @@ DAMP = 0.01
 DAMP_RETRIES = (DAMP, 0.1, 1.0)
 #: the float64 ``H`` of the layers read in one pass over the data stay under this many bytes
 HESSIAN_BUDGET = 512 << 20
-#: im2col rows are built in chunks of at most this many bytes (float64)
+#: input rows are gathered in chunks of at most this many bytes once in float64
 ROW_CHUNK_BYTES = 32 << 20
 #: rows waiting to be summed into the ``H`` of one pass's layers, all together (each layer
 #: gets an equal share, from 1 to 16 MiB)
