@@ -21,6 +21,7 @@ from quantbench.evaluate.metrics import (
     declared_support,
 )
 from quantbench.evaluate.outputaxes import value_free_outputs
+from quantbench.jsonsafe import from_json_float
 from quantbench.model.graph import (
     QDQ_OPS,
     QUANTIZED_OPS,
@@ -36,7 +37,7 @@ from quantbench.model.graph import (
 )
 from quantbench.model.widen import float32_graph
 from quantbench.progress import results as console
-from quantbench.refine import refined_passes
+from quantbench.refine import refine_record, refined_passes
 from quantbench.stats.tensorstats import StatsFile
 from quantbench.table.codecs import read_table
 
@@ -99,6 +100,8 @@ def inspect_model(g: Graph) -> dict[str, Any]:
         ],
         "widened_hash": _widened_hash(g),
         "refined_by": refined_passes(g.model),
+        # the judging record quantize stored (every pass tried, its score, its layer changes)
+        "refine_record": refine_record(g.model),
         **_output_judgement(g),
     }
 
@@ -222,6 +225,8 @@ def _render_model(r: dict[str, Any]) -> None:
             "differ from the model it was refined from; a calibration cache of that model does "
             "not apply to this one"
         )
+    if isinstance(r.get("refine_record"), dict):
+        _render_refinement(r["refine_record"])
     if r.get("output_metrics"):
         console.print(
             "judged by (compare --fail-below, sensitivity --metric, recover --target): "
@@ -253,6 +258,35 @@ def _render_model(r: dict[str, Any]) -> None:
         console.print(t)
     else:
         console.print("no dynamic-weight convolutions")
+
+
+def _render_refinement(record: dict[str, Any]) -> None:
+    """The passes quantize tried: each one's output SQNR on the held-back calibration samples
+    and whether it was kept (``--json`` has the per-layer changes)."""
+    trials = [t for t in record.get("trials") or [] if isinstance(t, dict)]
+    holdout = record.get("holdout")
+    title = "Refinement passes tried (output SQNR against FP32 on the held-back calibration "
+    title += f"samples: {holdout})" if holdout else "samples)"
+    t = Table(title=escape(title), title_justify="left")
+    for col in ("pass", "output SQNR", "kept"):
+        t.add_column(col, justify="right" if col == "output SQNR" else "left")
+    t.add_row("(unrefined)", _db(record.get("base_output_sqnr_db")), "")
+    final = record.get("kept") or []
+    for trial in trials:
+        note = str(trial.get("note") or "")
+        verdict = note or "no"
+        if trial.get("kept") is True:  # a later variant of the pass may have replaced it
+            verdict = "yes" if trial.get("pass") in final else "replaced by a later variant"
+        t.add_row(escape(str(trial.get("pass", "?"))), _db(trial.get("output_sqnr_db")),
+                  escape(verdict))  # fmt: skip
+    console.print(t)
+    if not record.get("kept"):
+        console.print("no refinement pass kept: quantized from the unrefined model")
+
+
+def _db(value: Any) -> str:
+    number = from_json_float(value)
+    return "-" if number is None else f"{number:.2f} dB"
 
 
 def _has_accuracy(r: dict[str, Any]) -> bool:

@@ -28,6 +28,7 @@ _OBJECT_SECTIONS = (
     "latency",
     "calibration",
     "recovery",
+    "refinement",
 )
 _LIST_SECTIONS = ("layers", "outputs", "thresholds", "excluded", "dynamic_weight_convs")
 

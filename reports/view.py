@@ -48,6 +48,7 @@ from quantbench.reports.formatting import (
 )
 from quantbench.reports.guard import flagged_tensors, guard_section
 from quantbench.reports.layers import LayerSection, layer_section, nonfinite_cell
+from quantbench.reports.refinement import refinement_section
 from quantbench.reports.results import as_dict, as_records
 from quantbench.reports.tables import Cell, Column, number_cell, text_cell
 
@@ -856,6 +857,7 @@ def build_view(results: dict[str, Any]) -> dict[str, Any]:
         "guard": guard_section(results, labels),
         "layers": layers,
         "calibration": calibration,
+        "refinement": refinement_section(results, labels),
         "special": special_ops(results, recovery),
         "latency": latency,
         "recovery": recovery,

@@ -49,6 +49,7 @@ from quantbench.fp16 import FP16, FP16_EMULATED, has_fp16_qdq
 from quantbench.jsonsafe import from_json_float, json_float
 from quantbench.model.graph import QDQ_OPS, Graph, node_labels
 from quantbench.progress import progress_bar, warn
+from quantbench.refine import refine_record
 
 SIDES = ("A", "B")
 
@@ -330,6 +331,8 @@ def run_comparison(
             "method": c.method,
             **c.precision_record(),
         }
+    if refinement := _refinement(sides):
+        doc["refinement"] = refinement
     quantized = [s.candidate for s in sides if s.candidate.quantized]
     doc["excluded"] = quantized[-1].excluded if quantized else []
     doc["dynamic_weight_convs"] = quantized[-1].dynamic_weight_convs if quantized else []
@@ -337,6 +340,17 @@ def run_comparison(
     if latency and first_feed is not None:
         doc["latency"] = _latency(graph, sides, first_feed, provider, threads, latency_runs)
     return doc
+
+
+def _refinement(sides: list[Side]) -> dict[str, Any]:
+    """Per side (``A``/``B``) the refinement record its model carries in its metadata
+    (:func:`quantbench.refine.refine_record`: a Q/DQ model ``quantize`` refined), as stored."""
+    found: dict[str, Any] = {}
+    for side in sides:
+        model = side.candidate.model
+        if model is not None and (record := refine_record(model)) is not None:
+            found[side.key] = record
+    return found
 
 
 def _floor_flags(
