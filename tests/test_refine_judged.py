@@ -127,3 +127,69 @@ def test_refine_with_a_given_table_is_one_line(tmp_path, run_cli):
                              example / "calib.npz", "--refine", "adaround", "-o",
                              tmp_path / "q.onnx")  # fmt: skip
     assert code == 2 and "unknown pass 'adaround'" in err
+
+
+def _outlier_transformer(path: Path) -> Path:
+    """LayerNormalization -> MatMul: two of the LayerNorm's output channels are 100x the rest
+    (its gamma) and read with weights 100x smaller, so every channel matters to the output but
+    the per-tensor activation scale is set by two: the case SmoothQuant's migration is for."""
+    rng = np.random.default_rng(3)
+    gamma = np.ones(16, np.float32)
+    gamma[[2, 9]] = 100
+    w = rng.normal(0, 0.3, (16, 8)).astype(np.float32)
+    w[[2, 9]] /= 100
+    nodes = [
+        helper.make_node("LayerNormalization", ["h", "gamma", "beta"], ["x"], name="ln", axis=-1),
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="proj"),
+    ]
+    inits = [
+        numpy_helper.from_array(gamma, "gamma"),
+        numpy_helper.from_array(np.zeros(16, np.float32), "beta"),
+        numpy_helper.from_array(w, "w"),
+    ]
+    graph = helper.make_graph(
+        nodes, "outliers",
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["n", 6, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 6, 8])],
+        inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_smoothing_alphas_are_alternatives_each_on_the_unsmoothed_model(tmp_path, monkeypatch):
+    from quantbench.refine import smooth
+
+    model = _outlier_transformer(tmp_path / "m.onnx")
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, h=np.random.default_rng(4).normal(0, 1, (48, 6, 16)).astype(np.float32))
+    seen: list[bytes] = []
+    real = smooth.smooth
+
+    def recording(m, *args, **kwargs):
+        seen.append(m.graph.SerializeToString())
+        return real(m, *args, **kwargs)
+
+    monkeypatch.setattr(smooth, "smooth", recording)
+    out = quantize(model, tmp_path / "q.onnx", data=calib, refine="smooth",
+                   show_progress=False)  # fmt: skip
+    original = onnx.load(model).graph.SerializeToString()
+    assert len(seen) == 2 and all(graph == original for graph in seen)
+    trials = out.refine.trials
+    assert [t.name for t in trials] == ["smooth:0.5", "smooth:0.8"]
+    kept = [t for t in trials if t.kept]
+    assert len(kept) == 1 and out.refine.kept == [kept[0].name]
+    assert kept[0].score_db == max(t.score_db for t in trials)
+    # measured independently on fresh samples: the smoothed Q/DQ model beats the unsmoothed one
+    plain = tmp_path / "plain.onnx"
+    quantize(model, plain, data=calib, refine="none", show_progress=False)
+    fresh = np.random.default_rng(5).normal(0, 1, (16, 6, 16)).astype(np.float32)
+    want = ort.InferenceSession(str(model)).run(None, {"h": fresh})[0].astype(np.float64)
+
+    def sqnr(path: Path) -> float:
+        got = ort.InferenceSession(str(path)).run(None, {"h": fresh})[0].astype(np.float64)
+        return float(10 * np.log10((want**2).sum() / ((got - want) ** 2).sum()))
+
+    assert sqnr(tmp_path / "q.onnx") > sqnr(plain) + 10

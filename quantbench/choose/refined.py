@@ -200,15 +200,24 @@ def refine_judged(
     for name in PASSES:
         if name not in passes:
             continue
+        best: tuple[RefineTrial, _State] | None = None
+        tried: list[RefineTrial] = []
         for variant, run in _variants(name, state, fit, provider):
             start = time.perf_counter()
-            trial = _try(variant, run, state, fit, score, provider)
+            trial, moved = _try(variant, run, state, fit, score, provider)
             trial.seconds = time.perf_counter() - start
-            trials.append(trial)
+            tried.append(trial)
             if trial.score_db is None:
                 break  # nothing to change: the pass's other variants would say the same
-            if trial.kept:
-                kept = [k for k in kept if k.split(":")[0] != name] + [variant]
+            if moved is not None and (best is None or _ranked(moved.score) > _ranked(best[1].score)):
+                best = (trial, moved)
+        trials.extend(tried)
+        if best is not None:
+            for trial in tried:
+                if trial.kept and trial is not best[0]:
+                    trial.kept, trial.note = False, f"{best[0].name} scored higher"
+            state = best[1]
+            kept.append(best[0].name)
     return RefineOutcome(
         state.graph, state.table, kept, trials, base, holdout_note, state.unrounded
     )
@@ -260,12 +269,15 @@ def _try(
     fit: DataSource,
     score: Callable[[Graph, CalibrationTable], float],
     provider: str | None,
-) -> RefineTrial:
-    """Run one pass on the state's model, judge it, and move the state when it gains."""
+) -> tuple[RefineTrial, _State | None]:
+    """Run one pass on the state's model and judge it: the trial, and the state it would move
+    to when it gains (None otherwise). Every variant of a pass starts from the same state, so
+    SmoothQuant's alphas are alternatives, not a stack."""
     refined = run(state.graph.model)
     if not refined.changed:
         info(f"refine: {name}: {refined.skipped or 'nothing to change'}")
-        return RefineTrial(name, None, False, 0.0, note=refined.skipped or "nothing to change")
+        note = refined.skipped or "nothing to change"
+        return RefineTrial(name, None, False, 0.0, note=note), None
     graph = open_graph(refined.model, require_fixed_rank=False)
     if name.split(":")[0] in RANGE_CHANGING:
         table = retabled(graph, state.table, fit, provider)
@@ -273,14 +285,13 @@ def _try(
         table = restamped(state.table, graph)
     found = score(graph, table)
     gained = _ranked(found) >= _ranked(state.score) + MIN_GAIN_DB
-    verdict = "kept" if gained else "not kept"
+    verdict = "gains" if gained else "not kept"
     info(f"refine: {name}: {found:.2f} dB against {state.score:.2f} dB: {verdict}")
     trial = RefineTrial(name, found, gained, 0.0, refined.layers)
-    if gained:
-        if name == ROUNDING:
-            state.unrounded = state.graph.model
-        state.graph, state.table, state.score = graph, table, found
-    return trial
+    if not gained:
+        return trial, None
+    unrounded = state.graph.model if name == ROUNDING else state.unrounded
+    return trial, _State(graph, table, found, unrounded)
 
 
 def _ranked(score: float) -> float:
