@@ -209,8 +209,8 @@ def refine_judged(
             tried.append(trial)
             if trial.score_db is None:
                 break  # nothing to change: the pass's other variants would say the same
-            if moved is not None and (best is None or _ranked(moved.score) > _ranked(best[1].score)):
-                best = (trial, moved)
+            if moved is not None and (best is None or moved.score > best[1].score):
+                best = (trial, moved)  # a gain is never NaN
         trials.extend(tried)
         if best is not None:
             for trial in tried:
