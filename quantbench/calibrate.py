@@ -255,9 +255,11 @@ def method_table(
     threads: int | None = None,
     executor: ExecutorSpec | None = None,
     use_cache: bool = True,
+    auto_budget: float | None = None,
 ) -> tuple[CalibrationTable, AutoTable | None]:
     """One method's table; ``auto`` through :func:`quantbench.choose.autocalib.choose_auto`
-    (``use_cache``: an earlier identical judgement may be reused, and this one is kept).
+    (``use_cache``: an earlier identical judgement may be reused, and this one is kept;
+    ``auto_budget``: seconds its judging may take).
 
     ``auto`` judges candidates on data; with statistics alone (``--stats``/``--merge``, no
     data) it falls back, saying so, to :data:`~quantbench.calibrators.DATA_FREE_METHOD`.
@@ -278,8 +280,22 @@ def method_table(
         threads=threads,
         executor=executor,
         use_cache=use_cache,
+        budget_s=auto_budget,
     )
     return auto.table, auto
+
+
+def check_auto_budget(seconds: float | None, methods: list[str]) -> None:
+    """``--auto-budget`` times ``auto``'s judging: a positive number, with ``auto`` asked."""
+    if seconds is None:
+        return
+    if not seconds > 0:
+        raise QuantbenchError(f"--auto-budget {seconds:g}: give a number of seconds > 0")
+    if AUTO not in methods:
+        raise QuantbenchError(
+            f"--auto-budget times --method auto's judging; the method here is "
+            f"{', '.join(methods)}: drop --auto-budget"
+        )
 
 
 def _check_data_with_stats(
@@ -345,8 +361,10 @@ def calibrate(
     use_cache: bool = True,
     show_progress: bool = True,
     executor: ExecutorSpec | None = None,
+    auto_budget: float | None = None,
 ) -> CalibrationResult:
-    """Calibrate ``model`` with every method in ``methods`` from one statistics pass.
+    """Calibrate ``model`` with every method in ``methods`` from one statistics pass
+    (``auto_budget``: seconds ``auto``'s judging may take; it then judges on fewer samples).
 
     Every option (methods and their options, format, TensorRT version, output paths) is checked
     before any inference, so a bad one costs nothing and leaves nothing behind.
@@ -362,6 +380,7 @@ def calibrate(
     check_clip_warn(clip_warn)
     if executor is not None:
         executor.validate()
+    check_auto_budget(auto_budget, method_list)
     if AUTO in method_list and data is None and holdout_data is None:
         if methods:  # asked for by name: say what is missing
             raise QuantbenchError(
@@ -428,6 +447,7 @@ def calibrate(
                 provider=provider,
                 executor=executor,
                 use_cache=use_cache,
+                auto_budget=auto_budget,
             )
             auto = found or auto
         clipping = {
@@ -494,7 +514,8 @@ def summarize(result: CalibrationResult) -> None:
         scores = ", ".join(f"{k} {v:.2f} dB" for k, v in result.auto.output_sqnr_db.items())
         auto = result.auto
         if scores and auto.judged:
-            info(f"auto: chose {auto.chosen} ({auto.judged_by} on {auto.holdout}: {scores})")
+            on = f"{auto.holdout}; {auto.cut}" if auto.cut else auto.holdout
+            info(f"auto: chose {auto.chosen} ({auto.judged_by} on {on}: {scores})")
         else:
             info(f"auto: {auto.chosen} ({auto.judged_by})")
         if auto.reused:

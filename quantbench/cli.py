@@ -60,6 +60,15 @@ HoldoutOpt = Annotated[
         "calibration samples, held back: the candidates are calibrated on the others).",
     ),
 ]
+AutoBudgetOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--auto-budget",
+        metavar="SECONDS",
+        help="Cap --method auto's judging at about this many seconds: it judges the "
+        "calibrators on the first held-back samples that fit and says what it skipped.",
+    ),
+]
 RefineOpt = Annotated[
     str | None,
     typer.Option(
@@ -250,6 +259,7 @@ def calibrate(
         Path | None, typer.Option(help="Write a calibration-only HTML report here.")
     ] = None,
     holdout_data: HoldoutOpt = None,
+    auto_budget: AutoBudgetOpt = None,
     clip_warn: ClipWarnOpt = DEFAULT_CLIP_WARN,
     executor: ExecutorOpt = "local",
     workers: WorkersOpt = None,
@@ -281,6 +291,7 @@ def calibrate(
         clip_warn=clip_warn,
         use_cache=not no_cache,
         executor=_executor(executor, workers, ray_address),
+        auto_budget=auto_budget,
     )
     cal.summarize(result)
     if report is not None:
@@ -382,6 +393,7 @@ def quantize(
         str | None, typer.Option(help="onnxruntime provider for calibration.")
     ] = None,
     holdout_data: HoldoutOpt = None,
+    auto_budget: AutoBudgetOpt = None,
     clip_warn: ClipWarnOpt = DEFAULT_CLIP_WARN,
     executor: ExecutorOpt = "local",
     workers: WorkersOpt = None,
@@ -422,6 +434,7 @@ def quantize(
         high_precision=high_precision,
         refine=refine,
         refined_model=refined_model,
+        auto_budget=auto_budget,
     )
     _print_quantize(outcome)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import onnx
 
 from quantbench import calibrators as registry
-from quantbench.calibrate import check_methods, method_table, obtain_stats
+from quantbench.calibrate import check_auto_budget, check_methods, method_table, obtain_stats
 from quantbench.choose.autocalib import AutoTable
 from quantbench.choose.clipguard import (
     DEFAULT_CLIP_WARN,
@@ -90,6 +90,7 @@ def quantize(
     executor: ExecutorSpec | None = None,
     refine: str | list[str] | None = None,
     refined_model: str | Path | None = None,
+    auto_budget: float | None = None,
 ) -> QuantizeOutcome:
     """Quantize ``model`` explicitly from a table or from calibration data.
 
@@ -97,7 +98,8 @@ def quantize(
     the output SQNR on the held-back slice (:mod:`quantbench.choose.refined`); a comma list,
     ``cheap``, ``all`` or ``none``. None: the cheap passes when calibrating with ``auto``,
     none otherwise. ``refined_model``: where to write the refined FP32 model (what the
-    TensorRT cache path must build from) when a pass was kept.
+    TensorRT cache path must build from) when a pass was kept. ``auto_budget``: seconds
+    ``auto``'s judging of the calibrators may take (it then judges on fewer samples).
 
     ``high_precision="fp16"``: the unquantized ops become FP16 and the Q/DQ scales FP16
     (:func:`quantbench.fp16.strongly_typed_fp16`), the mixed INT8/FP16 model TensorRT builds
@@ -118,6 +120,9 @@ def quantize(
     check_clip_warn(clip_warn)
     if data is not None:
         method = check_methods([method])[0]  # a bad name or option fails before the data pass
+        check_auto_budget(auto_budget, [method])
+    elif auto_budget is not None:
+        raise QuantbenchError("--auto-budget times auto's judging on --data; drop it with --table")
     passes = passes_to_try(refine, method, table_given=table is not None)
     if refined_model is not None:
         check_output_path(refined_model)
@@ -157,6 +162,7 @@ def quantize(
             preset=preset,
             provider=provider,
             executor=executor,
+            auto_budget=auto_budget,
         )
         flags = clip_flags(stats, cal_table, clip_warn, calibration_tensors(graph, "quantizable"))
         if text := clip_warning(

@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -56,6 +57,7 @@ from quantbench.collect.statspass import collect_stats
 from quantbench.collect.workerinput import WorkerInput
 from quantbench.data.sources import (
     DataSource,
+    Feed,
     dynamic_batch,
     feed_num_samples,
     feed_parts,
@@ -92,6 +94,89 @@ SLOW_METHODS = frozenset({"entropy:slides", "entropy:pytorch"})
 _RUNTIME_ROLES = (ACTIVATION, RESIDUAL, RUNTIME_WEIGHT)
 
 
+@dataclass
+class JudgingBudget:
+    """``--auto-budget``: the seconds auto's judging may take. The slice is cut to the samples
+    that fit, the same first samples for every pass (so the candidates stay comparable): the
+    count is estimated from the first part of the first pass, from the passes still to come;
+    the output pass also stops at the deadline (after its first part). What was left is said.
+    """
+
+    seconds: float
+    #: distinct tables to score in isolation (the first pass scores one)
+    tables: int = 1
+    started: float = field(default_factory=time.perf_counter)
+    #: samples every pass reads, once estimated (None: the whole slice)
+    samples: int | None = None
+    #: samples the passes read, the fewest (what the judgement stood on)
+    read: int | None = None
+    #: samples in the slice, when a pass read it to the end
+    whole: int | None = None
+
+    def estimate(self, samples: int, seconds: float, per_table: int) -> None:
+        """After the first pass's first part (``samples`` in ``seconds``, ``per_table`` bytes
+        of one table's twins a sample): how many samples every pass can read. An isolated
+        pass runs the FP32 model and a twin per quantized op (about two model runs a sample);
+        the output pass runs FP32 and every candidate (the tables and the mix)."""
+        group = max(1, ISOLATED_TWIN_BUDGET // max(per_table, 1))
+        passes = 1 + math.ceil((self.tables - 1) / group) + (self.tables + 2) / 2
+        per_sample = seconds / max(samples, 1) * passes
+        left = self.seconds - (time.perf_counter() - self.started)
+        self.samples = max(samples, int(left / per_sample)) if per_sample > 0 else None
+
+    def reached(self, read: int, *, deadline: bool) -> bool:
+        """Whether a pass that has read ``read`` samples stops here (it reads one part at
+        least); ``deadline``: the output pass, which also stops when the time is up."""
+        if read == 0:
+            return False
+        if self.samples is not None and read >= self.samples:
+            return True
+        return deadline and time.perf_counter() - self.started > self.seconds
+
+    def finished(self, read: int, whole: bool, slice_samples: int | None) -> None:
+        """A pass read ``read`` samples (``whole``: the slice to its end; ``slice_samples``:
+        its size where the source knows it)."""
+        self.read = read if self.read is None else min(self.read, read)
+        size = read if whole else slice_samples
+        if size:
+            self.whole = max(self.whole or 0, size)
+
+    def cut(self) -> str:
+        """What the budget left out, in words ('' when every pass read the whole slice)."""
+        if self.read is None or (self.whole is not None and self.read >= self.whole):
+            return ""
+        of = f" of {self.whole}" if self.whole else ""
+        took = time.perf_counter() - self.started
+        return (
+            f"--auto-budget {self.seconds:g} s: judged on the first {self.read}{of} held-back "
+            f"samples, the rest skipped (judging took {took:.1f} s)"
+        )
+
+
+def _slice_parts(
+    held_out: DataSource,
+    inputs: list[Any],
+    per_sample: list[int],
+    budget: JudgingBudget | None,
+    *,
+    deadline: bool = False,
+) -> Iterator[Feed]:
+    """The slice's batches in parts of at most :data:`JUDGE_BUDGET` bytes (``per_sample[0]``
+    bytes a sample once measured), as many as ``budget`` allows."""
+    read, whole = 0, True
+    for feed in held_out.batches():
+        for part in feed_parts(feed, inputs, lambda: per_sample[0], JUDGE_BUDGET):
+            if budget is not None and budget.reached(read, deadline=deadline):
+                whole = False
+                break
+            yield part
+            read += max(1, feed_num_samples(part, inputs))
+        if not whole:
+            break
+    if budget is not None:
+        budget.finished(read, whole, held_out.num_samples)
+
+
 def default_auto_methods() -> list[str]:
     """Every registered method except :data:`SLOW_METHODS`."""
     return [m for m in registry.all_methods() if m not in SLOW_METHODS]
@@ -117,6 +202,8 @@ class AutoTable:
     judged_by: str = ""
     #: taken from an earlier run's identical judgement (:mod:`quantbench.choose.automemo`)
     reused: bool = False
+    #: what ``--auto-budget`` left out of the judging, in words ('' when nothing)
+    cut: str = ""
 
     @property
     def judged(self) -> bool:
@@ -134,6 +221,7 @@ class AutoTable:
             "holdout": self.holdout,
             "judged_by": self.judged_by,
             "reused": self.reused,
+            "budget_cut": self.cut,
             "output_sqnr_db": {k: json_float(v) for k, v in self.output_sqnr_db.items()},
             "chosen": self.chosen,
             "fallback": self.fallback,
@@ -275,10 +363,12 @@ def judge_auto(
     threads: int | None = None,
     methods: list[str] | None = None,
     executor: ExecutorSpec | None = None,
+    budget_s: float | None = None,
 ) -> AutoTable:
     """``--method auto`` as every command runs it: the slice (held back from the candidates'
     statistics when it comes from the calibration data), then :func:`auto_table` (with
-    ``executor``, its candidate evaluations are tasks on the workers)."""
+    ``executor``, its candidate evaluations are tasks on the workers; with ``budget_s``,
+    judged here on as much of the slice as fits, :class:`JudgingBudget`)."""
     unjudgeable = _nothing_to_judge(graph, stats, methods)
     if unjudgeable is not None:
         return unjudgeable
@@ -298,6 +388,9 @@ def judge_auto(
     )
     slice_path = holdout_data if holdout_data is not None else calib_data
     job = None
+    budget = JudgingBudget(budget_s) if budget_s is not None else None
+    if budget is not None:
+        executor = None  # the budget times the judging where it runs: here
     if executor is not None and not executor.is_local:
         if isinstance(slice_path, (str, Path)) and source.splittable:
             where = WorkerInput.of(
@@ -316,10 +409,14 @@ def judge_auto(
                 f"reopened by the workers; --method auto is judged here"
             )
     result = auto_table(
-        graph, fit, source, methods, provider=provider, threads=threads, executor=executor, job=job
-    )
+        graph, fit, source, methods, provider=provider, threads=threads, executor=executor,
+        job=job, budget=budget,
+    )  # fmt: skip
     result.holdout = source.description if holdout_data is not None else note
     result.judged_by = result.judged_by or judge_description(graph.model)
+    if budget is not None and (cut := budget.cut()):
+        result.cut = cut
+        warn(cut)
     return result
 
 
@@ -347,7 +444,7 @@ def choose_auto(
         except (KeyError, TypeError, ValueError, QuantbenchError):
             pass  # an older or damaged record: judged again
     result = judge_auto(graph, stats, calib_data, holdout_data, **options)
-    if key is not None:
+    if key is not None and not result.cut:  # a judgement cut short is not the slice's
         store_judgement(key, result.stored())
     return result
 
@@ -429,6 +526,7 @@ def auto_table(
     threads: int | None = None,
     executor: ExecutorSpec | None = None,
     job: AutoJob | None = None,
+    budget: JudgingBudget | None = None,
 ) -> AutoTable:
     """The best whole-model table among the mix and each method alone (see module doc),
     every candidate calibrated on ``stats``.
@@ -449,6 +547,8 @@ def auto_table(
     same_as = _identical_tables(tables)
     judged = list(dict.fromkeys(same_as.values()))  # each distinct table scored once
     parallel = executor is not None and not executor.is_local and job is not None
+    if budget is not None:
+        parallel, budget.tables = False, len(judged)
     activations = 0
     with ExitStack() as stack:  # the local judging's own progress (the workers' has its own)
         advance = None
@@ -470,8 +570,9 @@ def auto_table(
         else:
             with shared_upgrades():  # the candidates share one reference: upgraded once
                 judged_scores, activations = _isolated_scores(
-                    graph, {m: tables[m] for m in judged}, held_out, provider, threads, advance
-                )
+                    graph, {m: tables[m] for m in judged}, held_out, provider, threads, advance,
+                    budget,
+                )  # fmt: skip
         scores = {m: judged_scores[same_as[m]] for m in method_list}
         mixed = _relabelled(tables[base_name], base_name)
         choices: dict[str, dict[str, Any]] = {}
@@ -508,6 +609,7 @@ def auto_table(
                 threads,
                 advance=advance,
                 activation_bytes=activations,
+                budget=budget,
             )
     output = {MIX: scored_output[MIX], **{m: scored_output[same_as[m]] for m in method_list}}
     # the highest output SQNR wins; ties go to the mix, then to the methods in list order
@@ -623,6 +725,7 @@ def _isolated_scores(
     provider: str | None,
     threads: int | None,
     advance: Callable[[int], None] | None = None,
+    budget: JudgingBudget | None = None,
 ) -> tuple[dict[str, dict[str, float]], int]:
     """:func:`isolated_sqnrs`, and the bytes a sample's FP32 activations (those quantized ops
     read) take, which size the output pass's parts."""
@@ -631,13 +734,13 @@ def _isolated_scores(
         return {}, 0
     step = advance or (lambda n: None)
     scores, per_table, activations = _isolated_pass(
-        graph, {names[0]: tables[names[0]]}, held_out, provider, threads
+        graph, {names[0]: tables[names[0]]}, held_out, provider, threads, budget
     )
     step(1)
     group = max(1, ISOLATED_TWIN_BUDGET // max(per_table, 1))
     for start in range(1, len(names), group):
         chunk = {n: tables[n] for n in names[start : start + group]}
-        scores.update(_isolated_pass(graph, chunk, held_out, provider, threads)[0])
+        scores.update(_isolated_pass(graph, chunk, held_out, provider, threads, budget)[0])
         step(len(chunk))
     return scores, activations
 
@@ -659,11 +762,13 @@ def _isolated_pass(
     held_out: DataSource,
     provider: str | None,
     threads: int | None,
+    budget: JudgingBudget | None = None,
 ) -> tuple[dict[str, dict[str, float]], int, int]:
     """One pass over ``held_out`` scoring every table's isolated ops (their twins renamed apart
     in one reference graph), the bytes a sample's twins of one table take, and the bytes a
     sample's FP32 tensors read by quantized ops take. Each batch runs in parts of at most
-    :data:`JUDGE_BUDGET` bytes of returned tensors (measured on a first one-sample part)."""
+    :data:`JUDGE_BUDGET` bytes of returned tensors (measured on a first one-sample part); the
+    first part also sizes a ``budget``'s slice."""
     model, twins_of, ops_of = graph.model, {}, {}
     for index, (name, table) in enumerate(tables.items()):
         plan = quantize_model(graph, table, allow_partial=True)
@@ -690,19 +795,22 @@ def _isolated_pass(
     )
     accs = {name: {t: DriftAccumulator() for t in tw} for name, tw in twins_of.items()}
     per_table, per_sample, activations = 0, [0], 0
-    for feed in held_out.batches():
-        for part in feed_parts(feed, graph.inputs, lambda: per_sample[0], JUDGE_BUDGET):
-            got = runner.infer(part, fetch)
-            samples = max(1, feed_num_samples(part, graph.inputs))
-            if not per_sample[0]:
-                per_sample[0] = max(1, sum(np.asarray(v).nbytes for v in got.values()) // samples)
-                activations = sum(np.asarray(got[t]).nbytes for t in sources) // samples
-            for name, twins in twins_of.items():
-                twin_bytes = sum(np.asarray(got[w]).nbytes for w in twins.values())
-                per_table = max(per_table, twin_bytes // samples)
-                for tensor, acc in accs[name].items():
-                    acc.update(got[tensor], got[twins[tensor]])
-            del got
+    for part in _slice_parts(held_out, graph.inputs, per_sample, budget):
+        start = time.perf_counter()
+        got = runner.infer(part, fetch)
+        samples = max(1, feed_num_samples(part, graph.inputs))
+        first = not per_sample[0]
+        if first:
+            per_sample[0] = max(1, sum(np.asarray(v).nbytes for v in got.values()) // samples)
+            activations = sum(np.asarray(got[t]).nbytes for t in sources) // samples
+        for name, twins in twins_of.items():
+            twin_bytes = sum(np.asarray(got[w]).nbytes for w in twins.values())
+            per_table = max(per_table, twin_bytes // samples)
+            for tensor, acc in accs[name].items():
+                acc.update(got[tensor], got[twins[tensor]])
+        del got
+        if first and budget is not None and budget.samples is None:
+            budget.estimate(samples, time.perf_counter() - start, per_table)
     runner.close()
     scores = {
         name: {ops_of[name][t]: _sqnr(acc) for t, acc in table_accs.items()}
@@ -733,6 +841,7 @@ def output_sqnrs(
     *,
     activation_bytes: int = 0,
     reference_graph: Graph | None = None,
+    budget: JudgingBudget | None = None,
 ) -> dict[str, float]:
     """Candidate -> SQNR (dB) of its full Q/DQ model against FP32 over ``held_out``: its worst
     output's, an output joining kinds of values (a detector's boxes and scores,
@@ -744,7 +853,8 @@ def output_sqnrs(
     activations (``activation_bytes`` a sample; else the outputs' bytes, measured on a first
     one-sample part), so that no session holds a whole batch's activations.
     ``reference_graph``: the FP32 model judged against, when not ``graph`` itself (a refined
-    model's INT8 form is judged against the model it was refined from)."""
+    model's INT8 form is judged against the model it was refined from). ``budget``: the
+    samples it may read, and a deadline (not with ``reference``)."""
     layout = OutputLayout.of(graph.model, held_out.unbatched)
     outputs, extra = layout.judged_tensors()
     fp32 = None
@@ -766,13 +876,12 @@ def output_sqnrs(
     }
     accs = {name: OutputsAccumulator(outputs, False, layout) for name in tables}
     per_sample = [activation_bytes]
-    for index, feed in enumerate(held_out.batches()):
-        if fp32 is None:  # the reference's batches are the slice's: they are not cut
-            ref = reference[index]
+    if fp32 is None:  # the reference's batches are the slice's: they are not cut
+        for index, feed in enumerate(held_out.batches()):
             for name, runner in runners.items():
-                accs[name].update(ref, runner.infer(feed, outputs))
-            continue
-        for part in feed_parts(feed, graph.inputs, lambda: per_sample[0], JUDGE_BUDGET):
+                accs[name].update(reference[index], runner.infer(feed, outputs))
+    else:
+        for part in _slice_parts(held_out, graph.inputs, per_sample, budget, deadline=True):
             ref = fp32.infer(part, outputs)
             if not per_sample[0]:
                 samples = max(1, feed_num_samples(part, graph.inputs))
