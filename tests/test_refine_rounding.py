@@ -325,7 +325,7 @@ def _gemm_layer(w: np.ndarray, x: np.ndarray, trans_b: int = 1):
 
 
 def test_correlated_inputs_lower_the_output_error_numpy_measures():
-    """On correlated inputs the rounded Gemm's output error on the calibration rows (numpy:
+    """On correlated inputs the rounded Gemm's output error on the held-out rows (numpy:
     ||X dW^T||^2) is below round-to-nearest's, and the record's SQNRs are those errors."""
     for seed in range(5):
         rng = np.random.default_rng(seed)
@@ -334,7 +334,8 @@ def test_correlated_inputs_lower_the_output_error_numpy_measures():
         _, layer, hess = _gemm_layer(w, x)
         result = R.round_layer(layer, hess)
         assert result.values is not None, result.reason
-        xd, wd = x.astype(np.float64), w.astype(np.float64)
+        # judged on the held-out items: every 4th row (each row of a 2-D input is an item)
+        xd, wd = x[R.HELD_EVERY - 1 :: R.HELD_EVERY].astype(np.float64), w.astype(np.float64)
         s = weight_scale(w, 0).astype(np.float64)[:, None]
         nearest = (np.clip(np.rint(wd / s), -127, 127) * s).astype(np.float32)  # as DQ gives
         signal = ((xd @ wd.T) ** 2).sum()
@@ -361,8 +362,11 @@ def test_a_designed_case_finds_the_compensating_rounding():
     rtn_error = 0.64 * step**2 * (ud**2).sum()
     xd = x.astype(np.float64)
     err = ((xd @ (result.values.astype(np.float64) - w).T) ** 2).sum()
-    signal = ((xd @ w.T.astype(np.float64)) ** 2).sum()
-    assert signal * 10 ** (-result.change.before / 10) == pytest.approx(rtn_error, rel=1e-3)
+    held = xd[R.HELD_EVERY - 1 :: R.HELD_EVERY]  # what the record's SQNRs are measured on
+    signal = ((held @ w.T.astype(np.float64)) ** 2).sum()
+    rtn_held = 0.64 * step**2 * (held[:, 1] ** 2).sum()
+    assert signal * 10 ** (-result.change.before / 10) == pytest.approx(rtn_held, rel=1e-3)
+    assert rtn_error > 0
     assert err == pytest.approx(0.04 * step**2 * (ud**2).sum(), rel=1e-3)
     assert sorted(np.rint(result.values[0, 1:] / step)) in ([10, 21], [11, 20])
 
@@ -437,7 +441,7 @@ def test_non_finite_rows_are_left_out():
     x[2, 1], x[7, 3] = np.nan, np.inf
     _, _, hess = _gemm_layer(w, x)
     assert (hess.rows, hess.nonfinite) == (8, 2)
-    np.testing.assert_array_equal(hess.h, clean.h)
+    np.testing.assert_allclose(hess.h, clean.h, rtol=1e-12)  # held-out split: another order
 
 
 @pytest.mark.parametrize(
@@ -597,3 +601,40 @@ def test_tinycnn_quantizes_closer_to_fp32():
     int8 = sqnr(quantize_model(graph.model, table).model)
     int8_refined = sqnr(quantize_model(refined.model, table).model)
     assert int8_refined >= int8
+
+
+def test_a_rounding_fit_to_noise_is_judged_on_held_out_items():
+    """K = 48 inputs, 64 rows of pure noise: GPTQ fits the 48 fitting rows almost exactly
+    (its in-sample error far below nearest's), which says nothing about new rows. Every
+    channel kept away from nearest lowers the error on the held-out rows (numpy), and the
+    record is measured there."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 48)).astype(np.float32)
+    w = rng.standard_normal((6, 48)).astype(np.float32)
+    _, layer, hess = _gemm_layer(w, x)
+    assert hess.held_rows == 16 and hess.rows == 64
+    result = R.round_layer(layer, hess)
+    held = x[R.HELD_EVERY - 1 :: R.HELD_EVERY].astype(np.float64)
+    s = weight_scale(w, 0).astype(np.float64)[:, None]
+    nearest = np.clip(np.rint(w / s), -127, 127) * s
+    new = nearest if result.values is None else result.values.astype(np.float64)
+    per_channel = ((held @ (new - w).T) ** 2).sum(axis=0)
+    per_channel_nearest = ((held @ (nearest - w).T) ** 2).sum(axis=0)
+    assert (per_channel <= per_channel_nearest * (1 + 1e-9)).all()
+    if result.change is not None:
+        assert "judged on held-out samples" in result.change.detail
+
+
+def test_too_few_items_are_judged_in_sample_and_said():
+    """Three items: none is held out, so the layer is fit and judged on all of them."""
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((3, 40, 8)) @ rng.standard_normal((8, 8))).astype(np.float32)
+    w = rng.standard_normal((8, 5)).astype(np.float32)
+    model = _dense("MatMul", w, ["N", 40, 8])
+    layer = _only_layer(model)
+    hess = R.Hessian(layer, max_rows=10**6)
+    hess.add(x)
+    assert hess.held is None and hess.held_rows == 0
+    result = R.round_layer(layer, hess)
+    assert result.change is not None, result.reason
+    assert "in-sample: too few samples to hold out" in result.change.detail

@@ -73,6 +73,11 @@ ROW_BUFFER_BYTES = 128 << 20
 #: a layer keeps its rounding only if its output error is lower than round-to-nearest's by
 #: more than this fraction (float32 noise, and a one-ulp move of the scale, are not a gain)
 KEEP_MARGIN = 1e-6
+#: every this-many-th item (sample) of a layer's input is held out of GPTQ's fit: its rows
+#: decide, per output channel and for the layer, whether GPTQ's integers beat the nearest
+#: ones on data they were not fit to (a layer with few rows for its inputs, such as a
+#: recognizer's 1024 x 8210 classifier on 1280 rows, is otherwise fit to the noise)
+HELD_EVERY = 4
 #: GPTQ's lazy-batch width: columns rounded before the rest of ``W`` is updated at once
 BLOCK = 128
 #: the seed of the row choice (with the node position and the item index)
@@ -283,7 +288,9 @@ def _conv_layer(layer: Layer, attrs: dict[str, object]) -> Layer | str:
 
 
 class Hessian:
-    """``H = X^T X`` of one layer's sampled input rows (per group), summed in float64.
+    """``H = X^T X`` of one layer's sampled input rows (per group), summed in float64, in two
+    parts: the rows of every :data:`HELD_EVERY`-th item (sample) are held out of GPTQ's fit
+    and judge it (:func:`round_layer`), the others fit it.
 
     Rows wait in a buffer of ``flush_bytes`` and are summed in one product: a few large
     products instead of one per batch, which matters most where BLAS threads share busy
@@ -293,30 +300,46 @@ class Hessian:
         self.layer = layer
         self.max_rows = max_rows
         self.flush_bytes = flush_bytes
-        self._h = np.zeros((layer.groups, layer.k, layer.k))
-        self._pending: list[np.ndarray] = []
+        self._fit = np.zeros((layer.groups, layer.k, layer.k))
+        self._held = np.zeros((layer.groups, layer.k, layer.k))
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self._pending_bytes = 0
         self.items = 0  # items of the input's first axis seen so far: seeds the row choice
         self.rows = 0
+        self.held_rows = 0
         self.nonfinite = 0
 
     @property
     def h(self) -> np.ndarray:
         """``H`` over every row added so far, ``[groups, K, K]``."""
         self._flush()
-        return self._h
+        return self._fit + self._held
+
+    @property
+    def fit(self) -> np.ndarray:
+        """``H`` of the rows GPTQ fits (every row while no item was held out)."""
+        self._flush()
+        return self._fit if self.held_rows else self._fit + self._held
+
+    @property
+    def held(self) -> np.ndarray | None:
+        """``H`` of the held-out items' rows; None when there were too few items to hold
+        any out."""
+        self._flush()
+        return self._held if self.held_rows and self.held_rows < self.rows else None
 
     def add(self, x: np.ndarray) -> None:
         """Add one batch of the layer's input."""
         x = np.asarray(x)
         rows = _conv_rows(x, self) if self.layer.conv is not None else _dense_rows(x, self)
-        for chunk in rows:
+        for chunk, held in rows:
             finite = np.isfinite(chunk).all(axis=1)
             if not finite.all():
                 self.nonfinite += int((~finite).sum())
-                chunk = chunk[finite]
+                chunk, held = chunk[finite], held[finite]
             self.rows += len(chunk)
-            self._pending.append(chunk)
+            self.held_rows += int(held.sum())
+            self._pending.append((chunk, held))
             self._pending_bytes += chunk.nbytes
             if self._pending_bytes >= self.flush_bytes:
                 self._flush()
@@ -324,23 +347,31 @@ class Hessian:
     def _flush(self) -> None:
         if not self._pending:
             return
-        rows = np.concatenate(self._pending).astype(np.float64)
+        rows = np.concatenate([p[0] for p in self._pending]).astype(np.float64)
+        held = np.concatenate([p[1] for p in self._pending])
         self._pending, self._pending_bytes = [], 0
-        g, k = self.layer.groups, self.layer.k
-        if g == 1:
-            self._h[0] += rows.T @ rows
-            return
-        xg = rows.reshape(len(rows), g, k).transpose(1, 0, 2)
-        self._h += np.matmul(xg.transpose(0, 2, 1), xg)
+        self._fit += _gram(rows[~held], self.layer.groups)
+        self._held += _gram(rows[held], self.layer.groups)
 
 
-def _choose(hess: Hessian, n: int, per_item: int) -> tuple[np.ndarray, np.ndarray]:
-    """(item, row) indices of the rows kept from ``n`` items of ``per_item`` rows each: all of
-    them, or ``max_rows`` per item drawn by a generator seeded by (node, item index)."""
+def _gram(rows: np.ndarray, groups: int) -> np.ndarray:
+    """``X_g^T X_g`` per group of rows ``[R, groups * K]``: ``[groups, K, K]``."""
+    if groups == 1:
+        return (rows.T @ rows)[None]
+    xg = rows.reshape(len(rows), groups, rows.shape[1] // groups).transpose(1, 0, 2)
+    return np.matmul(xg.transpose(0, 2, 1), xg)
+
+
+def _choose(hess: Hessian, n: int, per_item: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(item, row) indices of the rows kept from ``n`` items of ``per_item`` rows each, and
+    whether each row's item is held out: all of them, or ``max_rows`` per item drawn by a
+    generator seeded by (node, item index)."""
     first = hess.items
     hess.items += n
+    held = (first + np.arange(n)) % HELD_EVERY == HELD_EVERY - 1
     if per_item <= hess.max_rows:
-        return np.repeat(np.arange(n), per_item), np.tile(np.arange(per_item), n)
+        items = np.repeat(np.arange(n), per_item)
+        return items, np.tile(np.arange(per_item), n), held[items]
     picks = [
         np.sort(
             np.random.default_rng((SEED, hess.layer.index, first + i)).choice(
@@ -349,7 +380,8 @@ def _choose(hess: Hessian, n: int, per_item: int) -> tuple[np.ndarray, np.ndarra
         )
         for i in range(n)
     ]
-    return np.repeat(np.arange(n), hess.max_rows), np.concatenate(picks)
+    items = np.repeat(np.arange(n), hess.max_rows)
+    return items, np.concatenate(picks), held[items]
 
 
 def _chunks(count: int, width: int) -> Iterator[slice]:
@@ -358,9 +390,10 @@ def _chunks(count: int, width: int) -> Iterator[slice]:
         yield slice(start, min(count, start + step))
 
 
-def _conv_rows(x: np.ndarray, hess: Hessian) -> Iterator[np.ndarray]:
+def _conv_rows(x: np.ndarray, hess: Hessian) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """im2col rows ``[R, Cin * prod(kernel)]`` (channel-major, the flattened filter's order)
-    of a conv input ``[N, Cin, *spatial]``, built only for the sampled output positions."""
+    of a conv input ``[N, Cin, *spatial]``, built only for the sampled output positions, with
+    whether each is held out."""
     geom = hess.layer.conv
     assert geom is not None
     nd = len(geom.kernel)
@@ -379,25 +412,26 @@ def _conv_rows(x: np.ndarray, hess: Hessian) -> Iterator[np.ndarray]:
         + tuple(slice(None, None, d) for d in geom.dilations)
     ]  # [N, C, *out, *kernel], a view
     out = windows.shape[2 : nd + 2]
-    items, positions = _choose(hess, x.shape[0], int(np.prod(out)))
+    items, positions, held = _choose(hess, x.shape[0], int(np.prod(out)))
     width = x.shape[1] * int(np.prod(geom.kernel))
     for part in _chunks(len(items), width):
         coords = np.unravel_index(positions[part], out)
         rows = windows[(items[part], slice(None), *coords)]  # [r, C, *kernel]
-        yield rows.reshape(len(rows), width)
+        yield rows.reshape(len(rows), width), held[part]
 
 
-def _dense_rows(x: np.ndarray, hess: Hessian) -> Iterator[np.ndarray]:
-    """Rows of a Gemm's A (transposed for transA) or a MatMul's ``[..., K]`` input."""
+def _dense_rows(x: np.ndarray, hess: Hessian) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Rows of a Gemm's A (transposed for transA) or a MatMul's ``[..., K]`` input, with
+    whether each is held out."""
     k = hess.layer.k
     if hess.layer.trans_a:
         x = x.T
     if x.shape[-1] != k:
         raise QuantbenchError(f"{hess.layer.label}: input's last axis is {x.shape[-1]}, not {k}")
     items = x.reshape(-1, int(np.prod(x.shape[1:-1])), k) if x.ndim >= 3 else x.reshape(-1, 1, k)
-    item, row = _choose(hess, items.shape[0], items.shape[1])
+    item, row, held = _choose(hess, items.shape[0], items.shape[1])
     for part in _chunks(len(item), k):
-        yield items[item[part], row[part]]
+        yield items[item[part], row[part]], held[part]
 
 
 def plan_passes(layers: list[Layer], budget: int | None = None) -> list[list[Layer]]:
@@ -611,21 +645,23 @@ class Rounded:
 
 
 def round_layer(layer: Layer, hess: Hessian) -> Rounded:
-    """GPTQ on one layer. The output error is a sum over output channels, so each channel
-    takes GPTQ's integers only where they lower its own error, else its nearest ones; the
-    layer keeps the result only if its output error drops below round-to-nearest's (both
-    measured on ``H``, exact on the sampled rows)."""
+    """GPTQ on one layer, fit on the rows of most items and judged on those of the items held
+    out (:data:`HELD_EVERY`; in-sample when there were too few items). The output error is a
+    sum over output channels, so each channel takes GPTQ's integers only where they lower its
+    own held-out error, else its nearest ones; the layer keeps the result only if its held-out
+    output error drops below round-to-nearest's (both exact on those rows)."""
     g, k = layer.groups, layer.k
     w = layer.matrix().astype(np.float64).reshape(g, -1, k)
-    h = hess.h
-    if not np.isfinite(h).all():
+    fit, held = hess.fit, hess.held
+    judge = fit if held is None else held
+    if not (np.isfinite(fit).all() and np.isfinite(judge).all()):
         return Rounded(None, None, "its H is not finite")
     own = weight_scale(layer.values, layer.axis).astype(np.float64).reshape(g, -1)
     scale = grid_scale(layer.values, layer.axis).astype(np.float64).reshape(g, -1)
     adaptive = None
     for damp in DAMP_RETRIES:
         try:
-            adaptive = gptq(w, h, scale, damp=damp)
+            adaptive = gptq(w, fit, scale, damp=damp)
             break
         except np.linalg.LinAlgError:
             continue
@@ -634,25 +670,26 @@ def round_layer(layer: Layer, hess: Hessian) -> Rounded:
             None, None, f"H^-1 has no Cholesky factor (damping up to {DAMP_RETRIES[-1]})"
         )
     near = nearest(w, scale)
-    adaptive_errors = channel_errors(_on_grid(adaptive, scale) - w, h)
-    near_errors = channel_errors(_on_grid(near, scale) - w, h)
+    adaptive_errors = channel_errors(_on_grid(adaptive, scale) - w, judge)
+    near_errors = channel_errors(_on_grid(near, scale) - w, judge)
     q = np.where((adaptive_errors < near_errors)[..., None], adaptive, near)
     new = _on_grid(q, scale)
-    signal = output_error(w, h)
-    before = output_error(_on_grid(nearest(w, own), own) - w, h)  # the original's INT8 form
-    after = output_error(new - w, h)
+    signal = output_error(w, judge)
+    before = output_error(_on_grid(nearest(w, own), own) - w, judge)  # the original's INT8 form
+    after = output_error(new - w, judge)
+    on = "on held-out samples" if held is not None else "in-sample: too few samples to hold out"
     if not after < before * (1 - KEEP_MARGIN):
         return Rounded(
             None,
             None,
-            f"adaptive rounding did not lower its output error ({after:.4g} vs {before:.4g})",
+            f"adaptive rounding did not lower its output error {on} ({after:.4g} vs {before:.4g})",
         )
     moved = int((q != near).sum())
     worse = int((adaptive_errors > near_errors).sum())
     detail = (
         f"{layer.weight}: {moved} of {q.size} weights rounded away from nearest"
         f"{_nearest_text(worse, layer.cout)} "
-        f"(H from {hess.rows} rows{_groups_text(g)})"
+        f"(H from {hess.rows} rows{_groups_text(g)}; judged {on})"
     )
     change = LayerChange(
         layer.label,
