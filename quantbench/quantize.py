@@ -41,7 +41,7 @@ from quantbench.model.protosize import save_model
 from quantbench.model.widen import float32_work_graph, own_high_precision, with_io_types_of
 from quantbench.progress import info, warn
 from quantbench.qdq import QuantizeResult, quantize_model, table_from_qdq, write_quantized
-from quantbench.refine import mark_refined
+from quantbench.refine import ROUNDING, mark_refined
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import format_for_path, read_table, write_table
 
@@ -193,6 +193,8 @@ def quantize(
         **kwargs,
     )
     result.require_quantized(str(model))  # before anything is written
+    if refined is not None:
+        _verify_rounding(refined, graph.model, result.model)
     if dwconv2d:
         result.model = _to_plugin(result.model)
     if high_precision == FP16:
@@ -217,6 +219,21 @@ def quantize(
     precisions = declared_precisions(result.model)
     return QuantizeOutcome(
         result, cal_table, written, rows, flags, auto, high_precision, precisions, refined
+    )
+
+
+def _verify_rounding(refined: RefineOutcome, model: onnx.ModelProto, qdq: onnx.ModelProto) -> None:
+    """The bug guard on a kept rounding pass's weights (:func:`~quantbench.refine.rounding.
+    verify_on_grid`), before anything is written."""
+    if ROUNDING not in refined.kept or refined.unrounded is None:
+        return
+    from quantbench.refine.rounding import verify_on_grid
+
+    nodes = [c.node for t in refined.trials if t.kept and t.name == ROUNDING for c in t.layers]
+    count = verify_on_grid(model, qdq, refined.unrounded, nodes)
+    info(
+        f"refine: {count} rounded weights checked: exactly on the Q/DQ model's INT8 grid, "
+        "with TensorRT's implicit per-channel scale unchanged"
     )
 
 

@@ -193,3 +193,36 @@ def test_smoothing_alphas_are_alternatives_each_on_the_unsmoothed_model(tmp_path
         return float(10 * np.log10((want**2).sum() / ((got - want) ** 2).sum()))
 
     assert sqnr(tmp_path / "q.onnx") > sqnr(plain) + 10
+
+
+def test_kept_rounding_is_verified_on_the_written_grid(tmp_path, capsys, monkeypatch):
+    """quantize checks every rounded weight against the Q/DQ model it writes (the bug guard);
+    a rounding that leaves a weight off its grid is refused before anything is written."""
+    from conftest import require_example
+
+    from quantbench.refine import rounding
+
+    example = require_example()
+    model, calib = example / "tinycnn.onnx", example / "calib.npz"
+    out = quantize(model, tmp_path / "q.onnx", data=calib, refine="rounding",
+                   show_progress=False)  # fmt: skip
+    if "rounding" not in out.refine.kept:
+        pytest.skip("rounding did not gain on the example")
+    said = capsys.readouterr().err
+    assert "rounded weights checked: exactly on the Q/DQ model's INT8 grid" in said
+    real = rounding.round_weights
+
+    def off_grid(*args, **kwargs):
+        refined = real(*args, **kwargs)
+        name = rounding.find_layers(refined.model)[0][0].weight
+        for init in refined.model.graph.initializer:
+            if init.name == name:
+                w = numpy_helper.to_array(init).copy()
+                w.flat[w.size // 2] *= 1.001  # between two grid points
+                init.CopyFrom(numpy_helper.from_array(w, name))
+        return refined
+
+    monkeypatch.setattr(rounding, "round_weights", off_grid)
+    with pytest.raises(QuantbenchError, match="is not exactly q \\* s"):
+        quantize(model, tmp_path / "bad.onnx", data=calib, refine="rounding", show_progress=False)
+    assert not (tmp_path / "bad.onnx").exists()

@@ -782,3 +782,51 @@ def _advance(
         return
     with progress_bar("Rounding weights", total, unit="batches") as advance:
         yield advance
+
+
+# --------------------------------------------------------------------------- the guard
+
+
+def verify_on_grid(
+    refined: onnx.ModelProto,
+    qdq: onnx.ModelProto,
+    unrounded: onnx.ModelProto,
+    nodes: Iterable[str],
+) -> int:
+    """A bug guard on what rounding promises both TensorRT paths, for each rounded node's
+    weight that the Q/DQ model quantizes: (a) the refined weight is exactly ``q * s`` with
+    integers ``|q| <= 127`` for the Q/DQ model's per-channel scale ``s`` (so its
+    Quantize/Dequantize pair gives it back bit for bit); (b) TensorRT's implicit weight scale,
+    ``max|w| / 127`` per channel of the refined FP32 model, is that ``s`` and the unrounded
+    weight's. The number of weights checked; QuantbenchError naming the first that fails."""
+    labels = dict(zip(node_labels(refined.graph.node), refined.graph.node))
+    weights = {i.name: i for i in refined.graph.initializer}
+    before = {i.name: i for i in unrounded.graph.initializer}
+    qdq_inits = {i.name: i for i in qdq.graph.initializer}
+    quantizers = {n.input[0]: n for n in qdq.graph.node if n.op_type == "QuantizeLinear"}
+    checked = 0
+    for label in nodes:
+        node = labels.get(label)
+        if node is None or len(node.input) < 2 or node.input[1] not in quantizers:
+            continue
+        name = node.input[1]
+        q_node = quantizers[name]
+        w = numpy_helper.to_array(weights[name])
+        s = numpy_helper.to_array(qdq_inits[q_node.input[1]]).astype(np.float32)
+        axis = next((a.i for a in q_node.attribute if a.name == "axis"), 1) % w.ndim
+        shape = [1] * w.ndim
+        shape[axis] = -1
+        q = np.clip(np.rint(w / s.reshape(shape)), -INT8_MAX, INT8_MAX)
+        problem = ""
+        if not np.array_equal((q * s.reshape(shape)).astype(np.float32), w):
+            problem = "is not exactly q * s on the Q/DQ model's grid"
+        elif not np.array_equal(weight_scale(w, axis), s):
+            problem = "has a max|w| / 127 per channel (TensorRT's implicit scale) other than s"
+        elif not np.array_equal(weight_scale(numpy_helper.to_array(before[name]), axis), s):
+            problem = "has another per-channel scale than before rounding"
+        if problem:
+            raise QuantbenchError(
+                f"internal error: rounded weight {name!r} of {label} {problem}; please report"
+            )
+        checked += 1
+    return checked
