@@ -148,6 +148,17 @@ RayAddressOpt = Annotated[
         help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray started for the run).",
     ),
 ]
+DWConv2DOpOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dwconv2d-op",
+        metavar="MODE",
+        help="How onnxruntime runs DWConv2D nodes: plugin (the op itself, numpy reference on "
+        "the CPU; the default where onnxruntime-extensions is installed: pip install "
+        "'quantbench\\[plugin]'), plugin:cuda (the plugin's CUDA kernels through CuPy) or lower "
+        "(standard Conv).",
+    ),
+]
 EvalDataOpt = Annotated[
     str, typer.Option("--data", help="Evaluation data (same forms as calibrate --data).")
 ]
@@ -388,6 +399,7 @@ def quantize(
     ray_address: RayAddressOpt = None,
     refine: RefineOpt = None,
     refined_model: RefinedModelOpt = None,
+    dwconv2d_op: DWConv2DOpOpt = None,
 ) -> None:
     """Write a Q/DQ ONNX model placed the way TensorRT fuses it (or read one's scales back)."""
     from quantbench import quantize as qz
@@ -422,6 +434,7 @@ def quantize(
         high_precision=high_precision,
         refine=refine,
         refined_model=refined_model,
+        dwconv2d_op=dwconv2d_op,
     )
     _print_quantize(outcome)
 
@@ -563,6 +576,7 @@ def compare(
     executor: ExecutorOpt = "local",
     workers: WorkersOpt = None,
     ray_address: RayAddressOpt = None,
+    dwconv2d_op: DWConv2DOpOpt = None,
 ) -> None:
     """Per-layer drift, task metrics and latency of B (and A) against onnxruntime FP32."""
     from quantbench.compare import compare as run_compare
@@ -608,6 +622,7 @@ def compare(
         csv_path=csv_out,
         command=_command_line(),
         executor=_executor(executor, workers, ray_address),
+        dwconv2d_op=dwconv2d_op,
     )
     if report is not None:
         from quantbench.reports import write_report

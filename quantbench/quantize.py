@@ -36,6 +36,7 @@ from quantbench.fp16 import (
     strongly_typed_fp16,
 )
 from quantbench.fp16range import activation_overflows, kept_text, overflows_text
+from quantbench.model import customops
 from quantbench.model.graph import calibration_tensors, open_graph
 from quantbench.model.protosize import save_model
 from quantbench.model.widen import float32_work_graph, own_high_precision, with_io_types_of
@@ -90,6 +91,7 @@ def quantize(
     executor: ExecutorSpec | None = None,
     refine: str | list[str] | None = None,
     refined_model: str | Path | None = None,
+    dwconv2d_op: str | None = None,
 ) -> QuantizeOutcome:
     """Quantize ``model`` explicitly from a table or from calibration data.
 
@@ -103,7 +105,12 @@ def quantize(
     (:func:`quantbench.fp16.strongly_typed_fp16`), the mixed INT8/FP16 model TensorRT builds
     as given with ``--stronglyTyped``. None: the model's own (:func:`own_high_precision`):
     FP16 for a model that computes in float16, else FP32. A float16/bfloat16 model is
-    quantized from its exact float32 widening and keeps its input and output types."""
+    quantized from its exact float32 widening and keeps its input and output types.
+
+    ``dwconv2d_op``: how the calibration sessions run DWConv2D nodes (plugin, plugin:cuda,
+    lower; :func:`quantbench.model.customops.executing`); None: the process's setting."""
+    if dwconv2d_op is not None:
+        customops.check_execution(dwconv2d_op)
     if (table is None) == (data is None):
         raise QuantbenchError("give exactly one of --table TABLE or --data PATH")
     if high_precision is not None:
@@ -135,46 +142,48 @@ def quantize(
     flags: list[ClipFlag] = []
     auto = None
     refined = None
-    if table is None:
-        stats, _, _ = obtain_stats(
-            graph,
-            data,
-            tensors="quantizable",
-            batch_size=batch_size,
-            max_samples=max_samples,
-            preset=preset,
-            provider=provider,
-            show_progress=show_progress,
-            executor=executor,
-        )
-        cal_table, auto = method_table(
-            graph,
-            stats,
-            method,
-            data,
-            holdout_data,
-            batch_size=batch_size,
-            preset=preset,
-            provider=provider,
-            executor=executor,
-        )
-        flags = clip_flags(stats, cal_table, clip_warn, calibration_tensors(graph, "quantizable"))
-        if text := clip_warning(
-            flags, clip_warn, str(cal_table.method), listed_by="calibrate --report PAGE"
-        ):
-            warn(text)
-        note = registry.method_note(method)
-        info(f"calibrated with method {method}{': ' + note if note else ''}")
-        if passes:
-            refined = refine_judged(
-                graph, cal_table, data, passes, num_samples=stats.num_samples,
-                holdout_data=holdout_data, batch_size=batch_size, preset=preset,
+    with customops.executing(dwconv2d_op):  # the sessions that calibrate and judge
+        if table is None:
+            stats, _, _ = obtain_stats(
+                graph,
+                data,
+                tensors="quantizable",
+                batch_size=batch_size,
+                max_samples=max_samples,
+                preset=preset,
                 provider=provider,
-            )  # fmt: skip
-            graph, cal_table = refined.graph, refined.table
-    else:
-        cal_table = read_table(table)
-        info(f"{table}: {cal_table.origin()}, {len(cal_table)} tensors")
+                show_progress=show_progress,
+                executor=executor,
+            )
+            cal_table, auto = method_table(
+                graph,
+                stats,
+                method,
+                data,
+                holdout_data,
+                batch_size=batch_size,
+                preset=preset,
+                provider=provider,
+                executor=executor,
+            )
+            quantizable = calibration_tensors(graph, "quantizable")
+            flags = clip_flags(stats, cal_table, clip_warn, quantizable)
+            if text := clip_warning(
+                flags, clip_warn, str(cal_table.method), listed_by="calibrate --report PAGE"
+            ):
+                warn(text)
+            note = registry.method_note(method)
+            info(f"calibrated with method {method}{': ' + note if note else ''}")
+            if passes:
+                refined = refine_judged(
+                    graph, cal_table, data, passes, num_samples=stats.num_samples,
+                    holdout_data=holdout_data, batch_size=batch_size, preset=preset,
+                    provider=provider,
+                )  # fmt: skip
+                graph, cal_table = refined.graph, refined.table
+        else:
+            cal_table = read_table(table)
+            info(f"{table}: {cal_table.origin()}, {len(cal_table)} tensors")
     kwargs = {} if op_types is None else {"op_types": op_types}
     result = quantize_model(
         graph,

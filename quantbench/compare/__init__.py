@@ -29,6 +29,7 @@ from quantbench.evaluate.metrics import (
 )
 from quantbench.evaluate.task_metrics import load_metric_script
 from quantbench.fileio import check_not_an_input, check_output_path
+from quantbench.model import customops
 from quantbench.model.graph import calibration_tensors, check_float_model, open_graph
 from quantbench.model.widen import float32_work_graph
 from quantbench.progress import info
@@ -132,9 +133,17 @@ def compare(
     command: str = "",
     show_progress: bool = True,
     executor: ExecutorSpec | None = None,
+    dwconv2d_op: str | None = None,
 ) -> dict[str, Any]:
     """Compare precision ``a`` against ``b`` on ``data``; returns the results document (its HTML
-    page: :func:`quantbench.reports.write_report`; the core does not import the reports)."""
+    page: :func:`quantbench.reports.write_report`; the core does not import the reports).
+
+    ``dwconv2d_op``: how onnxruntime runs DWConv2D nodes (``plugin``: the op itself on the CPU,
+    ``plugin:cuda``: the plugin's CUDA kernels, ``lower``: standard Conv;
+    :func:`quantbench.model.customops.executing`); None: the process's setting (default plugin
+    where onnxruntime-extensions is installed)."""
+    if dwconv2d_op is not None:
+        customops.check_execution(dwconv2d_op)
     gates = [parse_gate(g, custom=metric_script is not None) for g in fail_below or []]
     script = (
         None
@@ -188,38 +197,39 @@ def compare(
         allow_partial=allow_partial,
         clip_warn=clip_warn,
     )
-    stats_file = None
-    if table is not None:
-        ctx.table = read_table(table)
-    if needs_int8 and (calib_data is not None or stats is not None):
-        stats_file, _, _ = obtain_stats(
+    with customops.executing(dwconv2d_op):  # every session from here on
+        stats_file = None
+        if table is not None:
+            ctx.table = read_table(table)
+        if needs_int8 and (calib_data is not None or stats is not None):
+            stats_file, _, _ = obtain_stats(
+                graph,
+                calib_data,
+                tensors="quantizable",
+                stats=stats,
+                batch_size=batch_size,
+                max_samples=calib_max_samples,
+                preset=preset,
+                provider=provider,
+                show_progress=show_progress,
+                executor=executor,
+            )
+            ctx.stats = stats_file
+        body = run_comparison(
             graph,
-            calib_data,
-            tensors="quantizable",
-            stats=stats,
-            batch_size=batch_size,
-            max_samples=calib_max_samples,
-            preset=preset,
+            source,
+            (a, b),
+            ctx,
+            labels=label_array,
+            metric_script=script,
             provider=provider,
+            threads=threads,
+            latency=latency,
+            latency_runs=latency_runs,
             show_progress=show_progress,
-            executor=executor,
+            sqnr_floor=sqnr_floor,
+            mask_threshold=mask_threshold,
         )
-        ctx.stats = stats_file
-    body = run_comparison(
-        graph,
-        source,
-        (a, b),
-        ctx,
-        labels=label_array,
-        metric_script=script,
-        provider=provider,
-        threads=threads,
-        latency=latency,
-        latency_runs=latency_runs,
-        show_progress=show_progress,
-        sqnr_floor=sqnr_floor,
-        mask_threshold=mask_threshold,
-    )
     doc = base_document("compare", graph, command or f"quantbench compare {a} {b} --model {model}")
     doc["data"] = {
         "eval_path": str(data) if isinstance(data, (str, Path)) else type(data).__name__,
