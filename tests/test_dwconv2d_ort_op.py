@@ -306,3 +306,22 @@ def test_the_plugin_imports_without_onnxruntime_extensions():
     assert done.stdout.split(maxsplit=1) == [
         "False", "onnxruntime-extensions is not installed (pip install 'quantbench[plugin]')\n"
     ]  # fmt: skip
+
+
+def test_an_onnxruntime_extensions_that_refuses_the_op_means_lowering(monkeypatch):
+    """Importing the plugin must not fail on another onnxruntime-extensions API: the reason
+    stands where the missing extra's would, and the op is lowered."""
+    monkeypatch.setattr(dw.ort_op, "_DECLARED", False)
+    monkeypatch.setattr(dw.ort_op, "_DECLARE_ERROR", None)
+
+    def refuse() -> None:
+        raise TypeError("attrs must be a list")
+
+    monkeypatch.setattr(dw.ort_op, "_declare", refuse)
+    assert dw.ort_op.declare() is False
+    assert dw.ort_op.extension_missing() == (
+        "onnxruntime-extensions did not take the op (attrs must be a list)"
+    )
+    monkeypatch.setattr(customops, "_SAID", set())
+    runner = OnnxRuntimeRunner(dw_model([1, 4, 6, 6], [4, 1, 3, 3], None, None, group=4))
+    assert runner.info.custom_ops == {"DWConv2D": "lowered"}

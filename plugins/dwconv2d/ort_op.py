@@ -80,6 +80,8 @@ def extension_missing() -> str | None:
         import onnxruntime_extensions  # noqa: F401
     except ImportError:
         return f"onnxruntime-extensions is not installed ({EXTRA_HINT})"
+    if _DECLARE_ERROR is not None:
+        return f"onnxruntime-extensions did not take the op ({_DECLARE_ERROR})"
     return None
 
 
@@ -191,15 +193,28 @@ def _pyop(x: np.ndarray, w: np.ndarray, b: np.ndarray, **values: Any) -> _Output
 
 
 _DECLARED = False
+_DECLARE_ERROR: str | None = None
 
 
 def declare() -> bool:
-    """Declare the run-form PyOps with onnxruntime-extensions (once; False without it)."""
-    global _DECLARED
+    """Declare the run-form PyOps with onnxruntime-extensions (once; False without it, or when
+    it refuses them: the reason then stands in :func:`extension_missing`, and the op is
+    lowered; importing the plugin never fails on it)."""
+    global _DECLARED, _DECLARE_ERROR
     if _DECLARED:
         return True
     if extension_missing():
         return False
+    try:
+        _declare()
+    except Exception as exc:  # noqa: BLE001 - another version's API: lower, saying why
+        _DECLARE_ERROR = first_line(exc)
+        return False
+    _DECLARED = True
+    return True
+
+
+def _declare() -> None:
     from onnxruntime_extensions import PyOp, onnx_op
 
     attrs = {name: PyOp.dt_int64 for name in _INT_ATTRS}
@@ -213,8 +228,6 @@ def declare() -> bool:
     for key, (inputs, outputs) in signatures.items():
         op_type = f"{RUN_DOMAIN}::{RUN_OP_TYPES[key]}"
         onnx_op(op_type=op_type, inputs=inputs, outputs=outputs, attrs=attrs)(_pyop)
-    _DECLARED = True
-    return True
 
 
 # --------------------------------------------------------------------------- the run form
@@ -400,9 +413,8 @@ def onnxruntime_form(model: onnx.ModelProto, device: str = "cpu") -> onnx.ModelP
 def session_options(options: Any = None) -> Any:
     """onnxruntime ``SessionOptions`` (``options`` or new) with the op's library registered;
     a one-line error when onnxruntime-extensions is missing."""
-    if reason := extension_missing():
-        raise QuantbenchError(f"DWConv2D inside onnxruntime: {reason}")
-    declare()
+    if (reason := extension_missing()) or not declare():
+        raise QuantbenchError(f"DWConv2D inside onnxruntime: {reason or extension_missing()}")
     options = options if options is not None else ort.SessionOptions()
     register_library(options)
     return options

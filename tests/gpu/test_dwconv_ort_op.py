@@ -41,7 +41,10 @@ def _reason() -> str | None:
             return "no CUDA device"
     except Exception as exc:  # noqa: BLE001
         return f"CuPy with a GPU is needed: {type(exc).__name__}: {exc}"
-    from quantbench.plugins.dwconv2d import cuda, kernel_lib
+    try:
+        from quantbench.plugins.dwconv2d import cuda, kernel_lib
+    except ImportError as exc:  # the device machine lacks a dependency: carry its wheel
+        return f"quantbench.plugins.dwconv2d does not import: {exc}"
 
     if not (
         os.environ.get(cuda.LIBRARY_ENV) or cuda.IN_TREE_LIBRARY.is_file() or kernel_lib.find_nvcc()
@@ -157,20 +160,26 @@ def test_int8_output_saturates_somewhere() -> None:
 def test_compare_runs_the_kernels_in_the_model(tmp_path: Path) -> None:
     import onnx
 
-    from quantbench.compare import compare
     from quantbench.plugins.dwconv2d import conv_to_dwconv2d
 
+    try:
+        from quantbench.compare import compare
+    except ModuleNotFoundError as exc:
+        pytest.skip(f"compare needs {exc.name} here (carry its wheel)")
     sys.path.insert(0, str(REPO / "tests"))
     from test_dwconv2d_op import dynamic_depthwise
 
     onnx.save(conv_to_dwconv2d(dynamic_depthwise(tail="conv")), str(tmp_path / "dw.onnx"))
     rng = np.random.default_rng(2)
     np.savez(tmp_path / "eval.npz", x=rng.standard_normal((6, 4, 8, 8)).astype(np.float32))
-    doc = compare(
-        "fp32", "int8", model=tmp_path / "dw.onnx", data=tmp_path / "eval.npz",
-        calib_data=tmp_path / "eval.npz", method="minmax", latency=False, show_progress=False,
-        dwconv2d_op="plugin:cuda",
-    )  # fmt: skip
+    try:
+        doc = compare(
+            "fp32", "int8", model=tmp_path / "dw.onnx", data=tmp_path / "eval.npz",
+            calib_data=tmp_path / "eval.npz", method="minmax", latency=False,
+            show_progress=False, dwconv2d_op="plugin:cuda",
+        )  # fmt: skip
+    except ModuleNotFoundError as exc:  # compare's own dependencies, not the op's
+        pytest.skip(f"compare needs {exc.name} here (carry its wheel)")
     rows = {r["op_type"] for r in doc["layers"] if r["tensor"] == "d"}
     assert rows == {"DWConv2D (plugin op, cuda)"}, json.dumps(doc["layers"])[:400]
     assert doc["b"]["custom_ops"] == {"DWConv2D": "plugin op, cuda"}
