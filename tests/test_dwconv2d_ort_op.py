@@ -325,3 +325,40 @@ def test_an_onnxruntime_extensions_that_refuses_the_op_means_lowering(monkeypatc
     monkeypatch.setattr(customops, "_SAID", set())
     runner = OnnxRuntimeRunner(dw_model([1, 4, 6, 6], [4, 1, 3, 3], None, None, group=4))
     assert runner.info.custom_ops == {"DWConv2D": "lowered"}
+
+
+def test_compare_takes_per_sample_kernels_with_a_dynamic_batch(run_cli, tmp_path):
+    """Per-sample kernels computed from each sample, batch dynamic: the lowering refuses the
+    model (it folds a static batch into channels), the op runs it in every session compare
+    makes, the model's typing included."""
+    rng = np.random.default_rng(7)
+    inits = [
+        onnx.numpy_helper.from_array((rng.standard_normal((36, 4)) * 0.5).astype(F32), "hw"),
+        onnx.numpy_helper.from_array(np.array([-1, 4, 1, 3, 3], np.int64), "kshape"),
+    ]
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["pooled"], name="pool"),
+        helper.make_node("Flatten", ["pooled"], ["feat"], name="flatten"),
+        helper.make_node("Gemm", ["feat", "hw"], ["kflat"], name="hyper", transB=1),
+        helper.make_node("Reshape", ["kflat", "kshape"], ["kernel"], name="to_kernel"),
+        dw.make_dwconv2d_node("x", "kernel", "y", name="dyn", group=4, pads=[1, 1, 1, 1]),
+    ]
+    shape = ["N", 4, 8, 8]
+    graph = helper.make_graph(
+        nodes, "pb", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "pb.onnx"))
+    np.savez(tmp_path / "eval.npz", x=rng.standard_normal((8, 4, 8, 8)).astype(F32))
+    args = ["compare", "fp32", "int8", "--model", tmp_path / "pb.onnx", "--data",
+            tmp_path / "eval.npz", "--calib-data", tmp_path / "eval.npz", "-m", "minmax",
+            "--batch-size", "4", "--no-latency"]  # fmt: skip
+    code, _, err = run_cli(*args, "--dwconv2d-op", "lower")
+    assert code == 2 and "needs a static kernel shape" in err
+    code, _, err = run_cli(*args, "--json", tmp_path / "c.json")
+    assert code == 0, err
+    layers = json.loads((tmp_path / "c.json").read_text())["layers"]
+    row = next(r for r in layers if r["tensor"] == "y")
+    assert row["op_type"] == "DWConv2D (plugin op, cpu)" and row["sqnr_db"] > 30
