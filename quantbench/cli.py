@@ -365,6 +365,7 @@ def quantize(
             "--dwconv2d", help="Emit runtime-weight convs as the DWConv2D plugin op (INT8 form)."
         ),
     ] = False,
+    dwconv2d_op: DWConv2DOpOpt = None,
     high_precision: Annotated[
         str | None,
         typer.Option(
@@ -399,7 +400,6 @@ def quantize(
     ray_address: RayAddressOpt = None,
     refine: RefineOpt = None,
     refined_model: RefinedModelOpt = None,
-    dwconv2d_op: DWConv2DOpOpt = None,
 ) -> None:
     """Write a Q/DQ ONNX model placed the way TensorRT fuses it (or read one's scales back)."""
     from quantbench import quantize as qz
@@ -429,12 +429,12 @@ def quantize(
         allow_partial=allow_partial,
         requantize=requantize,
         dwconv2d=dwconv2d,
+        dwconv2d_op=dwconv2d_op,
         report_integer_ops=int_ops,
         executor=_executor(executor, workers, ray_address),
         high_precision=high_precision,
         refine=refine,
         refined_model=refined_model,
-        dwconv2d_op=dwconv2d_op,
     )
     _print_quantize(outcome)
 

@@ -65,6 +65,7 @@ class QuantizeOutcome:
     refine: RefineOutcome | None = None
 
 
+@customops.executes_as("dwconv2d_op")
 def quantize(
     model: str | Path,
     output: str | Path,
@@ -85,13 +86,13 @@ def quantize(
     allow_partial: bool = False,
     requantize: bool = False,
     dwconv2d: bool = False,
+    dwconv2d_op: str | None = None,
     report_integer_ops: bool = False,
     high_precision: str | None = None,
     show_progress: bool = True,
     executor: ExecutorSpec | None = None,
     refine: str | list[str] | None = None,
     refined_model: str | Path | None = None,
-    dwconv2d_op: str | None = None,
 ) -> QuantizeOutcome:
     """Quantize ``model`` explicitly from a table or from calibration data.
 
@@ -107,10 +108,8 @@ def quantize(
     FP16 for a model that computes in float16, else FP32. A float16/bfloat16 model is
     quantized from its exact float32 widening and keeps its input and output types.
 
-    ``dwconv2d_op``: how the calibration sessions run DWConv2D nodes (plugin, plugin:cuda,
-    lower; :func:`quantbench.model.customops.executing`); None: the process's setting."""
-    if dwconv2d_op is not None:
-        customops.check_execution(dwconv2d_op)
+    ``dwconv2d_op``: how its onnxruntime sessions run DWConv2D nodes (plugin, plugin:cuda,
+    lower: :func:`quantbench.model.customops.executing`); None: the process's setting."""
     if (table is None) == (data is None):
         raise QuantbenchError("give exactly one of --table TABLE or --data PATH")
     if high_precision is not None:
@@ -142,48 +141,46 @@ def quantize(
     flags: list[ClipFlag] = []
     auto = None
     refined = None
-    with customops.executing(dwconv2d_op):  # the sessions that calibrate and judge
-        if table is None:
-            stats, _, _ = obtain_stats(
-                graph,
-                data,
-                tensors="quantizable",
-                batch_size=batch_size,
-                max_samples=max_samples,
-                preset=preset,
+    if table is None:
+        stats, _, _ = obtain_stats(
+            graph,
+            data,
+            tensors="quantizable",
+            batch_size=batch_size,
+            max_samples=max_samples,
+            preset=preset,
+            provider=provider,
+            show_progress=show_progress,
+            executor=executor,
+        )
+        cal_table, auto = method_table(
+            graph,
+            stats,
+            method,
+            data,
+            holdout_data,
+            batch_size=batch_size,
+            preset=preset,
+            provider=provider,
+            executor=executor,
+        )
+        flags = clip_flags(stats, cal_table, clip_warn, calibration_tensors(graph, "quantizable"))
+        if text := clip_warning(
+            flags, clip_warn, str(cal_table.method), listed_by="calibrate --report PAGE"
+        ):
+            warn(text)
+        note = registry.method_note(method)
+        info(f"calibrated with method {method}{': ' + note if note else ''}")
+        if passes:
+            refined = refine_judged(
+                graph, cal_table, data, passes, num_samples=stats.num_samples,
+                holdout_data=holdout_data, batch_size=batch_size, preset=preset,
                 provider=provider,
-                show_progress=show_progress,
-                executor=executor,
-            )
-            cal_table, auto = method_table(
-                graph,
-                stats,
-                method,
-                data,
-                holdout_data,
-                batch_size=batch_size,
-                preset=preset,
-                provider=provider,
-                executor=executor,
-            )
-            quantizable = calibration_tensors(graph, "quantizable")
-            flags = clip_flags(stats, cal_table, clip_warn, quantizable)
-            if text := clip_warning(
-                flags, clip_warn, str(cal_table.method), listed_by="calibrate --report PAGE"
-            ):
-                warn(text)
-            note = registry.method_note(method)
-            info(f"calibrated with method {method}{': ' + note if note else ''}")
-            if passes:
-                refined = refine_judged(
-                    graph, cal_table, data, passes, num_samples=stats.num_samples,
-                    holdout_data=holdout_data, batch_size=batch_size, preset=preset,
-                    provider=provider,
-                )  # fmt: skip
-                graph, cal_table = refined.graph, refined.table
-        else:
-            cal_table = read_table(table)
-            info(f"{table}: {cal_table.origin()}, {len(cal_table)} tensors")
+            )  # fmt: skip
+            graph, cal_table = refined.graph, refined.table
+    else:
+        cal_table = read_table(table)
+        info(f"{table}: {cal_table.origin()}, {len(cal_table)} tensors")
     kwargs = {} if op_types is None else {"op_types": op_types}
     result = quantize_model(
         graph,

@@ -101,6 +101,7 @@ def _read_labels(path: Path) -> np.ndarray:
             raise QuantbenchError(f"{path}: array {names[0]!r} is not readable ({exc})") from None
 
 
+@customops.executes_as("dwconv2d_op")
 def compare(
     a: str,
     b: str,
@@ -138,12 +139,10 @@ def compare(
     """Compare precision ``a`` against ``b`` on ``data``; returns the results document (its HTML
     page: :func:`quantbench.reports.write_report`; the core does not import the reports).
 
-    ``dwconv2d_op``: how onnxruntime runs DWConv2D nodes (``plugin``: the op itself on the CPU,
-    ``plugin:cuda``: the plugin's CUDA kernels, ``lower``: standard Conv;
-    :func:`quantbench.model.customops.executing`); None: the process's setting (default plugin
-    where onnxruntime-extensions is installed)."""
-    if dwconv2d_op is not None:
-        customops.check_execution(dwconv2d_op)
+    ``dwconv2d_op``: how onnxruntime runs DWConv2D nodes in every session (``plugin``: the op
+    itself on the CPU, ``plugin:cuda``: the plugin's CUDA kernels, ``lower``: standard Conv;
+    :func:`quantbench.model.customops.executing`); None: the process's setting (default
+    plugin where onnxruntime-extensions is installed)."""
     gates = [parse_gate(g, custom=metric_script is not None) for g in fail_below or []]
     script = (
         None
@@ -197,39 +196,38 @@ def compare(
         allow_partial=allow_partial,
         clip_warn=clip_warn,
     )
-    with customops.executing(dwconv2d_op):  # every session from here on
-        stats_file = None
-        if table is not None:
-            ctx.table = read_table(table)
-        if needs_int8 and (calib_data is not None or stats is not None):
-            stats_file, _, _ = obtain_stats(
-                graph,
-                calib_data,
-                tensors="quantizable",
-                stats=stats,
-                batch_size=batch_size,
-                max_samples=calib_max_samples,
-                preset=preset,
-                provider=provider,
-                show_progress=show_progress,
-                executor=executor,
-            )
-            ctx.stats = stats_file
-        body = run_comparison(
+    stats_file = None
+    if table is not None:
+        ctx.table = read_table(table)
+    if needs_int8 and (calib_data is not None or stats is not None):
+        stats_file, _, _ = obtain_stats(
             graph,
-            source,
-            (a, b),
-            ctx,
-            labels=label_array,
-            metric_script=script,
+            calib_data,
+            tensors="quantizable",
+            stats=stats,
+            batch_size=batch_size,
+            max_samples=calib_max_samples,
+            preset=preset,
             provider=provider,
-            threads=threads,
-            latency=latency,
-            latency_runs=latency_runs,
             show_progress=show_progress,
-            sqnr_floor=sqnr_floor,
-            mask_threshold=mask_threshold,
+            executor=executor,
         )
+        ctx.stats = stats_file
+    body = run_comparison(
+        graph,
+        source,
+        (a, b),
+        ctx,
+        labels=label_array,
+        metric_script=script,
+        provider=provider,
+        threads=threads,
+        latency=latency,
+        latency_runs=latency_runs,
+        show_progress=show_progress,
+        sqnr_floor=sqnr_floor,
+        mask_threshold=mask_threshold,
+    )
     doc = base_document("compare", graph, command or f"quantbench compare {a} {b} --model {model}")
     doc["data"] = {
         "eval_path": str(data) if isinstance(data, (str, Path)) else type(data).__name__,

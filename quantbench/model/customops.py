@@ -18,12 +18,14 @@ once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
+import inspect
 import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import onnx
 
@@ -31,6 +33,7 @@ from quantbench.errors import QuantbenchError
 from quantbench.progress import warn
 
 ModelRewrite = Callable[[onnx.ModelProto], onnx.ModelProto]
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: op type -> module of the bundled plugin that registers it on import.
 BUNDLED = {"DWConv2D": "quantbench.plugins.dwconv2d"}
@@ -132,6 +135,24 @@ def executing(mode: str | None) -> Iterator[None]:
             os.environ.pop(EXECUTION_ENV, None)
         else:
             os.environ[EXECUTION_ENV] = before
+
+
+def executes_as(parameter: str) -> Callable[[F], F]:
+    """Decorator: the function runs plugin ops as its argument ``parameter`` says
+    (:func:`executing`; None: the process's setting), checked before its body starts."""
+
+    def decorate(function: F) -> F:
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            mode = signature.bind(*args, **kwargs).arguments.get(parameter)
+            with executing(mode):
+                return function(*args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+    return decorate
 
 
 @dataclass
