@@ -13,7 +13,7 @@ EX := examples/tinycnn
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,plugin]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -33,7 +33,6 @@ inference and statistics) and writes it to FILE.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -427,10 +426,22 @@ def _seconds(result: Any, key: str = "seconds") -> float | None:
     return result.get(key) if isinstance(result, dict) else None
 
 
-def render(console: Any, key: str, samples: int, batch: int, results: dict) -> dict[str, Any]:
+def gpu_name() -> str:
+    """The device's own name (CuPy, else torch), for titles: the machine may be any GPU."""
+    try:
+        from quantbench.machine import describe_gpu
+
+        return describe_gpu(0).name
+    except Exception as exc:  # noqa: BLE001 - a title never stops the benchmark
+        return f"GPU not identified ({type(exc).__name__})"
+
+
+def render(
+    console: Any, key: str, samples: int, batch: int, results: dict, gpu: str
+) -> dict[str, Any]:
     from rich.table import Table
 
-    table = Table(title=f"{key}: {samples} samples, batch {batch}, H200 (CUDA)")
+    table = Table(title=f"{key}: {samples} samples, batch {batch}, {gpu} (CUDA)")
     for column in ("job", "work", "process", "vs floor (work)", "vs floor (process)"):
         table.add_column(column)
     floor = results["floor"]
@@ -499,18 +510,19 @@ def main(argv: list[str] | None = None) -> int:
         key = args.only.split(",")[0].strip()
         profile(inputs[key], inputs["data"], args.batch, args.samples, args.profile)
         return 0
+    gpu = gpu_name()
     document: dict[str, Any] = {"samples": args.samples, "batch": args.batch, "workloads": {}}
     for key in [k.strip() for k in args.only.split(",") if k.strip()]:
         results = measure(inputs[key], inputs["data"], args.work, args.samples, args.batch,
                           args.repeat, peer=not args.no_peer)  # fmt: skip
-        verdict = render(console, key, args.samples, args.batch, results)
+        verdict = render(console, key, args.samples, args.batch, results, gpu)
         document["workloads"][key] = {
             **{k: _doc(v) for k, v in results.items() if k != "peer_probes"},
             "peer_probes": {n: _doc(r) for n, r in results["peer_probes"].items()},
             "ratios": verdict,
         }
     document["wall_seconds"] = time.perf_counter() - start
-    document["gpu"] = os.environ.get("QB_GPU_NAME", "")
+    document["gpu"] = gpu
     write_json(args.work / "bench_gpu.json", document)
     console.print(f"total {document['wall_seconds']:.0f} s")
     return 0

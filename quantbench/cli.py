@@ -157,6 +157,17 @@ RayAddressOpt = Annotated[
         help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray started for the run).",
     ),
 ]
+DWConv2DOpOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dwconv2d-op",
+        metavar="MODE",
+        help="How onnxruntime runs DWConv2D nodes: plugin (the op itself, numpy reference on "
+        "the CPU; the default where onnxruntime-extensions is installed: pip install "
+        "'quantbench\\[plugin]'), plugin:cuda (the plugin's CUDA kernels through CuPy) or lower "
+        "(standard Conv).",
+    ),
+]
 EvalDataOpt = Annotated[
     str, typer.Option("--data", help="Evaluation data (same forms as calibrate --data).")
 ]
@@ -365,6 +376,7 @@ def quantize(
             "--dwconv2d", help="Emit runtime-weight convs as the DWConv2D plugin op (INT8 form)."
         ),
     ] = False,
+    dwconv2d_op: DWConv2DOpOpt = None,
     high_precision: Annotated[
         str | None,
         typer.Option(
@@ -429,6 +441,7 @@ def quantize(
         allow_partial=allow_partial,
         requantize=requantize,
         dwconv2d=dwconv2d,
+        dwconv2d_op=dwconv2d_op,
         report_integer_ops=int_ops,
         executor=_executor(executor, workers, ray_address),
         high_precision=high_precision,
@@ -576,6 +589,7 @@ def compare(
     executor: ExecutorOpt = "local",
     workers: WorkersOpt = None,
     ray_address: RayAddressOpt = None,
+    dwconv2d_op: DWConv2DOpOpt = None,
 ) -> None:
     """Per-layer drift, task metrics and latency of B (and A) against onnxruntime FP32."""
     from quantbench.compare import compare as run_compare
@@ -621,6 +635,7 @@ def compare(
         csv_path=csv_out,
         command=_command_line(),
         executor=_executor(executor, workers, ray_address),
+        dwconv2d_op=dwconv2d_op,
     )
     if report is not None:
         from quantbench.reports import write_report

@@ -36,6 +36,7 @@ from quantbench.fp16 import (
     strongly_typed_fp16,
 )
 from quantbench.fp16range import activation_overflows, kept_text, overflows_text
+from quantbench.model import customops
 from quantbench.model.graph import calibration_tensors, open_graph
 from quantbench.model.protosize import save_model
 from quantbench.model.widen import float32_work_graph, own_high_precision, with_io_types_of
@@ -64,6 +65,7 @@ class QuantizeOutcome:
     refine: RefineOutcome | None = None
 
 
+@customops.executes_as("dwconv2d_op")
 def quantize(
     model: str | Path,
     output: str | Path,
@@ -84,6 +86,7 @@ def quantize(
     allow_partial: bool = False,
     requantize: bool = False,
     dwconv2d: bool = False,
+    dwconv2d_op: str | None = None,
     report_integer_ops: bool = False,
     high_precision: str | None = None,
     show_progress: bool = True,
@@ -105,7 +108,10 @@ def quantize(
     (:func:`quantbench.fp16.strongly_typed_fp16`), the mixed INT8/FP16 model TensorRT builds
     as given with ``--stronglyTyped``. None: the model's own (:func:`own_high_precision`):
     FP16 for a model that computes in float16, else FP32. A float16/bfloat16 model is
-    quantized from its exact float32 widening and keeps its input and output types."""
+    quantized from its exact float32 widening and keeps its input and output types.
+
+    ``dwconv2d_op``: how its onnxruntime sessions run DWConv2D nodes (plugin, plugin:cuda,
+    lower: :func:`quantbench.model.customops.executing`); None: the process's setting."""
     if (table is None) == (data is None):
         raise QuantbenchError("give exactly one of --table TABLE or --data PATH")
     if high_precision is not None:

@@ -556,8 +556,9 @@ class _Lowering:
             raise QuantbenchError(
                 f"DWConv2D {name!r}: per-sample kernels are lowered by folding the batch into "
                 f"channels (group*N), which needs a static kernel shape [N, K, C/group, kH, kW], "
-                f"got {list(spec.weight_shape or ())}; export with a fixed batch size, or run "
-                "this model in TensorRT with the DWConv2D plugin"
+                f"got {list(spec.weight_shape or ())}; export with a fixed batch size, run the op "
+                "itself in onnxruntime (--dwconv2d-op plugin, with onnxruntime-extensions), or "
+                "run this model in TensorRT with the DWConv2D plugin"
             )
         channels = c_per_group * spec.group
         x_shape = self.shape(f"{name}/x_folded_shape", [1, n * channels, 0, 0])

@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -229,27 +229,48 @@ def _inferred_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
     return {k: t for k, t in types.items() if k in wanted}
 
 
-def _runnable(model: str | Path | onnx.ModelProto | bytes) -> bytes | str | onnx.ModelProto:
-    """What onnxruntime can load (through :func:`quantbench.model.protosize.loadable`): plugin
-    ops (DWConv2D) lowered to standard ONNX (customops); bytes are a serialised model that needs
-    no lowering (:func:`expose_for_session`)."""
+def _runnable(
+    model: str | Path | onnx.ModelProto | bytes,
+) -> tuple[bytes | str | onnx.ModelProto, customops.Runnable | None]:
+    """What onnxruntime can load (through :func:`quantbench.model.protosize.loadable`), and for
+    a model holding plugin ops (DWConv2D) how they run (:func:`customops.for_onnxruntime`: as
+    the op itself through its custom-op library, whose registration the session options need,
+    or lowered to standard ONNX); bytes are a serialised model that needs neither
+    (:func:`expose_for_session`)."""
     if isinstance(model, bytes):
-        return model
+        return model, None
     proto = model if isinstance(model, onnx.ModelProto) else None
     if proto is None:
         proto = onnx.load(str(model), load_external_data=False)
         if not customops.ops_in(proto):
-            return str(model)
-    return customops.lowered(proto)
+            return str(model), None
+    if not customops.ops_in(proto):
+        return proto, None
+    plan = customops.for_onnxruntime(proto)
+    return plan.model, plan
+
+
+def _session(
+    model: str | Path | onnx.ModelProto | bytes, opts: Any, provider: str
+) -> tuple[Any, dict[str, str]]:
+    """An onnxruntime session over ``model`` (plugin ops as :func:`_runnable` says), and how its
+    plugin ops run (op type -> "plugin op, cpu" / "lowered")."""
+    import onnxruntime as ort
+
+    source, plan = _runnable(model)
+    if plan is not None:
+        plan.register(opts)
+    with loadable(source) as loaded:
+        session = ort.InferenceSession(
+            loaded, sess_options=opts, providers=session_providers(provider)
+        )
+    return session, (plan.how if plan is not None else {})
 
 
 def _loads(model: onnx.ModelProto, opts: object, provider: str) -> bool:
     """Whether onnxruntime creates a session for ``model`` (tells whose fault a failure is)."""
-    import onnxruntime as ort
-
     try:
-        with loadable(_runnable(model)) as source:
-            ort.InferenceSession(source, sess_options=opts, providers=session_providers(provider))
+        _session(model, opts, provider)
     except Exception:  # noqa: BLE001
         return False
     return True
@@ -262,9 +283,17 @@ class RunnerInfo:
     backend: str
     provider: str
     threads: int
+    #: plugin op type -> how onnxruntime runs it ("plugin op, cpu", "lowered"); recorded only
+    #: for models holding plugin ops
+    custom_ops: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
-        return {"backend": self.backend, "provider": self.provider, "threads": self.threads}
+        out: dict[str, object] = {
+            "backend": self.backend, "provider": self.provider, "threads": self.threads
+        }
+        if self.custom_ops:
+            out["custom_ops"] = dict(self.custom_ops)
+        return out
 
 
 #: onnxruntime's names of the float input types numpy holds
@@ -315,10 +344,7 @@ class OnnxRuntimeRunner:
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[optimization]
         try:
-            with loadable(_runnable(model)) as source:
-                self.session = ort.InferenceSession(
-                    source, sess_options=opts, providers=session_providers(self.provider)
-                )
+            self.session, self.custom_ops = _session(model, opts, self.provider)
         except QuantbenchError:
             raise
         except Exception as exc:  # noqa: BLE001 - ORT reports model problems as generic errors
@@ -338,7 +364,7 @@ class OnnxRuntimeRunner:
 
     @property
     def info(self) -> RunnerInfo:
-        return RunnerInfo("onnxruntime", self.provider, self.threads)
+        return RunnerInfo("onnxruntime", self.provider, self.threads, self.custom_ops)
 
     def input_metadata(self) -> dict[str, tuple[str, list[int | str | None]]]:
         return {i.name: (i.type, list(i.shape)) for i in self.session.get_inputs()}
@@ -348,10 +374,13 @@ class OnnxRuntimeRunner:
     ) -> dict[str, np.ndarray]:
         names = outputs or self.output_names
         try:
-            values = self.session.run(names, self.typed_feeds(feeds))
+            with customops.collecting():
+                values = self.session.run(names, self.typed_feeds(feeds))
         except Exception as exc:  # noqa: BLE001
+            customops.raise_run_errors()  # a plugin op's own error explains onnxruntime's
             first = first_line(exc)
             raise QuantbenchError(f"onnxruntime inference failed: {first}") from None
+        customops.raise_run_errors()  # a plugin op cannot raise inside onnxruntime
         return dict(zip(names, values))
 
     def typed_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:

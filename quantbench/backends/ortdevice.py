@@ -20,6 +20,7 @@ import onnx
 
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, RunnerInfo
 from quantbench.errors import QuantbenchError, first_line
+from quantbench.model import customops
 
 CUDA_PROVIDER = "CUDAExecutionProvider"
 
@@ -83,9 +84,12 @@ class DeviceOutputRunner:
         for name in outputs:
             binding.bind_output(name, "cuda", self.device_id)
         try:
-            session.run_with_iobinding(binding)
+            with customops.collecting():
+                session.run_with_iobinding(binding)
         except Exception as exc:  # noqa: BLE001 - ORT reports every failure the same way
+            customops.raise_run_errors()  # a plugin op's own error explains onnxruntime's
             raise QuantbenchError(f"onnxruntime inference failed: {first_line(exc)}") from None
+        customops.raise_run_errors()  # a plugin op cannot raise inside onnxruntime
         binding.synchronize_outputs()  # onnxruntime's stream is done before CuPy reads
         values = binding.get_outputs()
         return {name: self._wrap(name, value) for name, value in zip(outputs, values)}

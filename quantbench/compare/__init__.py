@@ -29,6 +29,7 @@ from quantbench.evaluate.metrics import (
 )
 from quantbench.evaluate.task_metrics import load_metric_script
 from quantbench.fileio import check_not_an_input, check_output_path
+from quantbench.model import customops
 from quantbench.model.graph import calibration_tensors, check_float_model, open_graph
 from quantbench.model.widen import float32_work_graph
 from quantbench.progress import info
@@ -100,6 +101,7 @@ def _read_labels(path: Path) -> np.ndarray:
             raise QuantbenchError(f"{path}: array {names[0]!r} is not readable ({exc})") from None
 
 
+@customops.executes_as("dwconv2d_op")
 def compare(
     a: str,
     b: str,
@@ -132,9 +134,15 @@ def compare(
     command: str = "",
     show_progress: bool = True,
     executor: ExecutorSpec | None = None,
+    dwconv2d_op: str | None = None,
 ) -> dict[str, Any]:
     """Compare precision ``a`` against ``b`` on ``data``; returns the results document (its HTML
-    page: :func:`quantbench.reports.write_report`; the core does not import the reports)."""
+    page: :func:`quantbench.reports.write_report`; the core does not import the reports).
+
+    ``dwconv2d_op``: how onnxruntime runs DWConv2D nodes in every session (``plugin``: the op
+    itself on the CPU, ``plugin:cuda``: the plugin's CUDA kernels, ``lower``: standard Conv;
+    :func:`quantbench.model.customops.executing`); None: the process's setting (default
+    plugin where onnxruntime-extensions is installed)."""
     gates = [parse_gate(g, custom=metric_script is not None) for g in fail_below or []]
     script = (
         None

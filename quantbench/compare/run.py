@@ -72,6 +72,14 @@ class Side:
     pairing: dict[str, str] = field(default_factory=dict)
     #: tensors an NMS/NonZero chose from, judged beside the outputs (both sides compute them)
     chosen_from: list[str] = field(default_factory=list)
+    #: reference tensor -> the candidate tensor holding its value under another name, and the
+    #: op type of the candidate node behind it (:func:`_dequantized_outputs`)
+    aliases: dict[str, str] = field(default_factory=dict)
+    alias_ops: dict[str, str] = field(default_factory=dict)
+
+    def fetched(self, tensor: str) -> str:
+        """The candidate's name of reference tensor ``tensor``."""
+        return self.aliases.get(tensor, tensor)
 
 
 @dataclass
@@ -83,15 +91,47 @@ class CompareResult:
         return bool(self.document.get("passed", True))
 
 
-def _layer_tensors(graph: Graph, candidate: onnx.ModelProto) -> list[str]:
+def _layer_tensors(
+    graph: Graph, candidate: onnx.ModelProto, aliases: dict[str, str] | None = None
+) -> list[str]:
     """Reference node outputs that the candidate also computes, in network order."""
     cand = {o for n in candidate.graph.node if n.op_type not in QDQ_OPS for o in n.output}
+    cand |= set(aliases or ())
     out = []
     for n in graph.model.graph.node:
         for o in n.output:
             if o and o in cand and graph.is_float(o) and o not in graph.constants:
                 out.append(o)
     return out
+
+
+def _dequantized_outputs(
+    graph: Graph, candidate: onnx.ModelProto
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Reference tensor -> candidate tensor, where the candidate's node of the same name outputs
+    integers under another name and one DequantizeLinear turns them back into floats: that DQ's
+    output is the layer's output (the INT8 DWConv2D plugin form, ``Q -> DWConv2D -> DQ``, whose
+    requantization a row then measures); and reference tensor -> that node's op type."""
+    reference = {n.name: n for n in graph.model.graph.node if n.name}
+    present = {o for n in candidate.graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in candidate.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    aliases: dict[str, str] = {}
+    ops: dict[str, str] = {}
+    for n in candidate.graph.node:
+        ref = reference.get(n.name)
+        if ref is None or n.op_type in QDQ_OPS or len(n.output) != 1 or len(ref.output) != 1:
+            continue
+        ours, theirs = ref.output[0], n.output[0]
+        if ours == theirs or ours in present or not graph.is_float(ours):
+            continue
+        after = readers.get(theirs, [])
+        if len(after) == 1 and after[0].op_type == "DequantizeLinear":
+            aliases[ours] = after[0].output[0]
+            ops[ours] = n.op_type
+    return aliases, ops
 
 
 def _tensor_names(model: onnx.ModelProto) -> set[str]:
@@ -153,7 +193,8 @@ def prepare_sides(
             continue
         _check_same_inputs(c, graph)
         _note_narrowed_inputs(c, graph)
-        side.tensors = _layer_tensors(graph, c.model)
+        side.aliases, side.alias_ops = _dequantized_outputs(graph, c.model)
+        side.tensors = _layer_tensors(graph, c.model, side.aliases)
         if not set(side.tensors) - {o.name for o in graph.model.graph.output}:
             warn(f"{c.label}: shares no tensor names with the FP32 model; comparing outputs only")
         ref_tensors.update(side.tensors)
@@ -190,7 +231,8 @@ def prepare_sides(
     for side in sides:
         if side.candidate.is_reference:
             continue
-        cand_fetch = list(dict.fromkeys(_output_names(side.candidate.model) + side.tensors))
+        fetched = [side.fetched(t) for t in side.tensors]
+        cand_fetch = list(dict.fromkeys(_output_names(side.candidate.model) + fetched))
         side.runner = runner(
             expose(side.candidate.model, cand_fetch, _elem_types(graph, cand_fetch)),
             provider=provider,
@@ -321,13 +363,12 @@ def run_comparison(
     if metric_script is not None:
         doc["metric_script"] = metric_script.where
     doc["eval_samples"] = seen
-    info = ref_runner.info.to_dict()
     for side in sides:
         c = side.candidate
         doc[side.key.lower()] = {
             "spec": c.spec,
             "label": c.label,
-            **info,
+            **(side.runner or ref_runner).info.to_dict(),  # how its own session ran
             "method": c.method,
             **c.precision_record(),
         }
@@ -420,7 +461,8 @@ def _update_side(
         if side.script is not None:
             side.script.update(ref_outputs, ref_outputs, labels)
         return
-    got = side.runner.infer(feed, list(dict.fromkeys(list(side.pairing.values()) + side.tensors)))
+    fetch = [*side.pairing.values(), *(side.fetched(t) for t in side.tensors)]
+    got = side.runner.infer(feed, list(dict.fromkeys(fetch)))
     if drift is not None:
         _queue_drift(side, ref, got, drift)
         got = {t: to_host(got[t]) for t in [*side.pairing.values(), *side.chosen_from]}
@@ -441,7 +483,7 @@ def _update_side(
 
 def _host_drift(side: Side, ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> None:
     for t, acc in side.accumulated.items():
-        acc.update(ref[t], got[t])
+        acc.update(ref[t], got[side.fetched(t)])
     for t, acc in side.isolated_acc.items():
         acc.update(ref[t], ref[side.isolated[t]])
     for t, acc in side.clip_acc.items():
@@ -453,7 +495,7 @@ def _host_drift(side: Side, ref: dict[str, np.ndarray], got: dict[str, np.ndarra
 def _queue_drift(side: Side, ref: dict[str, Any], got: dict[str, Any], drift: DeviceDrift) -> None:
     """:func:`_host_drift` on the GPU: both views and the clipping counts in one pass."""
     for t, acc in side.accumulated.items():
-        drift.add(acc, ref[t], got[t])
+        drift.add(acc, ref[t], got[side.fetched(t)])
     for t, acc in side.isolated_acc.items():
         drift.add(acc, ref[t], ref[side.isolated[t]])
     for t, acc in side.clip_acc.items():
@@ -478,6 +520,17 @@ def _node_of(graph: Graph) -> dict[str, tuple[str, str]]:
     }
 
 
+def _plugin_labels(side: Side) -> dict[str, str]:
+    """Tensor -> ``"DWConv2D (plugin op, cpu)"`` (or ``(lowered to standard ONNX)``) for the
+    outputs of the candidate's plugin ops, as its session ran them: a layer row then says
+    whose arithmetic it measured."""
+    how = side.runner.info.custom_ops if side.runner is not None else {}
+    words = {"lowered": "lowered to standard ONNX"}
+    ops = {o: n.op_type for n in side.candidate.model.graph.node for o in n.output}
+    ops.update(side.alias_ops)
+    return {t: f"{op} ({words.get(how[op], how[op])})" for t, op in ops.items() if op in how}
+
+
 def _clean(v: float | None) -> float | None | str:
     return None if v is None else json_float(v)
 
@@ -496,9 +549,11 @@ def _document(
     for side in sides:
         if side.runner is None:
             continue
+        plugin_ops = _plugin_labels(side)
         for view, accs in (("accumulated", side.accumulated), ("isolated", side.isolated_acc)):
             for t, acc in accs.items():
                 node, op = nodes.get(t, (t, ""))
+                op = plugin_ops.get(t, op)
                 row: dict[str, Any] = {
                     "candidate": side.key,
                     "index": order.get(t, -1),

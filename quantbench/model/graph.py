@@ -24,7 +24,7 @@ from onnx import numpy_helper, shape_inference
 from onnx.external_data_helper import load_external_data_for_model
 
 from quantbench.errors import QuantbenchError, first_line
-from quantbench.model.customops import checkable, lowered
+from quantbench.model.customops import checkable, for_onnxruntime, ops_in
 from quantbench.model.protosize import digest as proto_digest
 from quantbench.model.protosize import loadable
 
@@ -600,13 +600,15 @@ _ORT_TYPES = {
 
 def _onnxruntime_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
     """Types of ``names`` as onnxruntime resolves them: exposed as untyped graph outputs, typed
-    by the session's own inference (no inference is run), plugin ops lowered as onnxruntime runs
-    them. Empty when onnxruntime cannot load the model (an op it does not know); those tensors
-    stay untyped (:func:`untyped_tensors`)."""
+    by the session's own inference (no inference is run), plugin ops as onnxruntime runs them
+    (the op itself, or lowered: :func:`for_onnxruntime`; a per-sample DWConv2D with a dynamic
+    batch has no lowering). Empty when onnxruntime cannot load the model (an op it does not
+    know); those tensors stay untyped (:func:`untyped_tensors`)."""
     import onnxruntime as ort
 
+    plan = for_onnxruntime(model) if ops_in(model) else None
     probe = onnx.ModelProto()  # a copy: the caller's model is never changed
-    probe.CopyFrom(lowered(model))  # plugin ops (DWConv2D) as the standard ONNX onnxruntime runs
+    probe.CopyFrom(plan.model if plan is not None else model)
     present = {o.name for o in probe.graph.output}
     for name in names:
         if name not in present:
@@ -614,6 +616,8 @@ def _onnxruntime_types(model: onnx.ModelProto, names: list[str]) -> dict[str, in
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
+    if plan is not None:
+        plan.register(options)
     try:  # an op onnxruntime lacks: the tensors stay untyped
         with loadable(probe) as source:
             session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import subprocess
 import sys
@@ -25,14 +26,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dwconv_gpu_harness as harness  # noqa: E402  (sibling helper module)
 
 from quantbench.fileio import write_text_atomic  # noqa: E402  (harness puts the repo on the path)
+from quantbench.machine import describe_gpu  # noqa: E402
 
 
 def environment() -> dict[str, Any]:
-    """What ran: GPU, driver, torch/cuDNN, nvcc, onnxruntime."""
+    """What ran: GPU (name and the peak bandwidth "% of peak" divides by), driver,
+    torch/cuDNN, nvcc, onnxruntime."""
     import torch
 
+    gpu = describe_gpu(0)
     info: dict[str, Any] = {
-        "gpu": torch.cuda.get_device_name(0),
+        "gpu": gpu.name,
+        "peak_GBps": None if math.isnan(gpu.gbps) else round(gpu.gbps, 1),
+        "peak_source": gpu.source,
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
@@ -56,9 +62,6 @@ def environment() -> dict[str, Any]:
         except OSError:
             info[key] = None
     return info
-
-
-PEAK_GBPS = 4800.0  # H200 HBM3e, datasheet
 
 
 def copy_bandwidth_gbps() -> float:
@@ -137,10 +140,15 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def _percent(gbps: float, peak: float | None) -> str:
+    return "-" if not peak else f"{100 * gbps / peak:.0f} %"
+
+
 def markdown(env: dict[str, Any], rows: list[dict[str, Any]], bench: list[dict[str, Any]]) -> str:
     passed = sum(1 for r in rows if r.get("passed"))
+    peak = env.get("peak_GBps")
     lines = [
-        "# DWConv2D GPU checks",
+        f"# DWConv2D GPU checks on {env.get('gpu')}",
         "",
         "Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()),
         "",
@@ -168,7 +176,7 @@ def markdown(env: dict[str, Any], rows: list[dict[str, Any]], bench: list[dict[s
         "Timing (median per launch, CUDA events; cuDNN via torch F.conv2d, TF32 off, "
         "cudnn.benchmark on):",
         "",
-        f"Peak: {PEAK_GBPS:.0f} GB/s (datasheet); device-to-device copy measured "
+        f"Peak: {_fmt(peak, 4)} GB/s ({env.get('peak_source')}); device-to-device copy measured "
         f"{_fmt(env.get('copy_GBps'), 4)} GB/s. Each timed call reads and writes buffers of its "
         "own (rotated, 4x the L2 in all); launches replayed from a CUDA graph.",
         "",
@@ -185,7 +193,7 @@ def markdown(env: dict[str, Any], rows: list[dict[str, Any]], bench: list[dict[s
         ratio = f32_us[r["case"]] / r["ours_us"] if r["case"] in f32_us else None
         lines.append(
             f"| {r['case']} | {r['mode']} | {r['path']} | {_fmt(r['ours_us'], 4)} "
-            f"| {_fmt(r['ours_GBps'], 4)} | {100 * r['ours_GBps'] / PEAK_GBPS:.0f} % "
+            f"| {_fmt(r['ours_GBps'], 4)} | {_percent(r['ours_GBps'], peak)} "
             f"| {_fmt(ratio)} | {_fmt(r.get('cudnn_us'), 4)} "
             f"| {_fmt(r.get('speedup_vs_cudnn'))} | {_fmt(r.get('max_diff_vs_cudnn_over_max'))} "
             f"| {_fmt(r.get('kernels_us'), 4)} {r.get('kernels_path', '')} |"
