@@ -14,6 +14,7 @@ LOADER = """
 import time
 from pathlib import Path
 
+import numpy as np
 
 
 def load_data():
