@@ -171,3 +171,23 @@ def test_a_cached_statistics_file_lacking_tensors_is_recomputed(tmp_path, monkey
     assert not from_disk and "dr" in again.tensors
     _, _, from_disk = obtain_stats(graph, data, tensors="quantizable", show_progress=False)
     assert from_disk  # the complete file is reused
+
+
+def test_exposed_outputs_of_an_fp16_dwconv2d_get_the_model_own_type():
+    """compare exposes every layer; past a DWConv2D ONNX inference types nothing and the FP32
+    reference's float32 was used, which onnxruntime refuses for an FP16 candidate."""
+    pytest.importorskip("onnxruntime_extensions")
+    from quantbench.backends.onnxruntime import expose
+
+    rewritten = conv_to_dwconv2d(mobile_block(), constant_grouped=True)
+    half = onnx.ModelProto()
+    half.CopyFrom(rewritten)
+    for i, init in enumerate(half.graph.initializer):
+        array = numpy_helper.to_array(init).astype(np.float16)
+        half.graph.initializer[i].CopyFrom(numpy_helper.from_array(array, init.name))
+    half.graph.input[0].type.tensor_type.elem_type = TensorProto.FLOAT16
+    half.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT16
+    fp32_types = dict.fromkeys(["d", "dr", "g"], TensorProto.FLOAT)
+    exposed = expose(half, ["d", "dr", "g"], fp32_types)
+    types = {o.name: o.type.tensor_type.elem_type for o in exposed.graph.output}
+    assert types["d"] == types["dr"] == types["g"] == TensorProto.FLOAT16
