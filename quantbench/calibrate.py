@@ -108,9 +108,16 @@ def obtain_stats(
         cached = find_cached_stats(graph.hash, source.fingerprint, tensors)
         if cached is not None:
             try:
-                return _load_for(graph, cached), cached, True
+                loaded = _load_for(graph, cached)
             except QuantbenchError as exc:
                 warn(f"ignoring an unreadable statistics cache file, recomputing: {exc}")
+            else:
+                # a file written before the tensor set grew (DWConv2D inputs) would otherwise
+                # fail later as "calibration table lacks tensors"
+                lacking = set(calibration_tensors(graph, tensors)) - set(loaded.tensors)
+                if not lacking:
+                    return loaded, cached, True
+                info(f"{cached.name}: lacks {len(lacking)} tensor(s) to calibrate; recomputing")
     _name_untyped(graph)
     names = calibration_tensors(graph, tensors)
     if executor is not None and not executor.is_local:

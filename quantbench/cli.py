@@ -528,12 +528,20 @@ def rewrite(
             "float32 (a float16/bfloat16 model widened, exactly, for quantization)."
         ),
     ],
+    depthwise: Annotated[
+        bool,
+        typer.Option(
+            "--depthwise",
+            help="With --to dwconv2d: also every constant-weight 2-D Conv with group > 1 "
+            "(depthwise and grouped convs), its weight becoming the op's W input.",
+        ),
+    ] = False,
 ) -> None:
     """Rewrite between ONNX Conv with runtime weights and the DWConv2D plugin op, or widen a
     float16 model to float32."""
     from quantbench.quantize import rewrite as do_rewrite
 
-    changed, path = do_rewrite(model, output, to)
+    changed, path = do_rewrite(model, output, to, depthwise=depthwise)
     what = "tensor(s), attribute(s) and type(s) to float32" if to == "float32" else "node(s)"
     console.print(f"rewrote {changed} {what}; wrote {path}")
 

@@ -42,6 +42,7 @@ from quantbench.model.protosize import save_model
 from quantbench.model.widen import float32_work_graph, own_high_precision, with_io_types_of
 from quantbench.progress import info, warn
 from quantbench.qdq import QuantizeResult, quantize_model, table_from_qdq, write_quantized
+from quantbench.qdq.placement import DEFAULT_OP_TYPES
 from quantbench.refine import ROUNDING, mark_refined
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import format_for_path, read_table, write_table
@@ -187,6 +188,11 @@ def quantize(
     else:
         cal_table = read_table(table)
         info(f"{table}: {cal_table.origin()}, {len(cal_table)} tensors")
+    has_dwconv2d = any(n.op_type == "DWConv2D" for n in graph.model.graph.node)
+    if op_types is None and dwconv2d and has_dwconv2d:
+        # the model's own DWConv2D nodes (rewrite --to dwconv2d --depthwise) must be quantized
+        # too, or the plugin's INT8 form cannot be made of them
+        op_types = [*DEFAULT_OP_TYPES, "DWConv2D"]
     kwargs = {} if op_types is None else {"op_types": op_types}
     result = quantize_model(
         graph,
@@ -289,19 +295,26 @@ def extract_table(
     return table, path
 
 
-def rewrite(model: str | Path, output: str | Path, to: str) -> tuple[int, Path]:
+def rewrite(
+    model: str | Path, output: str | Path, to: str, *, depthwise: bool = False
+) -> tuple[int, Path]:
     """``to='dwconv2d'``: runtime-weight Conv -> DWConv2D; ``to='conv'``: DWConv2D -> Conv;
     ``to='float32'``: a float16/bfloat16 model widened to float32
-    (:mod:`quantbench.model.widen`)."""
+    (:mod:`quantbench.model.widen`).
+
+    ``depthwise`` (with ``to='dwconv2d'`` only): also the constant-weight 2-D Convs with
+    ``group > 1``, so that a real model's depthwise layers run through the plugin op."""
     from quantbench.plugins.dwconv2d import conv_to_dwconv2d, dwconv2d_to_conv, is_dwconv2d
 
     check_output_path(output)
     check_not_an_input(output, model)
+    if depthwise and to != "dwconv2d":
+        raise QuantbenchError(f"--depthwise applies to --to dwconv2d only, not --to {to}")
     graph = open_graph(model)
     if to == "float32":
         return _widen(graph.model, model, output)
     if to == "dwconv2d":
-        new = conv_to_dwconv2d(graph.model)
+        new = conv_to_dwconv2d(graph.model, constant_grouped=depthwise)
     elif to == "conv":
         new = dwconv2d_to_conv(graph.model)
     else:
@@ -309,10 +322,11 @@ def rewrite(model: str | Path, output: str | Path, to: str) -> tuple[int, Path]:
     count = sum(1 for n in graph.model.graph.node if is_dwconv2d(n))
     changed = abs(sum(1 for n in new.graph.node if is_dwconv2d(n)) - count)
     if not changed:  # an unchanged copy would pass for the rewritten model
-        what = (
-            "no convolution with runtime weights (TensorRT's ConvMultiInput) to rewrite into "
-            "DWConv2D" if to == "dwconv2d" else "no DWConv2D node to rewrite into Conv"
-        )
+        what = "no DWConv2D node to rewrite into Conv"
+        if to == "dwconv2d":
+            what = "no convolution with runtime weights (TensorRT's ConvMultiInput)" + (
+                " and no 2-D grouped Conv" if depthwise else " (--depthwise: grouped Convs too)"
+            ) + " to rewrite into DWConv2D"
         raise QuantbenchError(f"{model}: {what}; nothing written")
     return changed, save_model(new, output)
 

@@ -305,13 +305,28 @@ def _ensure_domain_import(model: onnx.ModelProto, domain: str) -> None:
 
 
 def conv_to_dwconv2d(
-    model: onnx.ModelProto, nodes: Iterable[str] | None = None, *, domain: str = DEFAULT_DOMAIN
+    model: onnx.ModelProto,
+    nodes: Iterable[str] | None = None,
+    *,
+    domain: str = DEFAULT_DOMAIN,
+    constant_grouped: bool = False,
 ) -> onnx.ModelProto:
-    """Rewrite 2-D Convs whose kernel is a runtime tensor (all, or ``nodes``) as DWConv2D."""
+    """Rewrite 2-D Convs whose kernel is a runtime tensor (all, or ``nodes``) as DWConv2D.
+
+    ``constant_grouped``: also the 2-D Convs with a constant kernel and ``group > 1`` (depthwise
+    and grouped convs of an ordinary model); their initializer simply becomes DWConv2D's W
+    input. Off by default because a constant-kernel Conv is something TensorRT builds natively:
+    moving it to the plugin is only wanted to run a real model's depthwise layers through it.
+    """
     g = open_graph(model, require_fixed_rank=False)
     shapes = tensor_shapes(model)
-    dynamic = [n for n in model.graph.node if n.op_type == "Conv" and n.input[1] not in g.constants]
-    targets = _select(dynamic, nodes, model)
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    eligible = [
+        n
+        for n in convs
+        if n.input[1] not in g.constants or (constant_grouped and _grouped_2d(n, shapes))
+    ]
+    targets = _select(eligible, nodes, model, constant_grouped)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     by_name = {n.name: i for i, n in enumerate(out.graph.node)}
@@ -326,21 +341,34 @@ def conv_to_dwconv2d(
     return out
 
 
+def _grouped_2d(conv: onnx.NodeProto, shapes: dict[str, tuple[Dim, ...]]) -> bool:
+    """A Conv with ``group > 1`` over a 2-D kernel (rank-4 weight)."""
+    group = next((helper.get_attribute_value(a) for a in conv.attribute if a.name == "group"), 1)
+    w_shape = shapes.get(conv.input[1])
+    return group > 1 and w_shape is not None and len(w_shape) == 4
+
+
 def _select(
-    dynamic: list[onnx.NodeProto], nodes: Iterable[str] | None, model: onnx.ModelProto
+    eligible: list[onnx.NodeProto],
+    nodes: Iterable[str] | None,
+    model: onnx.ModelProto,
+    constant_grouped: bool = False,
 ) -> list[onnx.NodeProto]:
     if nodes is None:
-        return dynamic
+        return eligible
     wanted = list(nodes)
-    by_name = {n.name: n for n in dynamic}
+    by_name = {n.name: n for n in eligible}
     all_names = {n.name: n.op_type for n in model.graph.node}
+    what = (
+        "a Conv with a runtime kernel or a 2-D grouped Conv"
+        if constant_grouped
+        else "a Conv with a runtime kernel (constant-kernel grouped convs: constant_grouped=True)"
+    )
     for name in wanted:
         if name not in all_names:
             raise QuantbenchError(f"conv_to_dwconv2d: no node named {name!r} in the model")
         if name not in by_name:
-            raise QuantbenchError(
-                f"conv_to_dwconv2d: {all_names[name]} {name!r} is not a Conv with a runtime kernel"
-            )
+            raise QuantbenchError(f"conv_to_dwconv2d: {all_names[name]} {name!r} is not {what}")
     return [by_name[name] for name in wanted]
 
 

@@ -204,6 +204,15 @@ def _new_outputs(
     wanted = [t for t in dict.fromkeys(tensors) if t not in present]
     known = types_of_model and all(elem_types.get(t) for t in wanted)
     inferred = {} if known else _inferred_types(model, wanted)
+    untyped = [t for t in wanted if not inferred.get(t)]
+    if not known and untyped and customops.ops_in(model):
+        # ONNX inference stops at a plugin op (DWConv2D); the caller's types may be another
+        # model's (the FP32 reference's float32 for an FP16 candidate), which onnxruntime would
+        # refuse, so this model's own types are asked of onnxruntime, plugin ops run as it runs
+        # them
+        from quantbench.model.graph import _onnxruntime_types
+
+        inferred.update(_onnxruntime_types(model, untyped))
     return [
         onnx.helper.make_tensor_value_info(
             name, inferred.get(name) or elem_types.get(name, onnx.TensorProto.FLOAT), None

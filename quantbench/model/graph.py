@@ -30,6 +30,10 @@ from quantbench.model.protosize import loadable
 
 #: ops whose inputs TensorRT quantizes (weighted ops: Q/DQ on data and weight).
 WEIGHTED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+#: what calibration collects statistics for: the weighted ops plus the DWConv2D plugin op, which
+#: quantize quantizes on request (--dwconv2d, or DWConv2D in op_types); without its inputs in the
+#: statistics a model whose depthwise convs were rewritten to the op could not be quantized
+CALIBRATED_OP_TYPES = (*WEIGHTED_OP_TYPES, "DWConv2D")
 FLOAT_TYPES = {
     onnx.TensorProto.FLOAT,
     onnx.TensorProto.FLOAT16,
@@ -676,7 +680,7 @@ def dynamic_weight_convs(g: Graph) -> list[onnx.NodeProto]:
 
 def activation_inputs(g: Graph, node: onnx.NodeProto) -> list[str]:
     """The runtime float inputs a weighted op quantizes: data, and a runtime weight if any."""
-    if node.op_type in ("Conv", "ConvTranspose") or node.op_type in ("Gemm", "MatMul"):
+    if node.op_type in ("Conv", "ConvTranspose", "DWConv2D", "Gemm", "MatMul"):
         candidates = list(node.input[:2])
     else:
         candidates = list(node.input)
@@ -724,9 +728,9 @@ def calibration_tensors(g: Graph, mode: str = "all") -> list[str]:
         for n in g.model.graph.node:
             names += [o for o in n.output if o and o not in g.constants and g.is_float(o)]
     else:
-        residual = set(residual_add_inputs(g).values())
+        residual = set(residual_add_inputs(g, CALIBRATED_OP_TYPES).values())
         wanted = set()
-        for n in weighted_nodes(g):
+        for n in weighted_nodes(g, CALIBRATED_OP_TYPES):
             wanted.update(activation_inputs(g, n))
         wanted |= residual
         order = [s.name for s in g.inputs] + [o for n in g.model.graph.node for o in n.output]
