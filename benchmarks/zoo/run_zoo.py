@@ -201,7 +201,7 @@ def measure(
             if reason:
                 not_applicable[name] = reason
             elif jobs[name].ok:
-                candidates[name] = peer_output(folder, name)
+                candidates[name] = str(peer_output(folder, name))
     evaluation = run_job(
         "evaluate",
         {"key": spec.key, "pkgs": str(PKGS), "model": str(model), "data": str(evals),
