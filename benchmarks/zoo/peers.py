@@ -135,5 +135,24 @@ def quark_quantize(model: str, reader: Any, output: str, adaround_iterations: in
     if adaround_iterations > 0:
         algorithms.append(AdaRoundConfig(num_iterations=adaround_iterations, learning_rate=0.1))
     config = QConfig(QLayerConfig(activation=activation, weight=weight), algo_config=algorithms)
-    ModelQuantizer(config).quantize_model(model, output, reader)
-    return {"adaround_iterations": adaround_iterations, "quark": metadata.version("amd-quark")}
+    source, opset = at_least_opset_13(model)
+    ModelQuantizer(config).quantize_model(source, output, reader)
+    found = {"adaround_iterations": adaround_iterations, "quark": metadata.version("amd-quark")}
+    return {**found, "converted_from_opset": opset} if source != model else found
+
+
+def at_least_opset_13(model: str) -> tuple[str, int]:
+    """The model, or below opset 13 a copy converted to 13 (in the working folder) and its old
+    opset. Quark refuses per-channel Q/DQ below 13 ("Per-Channel support with QDQ format
+    requires onnx opset version 13 or above": DequantizeLinear has no ``axis`` before), and the
+    conversion is the step it asks its user for."""
+    import onnx
+    from onnx import version_converter
+
+    loaded = onnx.load(model)
+    opset = next((o.version for o in loaded.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if opset >= 13:
+        return model, opset
+    converted = str(Path.cwd() / f"opset13-{Path(model).name}")
+    onnx.save(version_converter.convert_version(loaded, 13), converted)
+    return converted, opset
