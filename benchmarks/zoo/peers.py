@@ -24,8 +24,13 @@ its setup half, ``jobs.py`` (peers venv) its job half.
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -136,9 +141,57 @@ def quark_quantize(model: str, reader: Any, output: str, adaround_iterations: in
         algorithms.append(AdaRoundConfig(num_iterations=adaround_iterations, learning_rate=0.1))
     config = QConfig(QLayerConfig(activation=activation, weight=weight), algo_config=algorithms)
     source, opset = at_least_opset_13(model)
-    ModelQuantizer(config).quantize_model(source, output, reader)
+    with captured_output() as log:
+        ModelQuantizer(config).quantize_model(source, output, reader)
     found = {"adaround_iterations": adaround_iterations, "quark": metadata.version("amd-quark")}
-    return {**found, "converted_from_opset": opset} if source != model else found
+    if adaround_iterations > 0:
+        found["adaround_layers"] = adaround_layers(log["text"])
+    if source != model:
+        found["converted_from_opset"] = opset
+    return found
+
+
+def adaround_layers(log: str) -> dict[str, Any]:
+    """How many layers Quark's fast finetune tried and how many it skipped, from its log.
+
+    Quark skips a layer it cannot train (an error logged, "Optimizing #i module failed ...")
+    and still writes a model: on mtcnn-pnet every Conv failed ("auto_pad=VALID functionality
+    not implemented") and the "AdaRound" model equalled the MinMax one. A run that trained no
+    layer is therefore a failure, not an AdaRound score."""
+    tried = len(re.findall(r"finetuning layer \d+, torch training", log))
+    skipped = len(re.findall(r"Optimizing #\d+ module failed", log))
+    errors = re.findall(r"Encountered an error: ([^\n\x1b]*)", log)
+    if tried and skipped == tried:
+        raise RuntimeError(f"AdaRound trained none of {tried} layers (Quark skipped each: "
+                           f"{errors[0] if errors else 'see its log'})")  # fmt: skip
+    return {"tried": tried, "skipped": skipped, **({"first_error": errors[0]} if errors else {})}
+
+
+@contextmanager
+def captured_output() -> Iterator[dict[str, str]]:
+    """This process' stdout and stderr (file descriptors, so C++ and logging handlers too) go
+    to a file; on exit its text is in the yielded dict's ``text`` and passed on to stderr, where
+    the parent keeps the tail of a failed job."""
+    captured: dict[str, str] = {}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.NamedTemporaryFile("w+b", suffix=".log", dir=Path.cwd()) as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            sink.seek(0)
+            captured["text"] = sink.read().decode(errors="replace")
+            sys.stderr.write(captured["text"])
+            sys.stderr.flush()
 
 
 def at_least_opset_13(model: str) -> tuple[str, int]:
