@@ -421,7 +421,8 @@ def render(console: Console, rows: list[dict[str, Any]], summ: dict[str, Any]) -
 
 def with_earlier_scores(row: dict[str, Any]) -> dict[str, Any]:
     """A row measured with some job groups, completed by the last run's scores and jobs of the
-    others (the same data: a model's data sets are built once)."""
+    others (the same data: a model's data sets are built once). A candidate whose job ran again
+    keeps no earlier score: failed now, it must not show the last run's number."""
     if row.get("status") != "measured" or not RESULTS.is_file():
         return row
     rows = json.loads(RESULTS.read_text())["models"]
@@ -429,7 +430,9 @@ def with_earlier_scores(row: dict[str, Any]) -> dict[str, Any]:
     earlier = same[0] if same else None
     if earlier is None:
         return row
-    row["scores"] = {**earlier["scores"], **row["scores"]}
+    rerun = set(row["jobs"]) | {f"qb {m}" for m in METHODS if "qb 6 methods" in row["jobs"]}
+    kept = {k: v for k, v in earlier["scores"].items() if k not in rerun and f"qb {k}" not in rerun}
+    row["scores"] = {**kept, **row["scores"]}
     row["jobs"] = {**earlier.get("jobs", {}), **row["jobs"]}
     row["not_applicable"] = {**earlier.get("not_applicable", {}), **row["not_applicable"]}
     row["tolerance"] = tolerance(row["scores"])
