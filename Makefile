@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 OUT ?= out/demo
 EX := examples/tinycnn
 
-.PHONY: venv demo test test-fast test-gpu lint bench bench-setup bench-zoo bench-speed clean kernels
+.PHONY: venv demo test test-fast test-gpu lint bench bench-setup bench-zoo bench-peers bench-speed clean kernels
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,14 @@ bench-setup: $(STAMP)
 bench-zoo: $(STAMP)
 	apt-get install -y -q opencv-doc mate-backgrounds espeak-ng sox fortunes-zh wamerican fonts-dejavu-core xmp freedroid-data pingus-data
 	$(PY) benchmarks/zoo/run_zoo.py --setup
+
+## The corpus' peers (after bench-zoo): a venv of their own (benchmarks/_work/peers-venv: torch,
+## AMD Quark, Neural Compressor), then onnxruntime and the peers side by side on every corpus model.
+## PEERS_TORCH: pip requirement for torch (plain torch is PyPI's CUDA build; name a CPU wheel where
+## one is reachable); PEERS_ARGS passes options, e.g. PEERS_ARGS="--only orinet --adaround-iterations 200".
+PEERS_TORCH ?= torch
+bench-peers: $(STAMP)
+	$(PY) benchmarks/zoo/run_zoo.py --setup-peers --peers-torch "$(PEERS_TORCH)" --jobs ort,peers $(PEERS_ARGS)
 
 ## The headline: calibrate (minmax, all, default) as whole processes against plain FP32
 ## onnxruntime on every corpus model (after bench-zoo) and the ResNet-18-shaped one, medians of 3.

