@@ -435,6 +435,8 @@ def with_earlier_scores(row: dict[str, Any]) -> dict[str, Any]:
     row["scores"] = {**kept, **row["scores"]}
     row["jobs"] = {**earlier.get("jobs", {}), **row["jobs"]}
     row["not_applicable"] = {**earlier.get("not_applicable", {}), **row["not_applicable"]}
+    old_errors = {k: v for k, v in earlier.get("errors", {}).items() if k in kept}
+    row["errors"] = {**old_errors, **row.get("errors", {})}
     row["tolerance"] = tolerance(row["scores"])
     return row
 
