@@ -38,9 +38,10 @@ writes it (:mod:`.onnx_op`), as read from onnxruntime-extensions 0.15's source a
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ from quantbench.plugins.dwconv2d.onnx_op import (
     is_dwconv2d,
     validate_dwconv2d,
 )
+from quantbench.refine import edits
 
 RUN_DOMAIN = CUSTOM_DOMAIN
 #: run-form op types: float32 in and out (FP32, and FP16 between Casts); INT8 in, float32 out;
@@ -306,29 +308,12 @@ def _precision(spec: DWConv2DSpec, x_type: int | None, label: str) -> str:
     return _FLOAT_TYPES.get(x_type or TensorProto.FLOAT, "f32")
 
 
-class _Names:
-    """Fresh tensor and node names for the nodes the run form adds."""
-
-    def __init__(self, model: onnx.ModelProto) -> None:
-        g = model.graph
-        self.taken = {n.name for n in g.node} | {i.name for i in g.initializer}
-        self.taken |= {v.name for v in [*g.input, *g.output, *g.value_info]}
-        self.taken |= {t for n in g.node for t in [*n.input, *n.output]}
-
-    def __call__(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            name, k = f"{base}_{k}", k + 1
-        self.taken.add(name)
-        return name
-
-
 def _run_nodes(
     node: onnx.NodeProto,
     spec: DWConv2DSpec,
     x_type: int | None,
     device: str,
-    names: _Names,
+    names: Callable[[str], str],
     no_bias: str,
 ) -> list[onnx.NodeProto]:
     """The run-form nodes standing for ``node`` (same output tensor)."""
@@ -390,7 +375,7 @@ def onnxruntime_form(model: onnx.ModelProto, device: str = "cpu") -> onnx.ModelP
     types = _known_types(model, dw_nodes, by_output)
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    names = _Names(out)
+    names = functools.partial(edits.unique, edits.tensor_names(out))  # fresh names, reserved
     no_bias = names("qb_dwconv2d_no_bias")
     nodes: list[onnx.NodeProto] = []
     for node in out.graph.node:
