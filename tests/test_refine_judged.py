@@ -40,10 +40,15 @@ def _unbalanced_model(path: Path) -> Path:
         numpy_helper.from_array(w2, "w2"),
         numpy_helper.from_array(np.zeros(4, np.float32), "b2"),
     ]
+    return _save(path, nodes, inits, ("x", ["n", 4, 12, 12]), ("y", ["n", 4, 12, 12]))
+
+
+def _save(path: Path, nodes: list, inits: list, x: tuple, y: tuple) -> Path:
+    """One-input, one-output float32 model (opset 17) written to ``path``."""
     graph = helper.make_graph(
-        nodes, "unbalanced",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 12, 12])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4, 12, 12])],
+        nodes, path.stem,
+        [helper.make_tensor_value_info(x[0], TensorProto.FLOAT, x[1])],
+        [helper.make_tensor_value_info(y[0], TensorProto.FLOAT, y[1])],
         inits,
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -52,9 +57,9 @@ def _unbalanced_model(path: Path) -> Path:
     return path
 
 
-def _sqnr(model: Path, reference: Path, x: np.ndarray) -> float:
-    got = ort.InferenceSession(str(model)).run(None, {"x": x})[0].astype(np.float64)
-    want = ort.InferenceSession(str(reference)).run(None, {"x": x})[0].astype(np.float64)
+def _sqnr(model: Path, reference: Path, x: np.ndarray, name: str = "x") -> float:
+    got = ort.InferenceSession(str(model)).run(None, {name: x})[0].astype(np.float64)
+    want = ort.InferenceSession(str(reference)).run(None, {name: x})[0].astype(np.float64)
     return float(10 * np.log10((want**2).sum() / ((got - want) ** 2).sum()))
 
 
@@ -147,16 +152,7 @@ def _outlier_transformer(path: Path) -> Path:
         numpy_helper.from_array(np.zeros(16, np.float32), "beta"),
         numpy_helper.from_array(w, "w"),
     ]
-    graph = helper.make_graph(
-        nodes, "outliers",
-        [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["n", 6, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 6, 8])],
-        inits,
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+    return _save(path, nodes, inits, ("h", ["n", 6, 16]), ("y", ["n", 6, 8]))
 
 
 def test_smoothing_alphas_are_alternatives_each_on_the_unsmoothed_model(tmp_path, monkeypatch):
@@ -186,13 +182,8 @@ def test_smoothing_alphas_are_alternatives_each_on_the_unsmoothed_model(tmp_path
     plain = tmp_path / "plain.onnx"
     quantize(model, plain, data=calib, refine="none", show_progress=False)
     fresh = np.random.default_rng(5).normal(0, 1, (16, 6, 16)).astype(np.float32)
-    want = ort.InferenceSession(str(model)).run(None, {"h": fresh})[0].astype(np.float64)
-
-    def sqnr(path: Path) -> float:
-        got = ort.InferenceSession(str(path)).run(None, {"h": fresh})[0].astype(np.float64)
-        return float(10 * np.log10((want**2).sum() / ((got - want) ** 2).sum()))
-
-    assert sqnr(tmp_path / "q.onnx") > sqnr(plain) + 10
+    smoothed = _sqnr(tmp_path / "q.onnx", model, fresh, "h")
+    assert smoothed > _sqnr(plain, model, fresh, "h") + 10
 
 
 def test_kept_rounding_is_verified_on_the_written_grid(tmp_path, capsys, monkeypatch):
