@@ -33,6 +33,7 @@ from onnx import helper, shape_inference
 
 from quantbench.errors import QuantbenchError
 from quantbench.model.graph import Graph, open_graph
+from quantbench.model.names import UniqueNames
 
 OP_TYPE = "DWConv2D"
 DEFAULT_DOMAIN = ""
@@ -472,19 +473,12 @@ def _fill_output_shapes(model: onnx.ModelProto) -> None:
             output.type.CopyFrom(inferred[output.name].type)
 
 
-class _Lowering:
+class _Lowering(UniqueNames):
     """Builds the standard-ONNX replacement of one DWConv2D node at a time."""
 
     def __init__(self, graph: gs.Graph) -> None:
+        super().__init__(graph)
         self.graph = graph
-        self._taken = set(graph.tensors()) | {n.name for n in graph.nodes}
-
-    def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self._taken:
-            name, k = f"{base}_{k}", k + 1
-        self._taken.add(name)
-        return name
 
     def const(self, base: str, values: object) -> gs.Constant:
         return gs.Constant(self.fresh(base), np.asarray(values))
@@ -503,8 +497,8 @@ class _Lowering:
         """Append ``op`` and return its output (a fresh float tensor unless one is given)."""
         if output is None:
             output = gs.Variable(self.fresh(f"{name}_output"), dtype=np.float32)
-        node_name = name if name not in self._taken else self.fresh(name)
-        self._taken.add(node_name)
+        node_name = name if name not in self.taken else self.fresh(name)
+        self.taken.add(node_name)
         self.graph.nodes.append(
             gs.Node(op, name=node_name, attrs=attrs, inputs=inputs, outputs=[output])
         )
@@ -517,7 +511,7 @@ class _Lowering:
         output = node.outputs[0]
         node.inputs.clear()
         node.outputs.clear()  # the plugin node is now dead; cleanup() drops it
-        self._taken.discard(name)  # its replacement Conv inherits the name
+        self.taken.discard(name)  # its replacement Conv inherits the name
         node.name = self.fresh(f"{name}_lowered")
         if spec.int8_input:
             x = self._dequantize(x, spec.input_scale, f"{name}/input")

@@ -52,6 +52,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quantbench.errors import QuantbenchError, first_line
 from quantbench.model import customops
+from quantbench.model.names import tensor_names, unique
 from quantbench.plugins.dwconv2d import reference
 from quantbench.plugins.dwconv2d.onnx_op import (
     CUSTOM_DOMAIN,
@@ -61,7 +62,6 @@ from quantbench.plugins.dwconv2d.onnx_op import (
     is_dwconv2d,
     validate_dwconv2d,
 )
-from quantbench.refine import edits
 
 RUN_DOMAIN = CUSTOM_DOMAIN
 #: run-form op types: float32 in and out (FP32, and FP16 between Casts); INT8 in, float32 out;
@@ -375,7 +375,7 @@ def onnxruntime_form(model: onnx.ModelProto, device: str = "cpu") -> onnx.ModelP
     types = _known_types(model, dw_nodes, by_output)
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    names = functools.partial(edits.unique, edits.tensor_names(out))  # fresh names, reserved
+    names = functools.partial(unique, tensor_names(out))  # fresh names, reserved
     no_bias = names("qb_dwconv2d_no_bias")
     nodes: list[onnx.NodeProto] = []
     for node in out.graph.node:

@@ -210,9 +210,9 @@ def _new_outputs(
         # model's (the FP32 reference's float32 for an FP16 candidate), which onnxruntime would
         # refuse, so this model's own types are asked of onnxruntime, plugin ops run as it runs
         # them
-        from quantbench.model.graph import _onnxruntime_types
+        from quantbench.model.graph import onnxruntime_types
 
-        inferred.update(_onnxruntime_types(model, untyped))
+        inferred.update(onnxruntime_types(model, untyped))
     return [
         onnx.helper.make_tensor_value_info(
             name, inferred.get(name) or elem_types.get(name, onnx.TensorProto.FLOAT), None

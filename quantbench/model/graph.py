@@ -551,7 +551,7 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
                     types[n.output[0]] = a.t.data_type
     missing = [o for n in g.node for o in n.output if o and o not in types]
     if missing:
-        types.update(_onnxruntime_types(model, missing))
+        types.update(onnxruntime_types(model, missing))
     return types
 
 
@@ -602,7 +602,7 @@ _ORT_TYPES = {
 }
 
 
-def _onnxruntime_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
+def onnxruntime_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
     """Types of ``names`` as onnxruntime resolves them: exposed as untyped graph outputs, typed
     by the session's own inference (no inference is run), plugin ops as onnxruntime runs them
     (the op itself, or lowered: :func:`for_onnxruntime`; a per-sample DWConv2D with a dynamic

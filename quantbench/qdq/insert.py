@@ -13,21 +13,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from quantbench.model.names import UniqueNames
 from quantbench.qdq.plan import QdqInput, QuantizedNode
-
-
-class UniqueNames:
-    """Fresh tensor/node names that never collide with the model's own."""
-
-    def __init__(self, graph: gs.Graph) -> None:
-        self._taken = set(graph.tensors()) | {n.name for n in graph.nodes}
-
-    def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self._taken:
-            name, k = f"{base}_{k}", k + 1
-        self._taken.add(name)
-        return name
 
 
 def insert_qdq(

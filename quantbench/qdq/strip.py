@@ -13,7 +13,8 @@ import onnx_graphsurgeon as gs
 
 from quantbench.errors import QuantbenchError
 from quantbench.model.graph import QDQ_OPS
-from quantbench.qdq.insert import UniqueNames, export_like
+from quantbench.model.names import UniqueNames
+from quantbench.qdq.insert import export_like
 
 _QOPERATOR_OPS = ("QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm")
 

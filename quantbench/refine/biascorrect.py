@@ -31,6 +31,7 @@ from onnx import helper, numpy_helper
 from quantbench.data.sources import DataSource
 from quantbench.errors import QuantbenchError
 from quantbench.model.graph import Graph, node_labels, open_graph
+from quantbench.model.names import tensor_names, unique
 from quantbench.qdq.weights import weight_axis, weight_scale
 from quantbench.refine import BIAS, LayerChange, Refined, edits
 from quantbench.refine.activations import stream_activations
@@ -126,7 +127,7 @@ def correct_bias(
     if original is not None:
         _compare_with(found, original)
     sums = _measure(out, found, edits.opset(out), data, provider)
-    taken = edits.tensor_names(out)
+    taken = tensor_names(out)
     changes = [_correct(out, layer, sums[layer.label], taken) for layer in found]
     edits.drop_unused_initializers(out, [layer.replaced for layer in found if layer.replaced])
     recorded = [c for c in changes if c is not None]
@@ -266,7 +267,7 @@ def _measure(
     """Per layer, the running per-channel sums of the weight error's output, in one pass."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
-    taken = edits.tensor_names(model)
+    taken = tensor_names(model)
     sums: dict[str, _Sums] = {}
     for i, layer in enumerate(found):
         sums[layer.label] = _Sums(names=_add_probe(probe, layer, f"qb_bias{i}", opset, taken))
@@ -282,7 +283,7 @@ def _add_probe(
 ) -> tuple[str, str, str, str]:
     """Adds the twin of ``layer`` on ``Wq - W`` and its per-channel reductions to ``probe``;
     returns the names of mean(delta), mean(delta²), mean(output²) and delta's shape."""
-    prefix = edits.unique(taken, prefix)
+    prefix = unique(taken, prefix)
     g = probe.graph
     reference = layer.weight if layer.unrounded is None else layer.unrounded
     dw = quantized_weight(layer.weight, layer.axis) - reference.astype(np.float32)
@@ -390,9 +391,9 @@ def _write_bias(model: onnx.ModelProto, layer: _Layer, bias: np.ndarray, taken: 
         node.input[2] = name
         return "bias input added"
     out = node.output[0]
-    node.output[0] = edits.unique(taken, f"{out}_before_bias")
+    node.output[0] = unique(taken, f"{out}_before_bias")
     add = helper.make_node(
-        "Add", [node.output[0], name], [out], name=edits.unique(taken, f"{layer.label}_bias")
+        "Add", [node.output[0], name], [out], name=unique(taken, f"{layer.label}_bias")
     )
     at = next(i for i, n in enumerate(model.graph.node) if node.output[0] in n.output)
     model.graph.node.insert(at + 1, add)

@@ -13,6 +13,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from quantbench.model.graph import Graph
+from quantbench.model.names import unique
 from quantbench.qdq.weights import constant_values
 
 
@@ -37,14 +38,6 @@ def opset(model: onnx.ModelProto) -> int:
     return next((int(i.version) for i in model.opset_import if i.domain in ("", "ai.onnx")), 0)
 
 
-def tensor_names(model: onnx.ModelProto) -> set[str]:
-    """Every name the main graph uses (tensors and nodes): what a new name must avoid."""
-    g = model.graph
-    names = {i.name for i in g.initializer} | {v.name for v in [*g.input, *g.output, *g.value_info]}
-    names.update(t for n in g.node for t in [*n.input, *n.output, n.name] if t)
-    return names
-
-
 def consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
     """The nodes reading each tensor, as references into ``model`` (edits land in it)."""
     out: dict[str, list[onnx.NodeProto]] = {}
@@ -53,15 +46,6 @@ def consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
             if name:
                 out.setdefault(name, []).append(node)
     return out
-
-
-def unique(taken: set[str], base: str) -> str:
-    """``base``, or ``base_1``, ``base_2``... whichever no tensor or node uses; reserved."""
-    name, k = base, 1
-    while name in taken:
-        name, k = f"{base}_{k}", k + 1
-    taken.add(name)
-    return name
 
 
 def add_initializer(model: onnx.ModelProto, value: np.ndarray, base: str, taken: set[str]) -> str:

@@ -31,6 +31,7 @@ from onnx import helper
 from quantbench.data.sources import DataSource
 from quantbench.errors import QuantbenchError
 from quantbench.model.graph import Graph, node_labels, open_graph
+from quantbench.model.names import tensor_names, unique
 from quantbench.refine import SMOOTH, LayerChange, Refined, edits
 from quantbench.refine.activations import stream_activations
 
@@ -188,7 +189,7 @@ def _apply(
     alpha: float,
 ) -> tuple[list[LayerChange], list[str]]:
     """Smooths every group; the records, and why groups were left alone."""
-    taken = edits.tensor_names(model)
+    taken = tensor_names(model)
     consumers = edits.consumers(model)
     producers = {o: n for n in model.graph.node for o in n.output if o}
     outputs = {o.name for o in model.graph.output}
@@ -276,7 +277,7 @@ def _insert_mul(
     """``Mul(x, 1/s)`` just before the first target, feeding the targets only; says so."""
     dtype = targets[0].weight.dtype
     inverse = edits.add_initializer(model, (1 / s).astype(dtype), f"{x}_smooth_scale", taken)
-    smoothed = edits.unique(taken, f"{x}_smooth")
+    smoothed = unique(taken, f"{x}_smooth")
     mul = helper.make_node("Mul", [x, inverse], [smoothed], name=smoothed)
     ours = {t.node.output[0] for t in targets}
     at = next(i for i, n in enumerate(model.graph.node) if n.output and n.output[0] in ours)
