@@ -31,4 +31,5 @@ def test_tensor_names_holds_tensors_and_nodes():
 
 def test_unique_names_avoids_a_graphs_tensors_and_nodes():
     names = UniqueNames(gs.import_onnx(_model()))
-    assert [names.fresh("relu"), names.fresh("y"), names.fresh("relu")] == ["relu_1", "y_1", "relu_2"]
+    given = [names.fresh("relu"), names.fresh("y"), names.fresh("relu")]
+    assert given == ["relu_1", "y_1", "relu_2"]
