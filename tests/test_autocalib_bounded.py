@@ -85,3 +85,46 @@ def test_a_run_returns_at_most_the_budget(cnn_path, tmp_path, monkeypatch, sampl
     for n, returned in seen:
         assert n == 1 or returned <= budget, (n, returned, budget)
     assert max(b for _, b in seen) <= budget < biggest
+
+
+def _open_candidates(monkeypatch):
+    """Most candidate sessions (those auto's output pass opens for a Q/DQ model) alive at once."""
+    alive, most = [0], [0]
+    build, close = autocalib.OnnxRuntimeRunner.__init__, autocalib.OnnxRuntimeRunner.close
+
+    def opened(self, model, *args, **kwargs):
+        build(self, model, *args, **kwargs)
+        self._candidate = sys._getframe(1).f_code.co_name == "runner_of"
+        alive[0] += self._candidate
+        most[0] = max(most[0], alive[0])
+
+    def closed(self):
+        alive[0] -= getattr(self, "_candidate", False)
+        self._candidate = False
+        close(self)
+
+    monkeypatch.setattr(autocalib.OnnxRuntimeRunner, "__init__", opened)
+    monkeypatch.setattr(autocalib.OnnxRuntimeRunner, "close", closed)
+    return most
+
+
+@pytest.mark.parametrize("kept", [HUGE, 0])
+def test_output_pass_keeps_one_candidate_session_where_the_reference_fits(
+    cnn_path, tmp_path, monkeypatch, kept
+):
+    """A slice whose parts and FP32 outputs fit the budget is scored one candidate at a time
+    (each session holds its own weights); one that does not runs every candidate on each part
+    (all alive). Both give the same sums: the same scores to the last bit, the same table."""
+    np.savez(tmp_path / "d.npz", input=synthetic.images(24, seed=5))
+    graph = open_graph(cnn_path)
+    monkeypatch.setattr(autocalib, "KEPT_REFERENCE_BUDGET", HUGE)
+    baseline = _judge(graph, tmp_path / "d.npz", monkeypatch, 1 << 20, HUGE)
+    monkeypatch.setattr(autocalib, "KEPT_REFERENCE_BUDGET", kept)
+    most = _open_candidates(monkeypatch)
+    got = _judge(graph, tmp_path / "d.npz", monkeypatch, 1 << 20, HUGE)
+    if kept:
+        assert most[0] == 1
+    else:  # the mix and at least two distinct methods' tables, all at once
+        assert most[0] >= 3
+    assert got.output_sqnr_db == baseline.output_sqnr_db
+    assert encode_json_table(got.table) == encode_json_table(baseline.table)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -847,54 +847,127 @@ def output_sqnrs(
     output's, an output joining kinds of values (a detector's boxes and scores,
     :func:`quantbench.evaluate.outputaxes.concat_parts`) judged over its parts
     (:func:`_judged_sqnr`;
-    ``-inf`` when one is undefined, e.g. holds NaN). One pass: each batch runs FP32 once (or
-    ``reference``: FP32 outputs per batch computed before), then every candidate. Without
-    ``reference``, each batch runs in parts of at most :data:`JUDGE_BUDGET` bytes of FP32
-    activations (``activation_bytes`` a sample; else the outputs' bytes, measured on a first
-    one-sample part), so that no session holds a whole batch's activations.
+    ``-inf`` when one is undefined, e.g. holds NaN). The slice runs FP32 once (or
+    ``reference``: FP32 outputs per batch computed before), in parts of at most
+    :data:`JUDGE_BUDGET` bytes of FP32 activations (``activation_bytes`` a sample; else the
+    outputs' bytes, measured on a first one-sample part), so that no session holds a whole
+    batch's activations. Where the parts and their FP32 outputs fit
+    :data:`KEPT_REFERENCE_BUDGET` (or ``reference`` is given) the candidates then run one after
+    another, one session alive at a time; else each part runs through every candidate in turn.
+    The sums, and so the scores, are the same either way.
     ``reference_graph``: the FP32 model judged against, when not ``graph`` itself (a refined
     model's INT8 form is judged against the model it was refined from). ``budget``: the
     samples it may read, and a deadline (not with ``reference``)."""
     layout = OutputLayout.of(graph.model, held_out.unbatched)
     outputs, extra = layout.judged_tensors()
-    fp32 = None
-    if reference is None:
-        against = reference_graph or graph
-        model = with_outputs(against.model, extra, against.elem_types)
-        fp32 = OnnxRuntimeRunner(model, provider, threads, arena=False)
-    runners = {  # without arenas: the candidates' sessions share the memory one run needs
-        name: OnnxRuntimeRunner(
-            with_outputs(
-                quantize_model(graph, table, allow_partial=True).model, extra, graph.elem_types
-            ),
+    accs = {name: OutputsAccumulator(outputs, False, layout) for name in tables}
+
+    def runner_of(table: CalibrationTable) -> OnnxRuntimeRunner:
+        """A candidate's session, without an arena (it holds only what one run needs)."""
+        qdq = quantize_model(graph, table, allow_partial=True).model
+        return OnnxRuntimeRunner(
+            with_outputs(qdq, extra, graph.elem_types),
             provider,
             threads,
             generated_from=graph.model,
             arena=False,
         )
-        for name, table in tables.items()
-    }
-    accs = {name: OutputsAccumulator(outputs, False, layout) for name in tables}
-    per_sample = [activation_bytes]
-    if fp32 is None:  # the reference's batches are the slice's: they are not cut
-        for index, feed in enumerate(held_out.batches()):
-            for name, runner in runners.items():
-                accs[name].update(reference[index], runner.infer(feed, outputs))
+
+    if reference is not None:  # the slice's batches, the FP32 outputs of each given
+        given = reference
+        _score_in_turn(
+            tables, accs, runner_of, lambda: zip(held_out.batches(), given, strict=False), outputs
+        )
     else:
-        for part in _slice_parts(held_out, graph.inputs, per_sample, budget, deadline=True):
-            ref = fp32.infer(part, outputs)
-            if not per_sample[0]:
-                samples = max(1, feed_num_samples(part, graph.inputs))
-                per_sample[0] = max(1, sum(np.asarray(v).nbytes for v in ref.values()) // samples)
-            for name, runner in runners.items():
-                accs[name].update(ref, runner.infer(part, outputs))
-    for runner in runners.values():
-        runner.close()
-    if fp32 is not None:
-        fp32.close()
+        against = reference_graph or graph
+        fp32 = OnnxRuntimeRunner(
+            with_outputs(against.model, extra, against.elem_types), provider, threads, arena=False
+        )
+        kept = None if budget is not None else _kept_reference(
+            fp32, held_out, graph.inputs, outputs, activation_bytes
+        )  # fmt: skip
+        if kept is not None:
+            fp32.close()
+            _score_in_turn(tables, accs, runner_of, lambda: kept, outputs)
+        else:
+            _score_together(tables, accs, runner_of, fp32, held_out, graph.inputs, outputs,
+                            activation_bytes, budget)  # fmt: skip
     if advance is not None:
         advance(len(tables))
     return {name: _judged_sqnr(acc) for name, acc in accs.items()}
+
+
+#: bytes of the slice's parts and their FP32 outputs the output pass may keep, so that it scores
+#: one candidate at a time (one candidate session alive: each holds its own copy of the weights,
+#: 60-90 MiB a session for a 30 MB model); a slice that does not fit runs every candidate on
+#: each part in turn instead (all sessions alive, nothing kept)
+KEPT_REFERENCE_BUDGET = 64 << 20
+
+
+def _kept_reference(
+    fp32: OnnxRuntimeRunner,
+    held_out: DataSource,
+    inputs: list[Any],
+    outputs: list[str],
+    activation_bytes: int,
+) -> list[tuple[Feed, dict[str, np.ndarray]]] | None:
+    """The slice's parts (those :func:`_score_together` would run) with their FP32 outputs,
+    or None once they outgrow :data:`KEPT_REFERENCE_BUDGET` (the FP32 runs done are lost)."""
+    kept, held, per_sample = [], 0, [activation_bytes]
+    for part in _slice_parts(held_out, inputs, per_sample, None):
+        ref = fp32.infer(part, outputs)
+        if not per_sample[0]:
+            samples = max(1, feed_num_samples(part, inputs))
+            per_sample[0] = max(1, sum(np.asarray(v).nbytes for v in ref.values()) // samples)
+        held += sum(np.asarray(v).nbytes for v in [*part.values(), *ref.values()])
+        if held > KEPT_REFERENCE_BUDGET:
+            return None
+        kept.append((part, ref))
+    return kept
+
+
+def _score_in_turn(
+    tables: dict[str, CalibrationTable],
+    accs: dict[str, OutputsAccumulator],
+    runner_of: Callable[[CalibrationTable], OnnxRuntimeRunner],
+    pairs: Callable[[], Iterable[tuple[Feed, dict[str, np.ndarray]]]],
+    outputs: list[str],
+) -> None:
+    """Each candidate over every (part, FP32 outputs) pair of ``pairs()``, one session alive
+    at a time. Each candidate's sums see the same pairs in the same order as
+    :func:`_score_together`'s."""
+    for name, table in tables.items():
+        runner = runner_of(table)
+        for part, ref in pairs():
+            accs[name].update(ref, runner.infer(part, outputs))
+        runner.close()
+
+
+def _score_together(
+    tables: dict[str, CalibrationTable],
+    accs: dict[str, OutputsAccumulator],
+    runner_of: Callable[[CalibrationTable], OnnxRuntimeRunner],
+    fp32: OnnxRuntimeRunner,
+    held_out: DataSource,
+    inputs: list[Any],
+    outputs: list[str],
+    activation_bytes: int,
+    budget: JudgingBudget | None,
+) -> None:
+    """Each part of the slice through FP32 and then every candidate (all sessions alive):
+    nothing kept but one part's outputs, and a ``budget``'s deadline cuts every candidate at
+    the same sample."""
+    runners = {name: runner_of(table) for name, table in tables.items()}
+    per_sample = [activation_bytes]
+    for part in _slice_parts(held_out, inputs, per_sample, budget, deadline=True):
+        ref = fp32.infer(part, outputs)
+        if not per_sample[0]:
+            samples = max(1, feed_num_samples(part, inputs))
+            per_sample[0] = max(1, sum(np.asarray(v).nbytes for v in ref.values()) // samples)
+        for name, runner in runners.items():
+            accs[name].update(ref, runner.infer(part, outputs))
+    for runner in [*runners.values(), fp32]:
+        runner.close()
 
 
 def _judging(candidates: int, held_out: DataSource) -> str:
