@@ -6,6 +6,7 @@ This is the Python twin of ``quantbench calibrate``; ``quantize`` and ``compare`
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from quantbench import calibrators as registry
 from quantbench.backends.onnxruntime import start_provider
-from quantbench.choose.autocalib import AUTO, AutoTable, choose_auto
+from quantbench.choose.autocalib import AUTO, AutoTable, choose_auto, held_back_samples
 from quantbench.choose.clipguard import (
     DEFAULT_CLIP_WARN,
     ClipFlag,
@@ -68,6 +69,16 @@ class CalibrationResult:
     clip_warn: float = DEFAULT_CLIP_WARN
 
 
+def auto_head(
+    graph: Graph, method_list: list[str], holdout_data: object | None
+) -> Callable[[int], int] | None:
+    """:func:`obtain_stats`'s ``keep_head`` where ``--method auto`` will hold the first
+    calibration samples back (no ``--holdout-data``): its pass keeps their statistics apart."""
+    if AUTO not in method_list or holdout_data is not None:
+        return None
+    return functools.partial(held_back_samples, graph)
+
+
 def obtain_stats(
     graph: Graph,
     data: object | None = None,
@@ -83,12 +94,15 @@ def obtain_stats(
     show_progress: bool = True,
     executor: ExecutorSpec | None = None,
     before_inference: Callable[[], None] | None = None,
+    keep_head: Callable[[int], int] | None = None,
 ) -> tuple[StatsFile, Path | None, bool]:
     """Statistics for ``graph``: merged shards, a given file, the cache, or one new pass
     (``executor``: in shards on worker processes or a Ray cluster,
     :mod:`quantbench.collect.sharded`).
     ``before_inference`` runs once the session is ready, before the first batch (a check that
-    must pass before any inference, overlapping the start-up).
+    must pass before any inference, overlapping the start-up). ``keep_head(samples)``: how
+    many first samples a new local pass keeps apart as :attr:`StatsFile.head` (``--method
+    auto``'s held-back slice, :func:`quantbench.choose.autocalib.held_back_samples`).
 
     Returns (stats, path it lives at, whether it came from disk without inference). An
     unreadable cache file is a miss: recomputed and overwritten (an explicit file is an error).
@@ -136,6 +150,7 @@ def obtain_stats(
             show_progress=show_progress,
         )
     else:
+        total = source.num_samples
         result = collect_stats(
             graph,
             source,
@@ -143,6 +158,7 @@ def obtain_stats(
             provider=provider,
             show_progress=show_progress,
             before_inference=before_inference,
+            head_samples=keep_head(total) if keep_head is not None and total else 0,
         )
     path = None
     if use_cache and source.fingerprint:  # a stream's fingerprint is known only after the pass
@@ -431,6 +447,7 @@ def calibrate(
             show_progress=show_progress,
             executor=executor,
             before_inference=checks.wait,
+            keep_head=auto_head(graph, method_list, holdout_data),
         )
     checks.wait()  # statistics from a file or the cache: no inference ran, the check still holds
     if save_stats is not None:

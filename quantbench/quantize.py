@@ -12,7 +12,13 @@ from pathlib import Path
 import onnx
 
 from quantbench import calibrators as registry
-from quantbench.calibrate import check_auto_budget, check_methods, method_table, obtain_stats
+from quantbench.calibrate import (
+    auto_head,
+    check_auto_budget,
+    check_methods,
+    method_table,
+    obtain_stats,
+)
 from quantbench.choose.autocalib import AutoTable
 from quantbench.choose.clipguard import (
     DEFAULT_CLIP_WARN,
@@ -158,6 +164,7 @@ def quantize(
             provider=provider,
             show_progress=show_progress,
             executor=executor,
+            keep_head=auto_head(graph, [method], holdout_data),
         )
         cal_table, auto = method_table(
             graph,

@@ -272,3 +272,50 @@ def test_auto_judging_has_its_own_progress_bar(cnn_path, cnn_data, monkeypatch):
     description, total, steps = bars[0]
     assert description == "auto: judging 4 candidates on 40 held-back samples"
     assert total == 3 + 4 and sum(steps) == total and len(steps) >= 2
+
+
+@pytest.mark.parametrize("batch", [None, 7])
+def test_the_pass_keeps_the_held_back_samples_statistics_apart(cnn_path, tmp_path, batch):
+    """The statistics pass snapshots the first 10 samples (a batch of 7 cut at the boundary):
+    exactly what an independent pass over those 10 samples bins, and the whole is unchanged."""
+    images = synthetic.images(24, seed=9)
+    np.savez(tmp_path / "all.npz", input=images)
+    np.savez(tmp_path / "head.npz", input=images[:10])
+    graph = open_graph(cnn_path)
+    whole, _, _ = cal.obtain_stats(
+        graph, tmp_path / "all.npz", batch_size=batch, use_cache=False, keep_head=lambda n: 10
+    )
+    plain, _, _ = cal.obtain_stats(graph, tmp_path / "all.npz", batch_size=batch, use_cache=False)
+    alone, _, _ = cal.obtain_stats(graph, tmp_path / "head.npz", batch_size=batch, use_cache=False)
+    assert whole.head is not None and whole.head.num_samples == 10
+    assert plain.head is None
+    for name, stats in alone.tensors.items():
+        kept = whole.head.tensors[name]
+        assert (kept.exponent, kept.count, kept.min, kept.max) == (
+            stats.exponent, stats.count, stats.min, stats.max
+        ), name  # fmt: skip
+        assert np.array_equal(kept.counts, stats.counts), name
+        full = whole.tensors[name]
+        assert np.array_equal(full.counts, plain.tensors[name].counts), name
+
+
+def test_auto_takes_the_held_back_statistics_from_the_pass(cnn_path, cnn_data, monkeypatch):
+    """With the pass's snapshot auto runs no second statistics pass, and its table is the one
+    the second pass gives (byte for byte)."""
+    from quantbench.table.json_table import encode_json_table
+
+    graph = open_graph(cnn_path)
+    passes = []
+    real = autocalib.collect_stats
+    monkeypatch.setattr(
+        autocalib, "collect_stats", lambda *a, **k: passes.append(1) or real(*a, **k)
+    )
+    held = autocalib.held_back_samples(graph, 40)
+    kept, _, _ = cal.obtain_stats(graph, cnn_data, use_cache=False, keep_head=lambda n: held)
+    snap = choose_auto(graph, kept, cnn_data, use_cache=False)
+    assert passes == []
+    plain, _, _ = cal.obtain_stats(graph, cnn_data, use_cache=False)
+    again = choose_auto(graph, plain, cnn_data, use_cache=False)
+    assert passes == [1]
+    assert encode_json_table(snap.table) == encode_json_table(again.table)
+    assert snap.output_sqnr_db == again.output_sqnr_db and snap.holdout == again.holdout

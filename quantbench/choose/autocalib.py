@@ -259,6 +259,12 @@ def held_back_count(num_samples: int) -> int:
     return min(DEFAULT_HOLDOUT_SAMPLES, num_samples // 2)
 
 
+def held_back_samples(graph: Graph, num_samples: int) -> int:
+    """:func:`held_back_count`, whole batches of a model with a fixed batch of N."""
+    held = held_back_count(num_samples)
+    return held - held % _static_batch(graph)
+
+
 def holdout_source(
     graph: Graph,
     calib_data: object | None,
@@ -372,8 +378,7 @@ def judge_auto(
     unjudgeable = _nothing_to_judge(graph, stats, methods)
     if unjudgeable is not None:
         return unjudgeable
-    held = 0 if holdout_data is not None else held_back_count(stats.num_samples)
-    held -= held % _static_batch(graph)  # a fixed batch of N reads whole batches
+    held = 0 if holdout_data is not None else held_back_samples(graph, stats.num_samples)
     samples = held or DEFAULT_HOLDOUT_SAMPLES
     fit, note = stats, ""
     if holdout_data is None:
@@ -498,9 +503,14 @@ def _held_back_stats(
         calib_data, graph.inputs, batch_size=batch_size, max_samples=held, preset=preset
     )
     part_source.on_nonfinite = None  # the calibration pass said it once
-    part = collect_stats(
-        graph, part_source, list(stats.tensors), provider=provider, show_progress=False
-    )
+    part, stats.head = stats.head, None  # used once: not held through the judging
+    if part is not None and part.num_samples == held and part_source.fingerprint:
+        # kept apart by the calibration pass itself (no second pass): named as its data
+        part = replace(part, data_fingerprint=part_source.fingerprint, head=None)
+    else:
+        part = collect_stats(
+            graph, part_source, list(stats.tensors), provider=provider, show_progress=False
+        )
     rest = stats.without(part) if part.num_samples == held else None
     if rest is None:
         warn(

@@ -13,8 +13,9 @@ inferred instead: onnxruntime does not keep 16 cores busy, and binning is memory
 
 from __future__ import annotations
 
+import copy
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,9 +26,11 @@ from quantbench import __version__
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose_for_session
 from quantbench.collect.devicecollect import collect_on_device, wants_device_stats
 from quantbench.data.sources import (
+    Batch,
     DataSource,
     Feed,
     StreamFingerprint,
+    dynamic_batch,
     feed_num_samples,
     feed_parts,
     nonempty,
@@ -75,10 +78,17 @@ def collect_stats(
     binning_threads: int | None = None,
     show_progress: bool = True,
     before_inference: Callable[[], None] | None = None,
+    head_samples: int = 0,
 ) -> StatsFile:
     """Run the data through the model once and return statistics of ``tensors``.
 
     ``before_inference`` is called once the session has started, before the first batch.
+
+    ``head_samples``: also keep the statistics of the first that many samples apart
+    (:attr:`StatsFile.head`; ``--method auto`` holds them back to judge on), snapshotted when
+    the pass reaches them (a batch across the boundary is cut there), so that no second pass
+    over them is needed. Not on the GPU path, nor where the boundary cannot be cut (a fixed
+    batch that does not divide it): there ``head`` stays None.
 
     ``binning_threads`` (default: the usable cores) bin the chunks of every tensor at once;
     binning is exact and order-independent, so the statistics do not depend on the thread
@@ -120,7 +130,11 @@ def collect_stats(
             _binning_turns(pool) as bin_part,
         ):
             per_sample = [0]  # bytes of exposed activations per sample, after the first run
-            for feed in prefetched(nonempty(source.batches(), source)):
+            head = None
+            # a stream's fingerprint hashes its feeds as they come: those are never cut
+            boundary = head_samples if fingerprint is None else 0
+            batches = _cut_at(nonempty(source.batches(), source), graph.inputs, boundary)
+            for feed in prefetched(batches):
                 if fingerprint is not None:
                     fingerprint.update(feed)
                 for part in _parts(feed, graph.inputs, lambda: per_sample[0]):
@@ -133,8 +147,31 @@ def collect_stats(
                     del outputs  # freed before onnxruntime infers the next part (taking turns)
                     num_samples += n
                     advance(n)
+                if head is None and head_samples and num_samples == head_samples:
+                    bin_part(binner, None)  # everything pooled so far binned: a true snapshot
+                    head = {name: copy.deepcopy(ts) for name, ts in stats.items()}
             bin_part(binner, None)
-    return _stats_file(graph, source, with_copies(stats, plan), num_samples, fingerprint)
+    whole = _stats_file(graph, source, with_copies(stats, plan), num_samples, fingerprint)
+    if head is not None and num_samples > head_samples:
+        whole.head = _stats_file(graph, source, with_copies(head, plan), head_samples, None)
+        whole.head.data_fingerprint = ""  # its data is a part of the source: the caller names it
+    return whole
+
+
+def _cut_at(batches: Iterable[Feed], inputs: list[TensorSpec], boundary: int) -> Iterator[Feed]:
+    """``batches``, the one holding sample ``boundary`` cut in two there where its batch axis
+    allows (a dynamic batch); otherwise as they come."""
+    seen = 0
+    for feed in batches:
+        n = feed_num_samples(feed, inputs)
+        cut = boundary - seen
+        whole_axis = all(np.shape(a)[:1] == (n,) for a in feed.values())
+        if 0 < cut < n and dynamic_batch(inputs) and whole_axis:
+            yield Batch({k: v[:cut] for k, v in feed.items()}, cut)
+            yield Batch({k: v[cut:] for k, v in feed.items()}, n - cut)
+        else:
+            yield feed
+        seen += n
 
 
 _SESSION_START = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-session")

@@ -393,6 +393,10 @@ class StatsFile:
     #: what the pass found wrong with the data itself (samples holding NaN/Inf), kept so that
     #: reusing the statistics (a cache hit, ``--stats``) says it again
     data_note: str = ""
+    #: the statistics of the pass's first ``head.num_samples`` samples, when the pass was asked
+    #: to keep them apart (``--method auto``'s held-back slice: no second pass over it); never
+    #: saved, never compared
+    head: StatsFile | None = field(default=None, repr=False, compare=False)
 
     def __iter__(self) -> Iterator[TensorStats]:
         return iter(self.tensors.values())

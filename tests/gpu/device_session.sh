@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call for issue 39 (see plugins/dwconv2d/README.md): install the carried wheels and
+# the project into /tmp/site (skipped when a warm machine has them), build the kernel library,
+# then run the steps named in $@ (default: optest real checks), each under its own timeout.
+# Carry: .whl (onnxruntime-extensions cp312, onnx-graphsurgeon) and .dwreal (model + data).
+set -u
+OUT=${OUT:-/tmp/out}
+if [ ! -d /tmp/site/onnxruntime_extensions ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 3
+  python3 -m pip install -q --no-deps --no-build-isolation --no-compile --target /tmp/site . > "$OUT/install.log" 2>&1 \
+    || echo "project install failed (see install.log)"
+fi
+export PYTHONPATH=$PWD:/tmp/site
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+uptime
+make -s -C plugins/dwconv2d -j16 || exit 4
+export QUANTBENCH_DWCONV_LIB=$PWD/plugins/dwconv2d/build/libdwconv2d_kernels.so
+for step in "${@:-optest real checks}"; do
+  for s in $step; do
+    echo "=== $s $(date +%T)"
+    case $s in
+      optest) timeout 150 python3 -m pytest -q -rs -m gpu --noconftest -p no:cacheprovider tests/gpu/test_dwconv_ort_op.py ;;
+      kernels) timeout 200 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/gpu/test_dwconv_kernels.py tests/gpu/test_dwconv_reference.py | tail -5 ;;
+      real) PYTHONUNBUFFERED=1 timeout 300 python3 benchmarks/dwconv_real_model.py --model .dwreal/mobilenet_v2.onnx \
+              --calib .dwreal/calib.npz --eval .dwreal/eval.npz --device cuda --reps 30 --work /tmp/dwreal ;;
+      checks) timeout 280 python3 tests/gpu/run_gpu_checks.py --out "$OUT" | tail -40 ;;
+      bench) timeout 200 python3 tests/gpu/run_gpu_checks.py --skip-checks --out "$OUT" | tail -30 ;;
+      sanitize) timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/gpu/sanitize_dwconv.py \
+              --lib "$QUANTBENCH_DWCONV_LIB" --modes int8_i8,int8_f32,int8_tie,f32,f16 | tail -5 ;;
+    esac
+    echo "=== $s rc=$? $(date +%T)"
+  done
+done
