@@ -560,6 +560,7 @@ def auto_table(
     if budget is not None:
         parallel, budget.tables = False, len(judged)
     activations = 0
+    readers = _readers(graph, tables[base_name])
     with ExitStack() as stack:  # the local judging's own progress (the workers' has its own)
         advance = None
         if not parallel:
@@ -581,12 +582,12 @@ def auto_table(
             with shared_upgrades():  # the candidates share one reference: upgraded once
                 judged_scores, activations = _isolated_scores(
                     graph, {m: tables[m] for m in judged}, held_out, provider, threads, advance,
-                    budget,
+                    budget, _twin_bytes(graph, stats, readers),
                 )  # fmt: skip
         scores = {m: judged_scores[same_as[m]] for m in method_list}
         mixed = _relabelled(tables[base_name], base_name)
         choices: dict[str, dict[str, Any]] = {}
-        for tensor, nodes in _readers(graph, tables[base_name]).items():
+        for tensor, nodes in readers.items():
             worst = {m: min(scores[m].get(n, -math.inf) for n in nodes) for m in method_list}
             # ties go to the earliest method in the list, i.e. base first
             best = max(method_list, key=lambda m: (worst[m], -method_list.index(m)))
@@ -723,7 +724,8 @@ def isolated_sqnrs(
     """:func:`isolated_sqnr` of every table (by name), in as few passes as memory allows: the
     twins of several tables share one reference graph, whose FP32 ops then run once instead of
     once a table. The first table runs alone and measures the bytes one table's twins add to
-    a feed; the others go :data:`ISOLATED_TWIN_BUDGET` worth at a time. ``advance(n)``: n
+    a feed; the others go :data:`ISOLATED_TWIN_BUDGET` worth at a time (auto, which knows that
+    size from the statistics, runs all tables in one pass where they fit). ``advance(n)``: n
     tables scored (after each pass)."""
     return _isolated_scores(graph, tables, held_out, provider, threads, advance)[0]
 
@@ -736,13 +738,20 @@ def _isolated_scores(
     threads: int | None,
     advance: Callable[[int], None] | None = None,
     budget: JudgingBudget | None = None,
+    twin_bytes: int | None = None,
 ) -> tuple[dict[str, dict[str, float]], int]:
     """:func:`isolated_sqnrs`, and the bytes a sample's FP32 activations (those quantized ops
-    read) take, which size the output pass's parts."""
+    read) take, which size the output pass's parts. ``twin_bytes``: a sample's twins of one
+    table, where known beforehand: every table in one pass where all fit the budget."""
     names = list(tables)
     if not names:
         return {}, 0
     step = advance or (lambda n: None)
+    fits = twin_bytes is not None and twin_bytes * len(names) <= ISOLATED_TWIN_BUDGET
+    if budget is None and len(names) > 1 and fits:  # every table's twins in one pass
+        scores, _, activations = _isolated_pass(graph, tables, held_out, provider, threads)
+        step(len(names))
+        return scores, activations
     scores, per_table, activations = _isolated_pass(
         graph, {names[0]: tables[names[0]]}, held_out, provider, threads, budget
     )
@@ -1095,6 +1104,17 @@ def _relabelled(table: CalibrationTable, method: str) -> CalibrationTable:
     for name, entry in table.entries.items():
         out.set(name, entry.amax, method)
     return out
+
+
+def _twin_bytes(graph: Graph, stats: StatsFile, readers: dict[str, list[str]]) -> int | None:
+    """Bytes a sample's isolated twins of one table take (the outputs of the quantized ops
+    ``readers`` name, sized by the statistics' value counts), or None where an output has no
+    statistics."""
+    nodes = {n for names in readers.values() for n in names}
+    outputs = {o for node in graph.model.graph.node if node.name in nodes for o in node.output if o}
+    if not outputs or not stats.num_samples or not outputs <= set(stats.tensors):
+        return None
+    return sum(4 * stats[o].count for o in outputs) // stats.num_samples
 
 
 def _readers(graph: Graph, table: CalibrationTable) -> dict[str, list[str]]:
