@@ -582,3 +582,27 @@ def test_ctc_agreement_only_for_sequences_and_as_a_target():
     assert parse_target("ctc_agreement=0.95", has_labels=False).metric == "ctc_agreement"
     with pytest.raises(QuantbenchError, match="fraction"):
         parse_target("ctc_agreement=95", has_labels=False)
+
+
+def test_sqnr_accumulator_gives_drift_accumulators_sqnr_to_the_bit():
+    """auto's lean accumulator keeps exactly DriftAccumulator's two sums (same float32 BLAS,
+    same float64 carry), with or without the signal's power given, and is undefined where
+    DriftAccumulator is (NaN in the data, a batch whose shapes differ)."""
+    from quantbench.evaluate.metrics import DriftAccumulator, SqnrAccumulator, power32
+
+    rng = np.random.default_rng(4)
+    drift, lean, given = DriftAccumulator(), SqnrAccumulator(), SqnrAccumulator()
+    for size in (17, 4096, 300):
+        a = rng.standard_normal(size).astype(np.float32) * 3
+        b = a + rng.standard_normal(size).astype(np.float32) * 0.01
+        drift.update(a, b)
+        lean.update(a, b)
+        given.update(a, b, power32(a))
+    assert lean.sum_aa == drift.sum_aa and lean.sum_dd == drift.sum_dd
+    assert lean.sqnr_db() == given.sqnr_db() == drift.metrics()["sqnr_db"]
+    lean.update(np.array([1.0, np.nan], np.float32), np.zeros(2, np.float32))
+    assert math.isnan(lean.sqnr_db())
+    shaped = SqnrAccumulator()
+    shaped.update(np.ones(3, np.float32), np.ones(4, np.float32))
+    assert math.isnan(shaped.sqnr_db())
+    assert math.isnan(SqnrAccumulator().sqnr_db())

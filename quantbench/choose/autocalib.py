@@ -28,7 +28,7 @@ over the slice in which each batch runs FP32 once and every candidate (methods +
 ``--executor`` each method's isolated pass and each candidate's output pass is one task on the
 workers (the slice's FP32 outputs computed once here and sent along); the scores are the same.
 
-Memory: every pass streams the slice and accumulates its sums (:class:`DriftAccumulator`,
+Memory: every pass streams the slice and accumulates its sums (:class:`SqnrAccumulator`,
 :class:`OutputsAccumulator`), and each batch runs in parts of at most :data:`JUDGE_BUDGET` of
 activations (one sample where one is larger), in sessions without onnxruntime's CPU arena, so
 judging holds a bounded amount whatever the number of held-back samples. The parts change only
@@ -65,7 +65,12 @@ from quantbench.data.sources import (
 )
 from quantbench.errors import QuantbenchError, first_line
 from quantbench.evaluate.isolated import build_isolated, rename_twins, shared_upgrades
-from quantbench.evaluate.metrics import DriftAccumulator, OutputLayout, OutputsAccumulator
+from quantbench.evaluate.metrics import (
+    OutputLayout,
+    OutputsAccumulator,
+    SqnrAccumulator,
+    power32,
+)
 from quantbench.jsonsafe import json_float
 from quantbench.model.graph import Graph
 from quantbench.progress import progress_bar, warn
@@ -814,7 +819,7 @@ def _isolated_pass(
         generated_from=graph.model,
         arena=False,
     )
-    accs = {name: {t: DriftAccumulator() for t in tw} for name, tw in twins_of.items()}
+    accs = {name: {t: SqnrAccumulator() for t in tw} for name, tw in twins_of.items()}
     per_table, per_sample, activations = 0, [0], 0
     for part in _slice_parts(held_out, graph.inputs, per_sample, budget):
         start = time.perf_counter()
@@ -824,17 +829,18 @@ def _isolated_pass(
         if first:
             per_sample[0] = max(1, sum(np.asarray(v).nbytes for v in got.values()) // samples)
             activations = sum(np.asarray(got[t]).nbytes for t in sources) // samples
+        power = {t: power32(got[t]) for t in sources}  # each source's once, for every table
         for name, twins in twins_of.items():
             twin_bytes = sum(np.asarray(got[w]).nbytes for w in twins.values())
             per_table = max(per_table, twin_bytes // samples)
             for tensor, acc in accs[name].items():
-                acc.update(got[tensor], got[twins[tensor]])
+                acc.update(got[tensor], got[twins[tensor]], power[tensor])
         del got
         if first and budget is not None and budget.samples is None:
             budget.estimate(samples, time.perf_counter() - start, per_table)
     runner.close()
     scores = {
-        name: {ops_of[name][t]: _sqnr(acc) for t, acc in table_accs.items()}
+        name: {ops_of[name][t]: _ranked(acc.sqnr_db()) for t, acc in table_accs.items()}
         for name, table_accs in accs.items()
     }
     return scores, per_table, activations
