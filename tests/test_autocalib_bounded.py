@@ -128,3 +128,57 @@ def test_output_pass_keeps_one_candidate_session_where_the_reference_fits(
         assert most[0] >= 3
     assert got.output_sqnr_db == baseline.output_sqnr_db
     assert encode_json_table(got.table) == encode_json_table(baseline.table)
+
+
+def _scored_tables(monkeypatch):
+    """The candidate names each output pass scored."""
+    seen: list[list[str]] = []
+    real = autocalib.output_sqnrs
+
+    def spy(graph, tables, *args, **kwargs):
+        seen.append(list(tables))
+        return real(graph, tables, *args, **kwargs)
+
+    monkeypatch.setattr(autocalib, "output_sqnrs", spy)
+    return seen
+
+
+def test_a_mix_of_one_method_is_that_methods_model_and_scored_once(
+    cnn_path, cnn_data, monkeypatch
+):
+    """With entropy the only method, the mix takes entropy on every read tensor: the same
+    Q/DQ model, so it is not run again; its score is entropy's and (ties go to the mix) it is
+    still the choice."""
+    graph = open_graph(cnn_path)
+    seen = _scored_tables(monkeypatch)
+    stats, _, _ = cal.obtain_stats(graph, cnn_data, use_cache=False)
+    got = choose_auto(graph, stats, cnn_data, use_cache=False, methods=["entropy"])
+    assert seen == [["entropy"]]
+    assert got.output_sqnr_db[autocalib.MIX] == got.output_sqnr_db["entropy"]
+    assert got.chosen == autocalib.MIX
+
+
+def test_tables_that_differ_only_where_no_quantized_op_reads_are_scored_once(
+    cnn_path, cnn_data, monkeypatch
+):
+    """mse's table made entropy's but for a tensor no quantized op reads: one Q/DQ model,
+    scored once (in isolation and at the outputs), the same scores for both."""
+    graph = open_graph(cnn_path)
+    stats, _, _ = cal.obtain_stats(graph, cnn_data, use_cache=False)
+    real = autocalib.build_table
+    read = set(autocalib._readers(graph, real(stats, "entropy")))
+    unread = sorted(set(real(stats, "entropy").entries) - read)
+    assert unread  # the CNN's output (and what only its float ops read)
+
+    def build(stats_file, method):
+        if method != "mse":
+            return real(stats_file, method)
+        table = real(stats_file, "entropy")
+        table.set(unread[0], table.amax(unread[0]) * 3, "mse")
+        return table
+
+    monkeypatch.setattr(autocalib, "build_table", build)
+    seen = _scored_tables(monkeypatch)
+    got = choose_auto(graph, stats, cnn_data, use_cache=False, methods=["entropy", "mse"])
+    assert "mse" not in seen[0]
+    assert got.output_sqnr_db["mse"] == got.output_sqnr_db["entropy"]

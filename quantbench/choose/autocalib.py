@@ -559,13 +559,13 @@ def auto_table(
     if base_name not in method_list:
         method_list.insert(0, base_name)
     tables = {m: build_table(stats, m) for m in method_list}
-    same_as = _identical_tables(tables)
+    readers = _readers(graph, tables[base_name])
+    same_as = _identical_tables(tables, readers)
     judged = list(dict.fromkeys(same_as.values()))  # each distinct table scored once
     parallel = executor is not None and not executor.is_local and job is not None
     if budget is not None:
         parallel, budget.tables = False, len(judged)
     activations = 0
-    readers = _readers(graph, tables[base_name])
     with ExitStack() as stack:  # the local judging's own progress (the workers' has its own)
         advance = None
         if not parallel:
@@ -605,6 +605,12 @@ def auto_table(
                 "isolated_sqnr_db": {m: json_float(v) for m, v in worst.items()},
             }
         scored = {MIX: mixed, **{m: tables[m] for m in judged}}
+        # a mix that took one method on every read tensor is that method's Q/DQ model
+        mix_as = _identical_tables({**{m: tables[m] for m in judged}, MIX: mixed}, readers)[MIX]
+        if mix_as != MIX:
+            del scored[MIX]
+            if advance is not None:
+                advance(1)
         if parallel:
             job = replace(job, reference=reference_outputs(graph, held_out, provider, threads))
             found = run_tasks(
@@ -627,7 +633,7 @@ def auto_table(
                 activation_bytes=activations,
                 budget=budget,
             )
-    output = {MIX: scored_output[MIX], **{m: scored_output[same_as[m]] for m in method_list}}
+    output = {MIX: scored_output[mix_as], **{m: scored_output[same_as[m]] for m in method_list}}
     # the highest output SQNR wins; ties go to the mix, then to the methods in list order
     order = [MIX, *tables]
     chosen = max(order, key=lambda c: (_ranked(output[c]), -order.index(c)))
@@ -1090,15 +1096,25 @@ def _sqnr(acc: Any) -> float:
     return -math.inf if math.isnan(value) else value
 
 
-def _identical_tables(tables: dict[str, CalibrationTable]) -> dict[str, str]:
-    """Method -> the first method whose table holds exactly the same amax values (e.g.
-    ``entropy:ort`` with its defaults equals ``minmax``): identical tables are scored once."""
+def _identical_tables(
+    tables: dict[str, CalibrationTable], readers: dict[str, list[str]]
+) -> dict[str, str]:
+    """Method -> the first method whose Q/DQ model is the same: a table with the same tensors
+    and the same amax on every tensor a quantized op reads (``readers``; e.g. ``entropy:ort``
+    with its defaults equals ``minmax``, and two tables that differ only on tensors no
+    quantized op reads give the same model). Such tables score the same: scored once."""
     first: dict[tuple, str] = {}
     out: dict[str, str] = {}
     for method, table in tables.items():
-        key = tuple(sorted((name, entry.amax) for name, entry in table.entries.items()))
-        out[method] = first.setdefault(key, method)
+        out[method] = first.setdefault(_qdq_key(table, readers), method)
     return out
+
+
+def _qdq_key(table: CalibrationTable, readers: dict[str, list[str]]) -> tuple:
+    """What of ``table`` its Q/DQ model holds: the tensors it has (where Q/DQ may go) and the
+    amax of those a quantized op reads."""
+    read = tuple((name, table.amax(name)) for name in sorted(readers) if name in table)
+    return tuple(sorted(table.entries)), read
 
 
 def _relabelled(table: CalibrationTable, method: str) -> CalibrationTable:
