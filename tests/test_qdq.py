@@ -1131,3 +1131,17 @@ def test_nothing_quantized_is_refused_not_passed(run_cli, cnn_path, cnn_data, tm
                            "--calib-data", cnn_data, "-m", "minmax", "--exclude", *every,
                            "--fail-below", "sqnr_db=30", "--no-latency")  # fmt: skip
     assert code == 2 and "int8:minmax: no op is quantized" in err and "PASS" not in err
+
+
+def test_checked_false_skips_only_the_checker(monkeypatch):
+    """``checked=False`` (auto's candidates, which onnxruntime loads anyway) runs no ONNX
+    checker on the result, and the model is the checked one's."""
+    from quantbench.qdq import quantize as quantize_module
+
+    fp32 = cnn()
+    checked, table, _ = quantize_calibrated(fp32)
+    monkeypatch.setattr(
+        quantize_module, "_check_output", lambda *a: pytest.fail("the checker ran")
+    )
+    unchecked = quantize_model(fp32, table, checked=False)
+    assert unchecked.model.SerializeToString() == checked.model.SerializeToString()
