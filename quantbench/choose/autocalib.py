@@ -23,10 +23,15 @@ percentile of a few thousand LSTM gate values moves a lot with 64 more samples),
 tables were as good or better on 9 of 10 models (benchmarks/README.md). With too few samples,
 or statistics that are not of this data, the slice is judged in-sample, and the record says so.
 
-Cost: one table, one Q/DQ model and one isolated pass over the slice per method, then one pass
-over the slice in which each batch runs FP32 once and every candidate (methods + the mix). With
-``--executor`` each method's isolated pass and each candidate's output pass is one task on the
-workers (the slice's FP32 outputs computed once here and sent along); the scores are the same.
+Cost: one table per method; candidates whose Q/DQ models are the same (equal amax on every
+tensor a quantized op reads, a mix that took one method everywhere) are judged once. The held-back
+slice's statistics come from the calibration pass itself (:attr:`StatsFile.head`, a snapshot when
+it reaches them), not a second pass. One isolated pass scores every distinct table where their
+twins fit :data:`ISOLATED_TWIN_BUDGET` (else a few passes), keeping only each pair's SQNR sums;
+then the slice runs FP32 once and every candidate, one candidate session at a time where the
+slice's FP32 outputs fit :data:`KEPT_REFERENCE_BUDGET`. With ``--executor`` each method's
+isolated pass and each candidate's output pass is one task on the workers (the slice's FP32
+outputs computed once here and sent along); the scores are the same.
 
 Memory: every pass streams the slice and accumulates its sums (:class:`SqnrAccumulator`,
 :class:`OutputsAccumulator`), and each batch runs in parts of at most :data:`JUDGE_BUDGET` of
