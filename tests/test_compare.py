@@ -405,3 +405,44 @@ def test_compare_calibrates_on_at_most_calib_max_samples(run_cli, cnn_path, cnn_
                            "--no-latency", "--json", out)  # fmt: skip
     assert code == 0, err
     assert json.loads(out.read_text())["data"]["calib_samples"] == 8
+
+
+def test_candidates_in_one_isolated_graph_share_one_copy_of_each_weight(cnn_path, cnn_data):
+    """Two tables' twins built into one graph with SharedConstants: each weight's INT8 values
+    and its DequantizeLinear appear once (not once a table), and every twin computes what it
+    computes when its table's twins are built alone."""
+    from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
+    from quantbench.calibrate import build_table, obtain_stats
+    from quantbench.evaluate.isolated import SharedConstants, rename_twins
+    from quantbench.model.graph import open_graph
+    from quantbench.qdq import quantize_model
+
+    g = open_graph(cnn_path)
+    stats, _, _ = obtain_stats(g, cnn_data, tensors="quantizable", show_progress=False)
+    qdqs = [
+        quantize_model(g, build_table(stats, m), allow_partial=True).model
+        for m in ("minmax", "percentile:99")
+    ]
+    model, twins, shared = g.model, [], SharedConstants()
+    for index, qdq in enumerate(qdqs):
+        iso = build_isolated(model, qdq, prefix=f"p{index}/", shared=shared)
+        model = iso.model
+        twins.append(rename_twins(model, iso.twins, f"t{index}"))
+    def quantized_weights(m):
+        """The constants each QuantizeLinear of ``m`` reads (a weight's own copy or not)."""
+        consts = {i.name for i in m.graph.initializer}
+        return [n.input[0] for n in m.graph.node if n.op_type == "QuantizeLinear"
+                and n.input[0] in consts]  # fmt: skip
+
+    alone_weights = quantized_weights(build_isolated(g.model, qdqs[0]).model)
+    assert len(alone_weights) >= 3  # w1, w2, the Gemm's
+    assert len(quantized_weights(model)) == len(alone_weights)  # not one set a table
+    x = synthetic.images(3, seed=8)
+    fetch = [w for t in twins for w in t.values()]
+    together = OnnxRuntimeRunner(expose(model, fetch, g.elem_types)).infer({"input": x}, fetch)
+    for index, qdq in enumerate(qdqs):
+        alone = build_isolated(g.model, qdq)
+        got = OnnxRuntimeRunner(expose(alone.model, list(alone.twins.values()), g.elem_types))
+        values = got.infer({"input": x}, list(alone.twins.values()))
+        for tensor, twin in alone.twins.items():
+            assert np.array_equal(together[twins[index][tensor]], values[twin]), (index, tensor)

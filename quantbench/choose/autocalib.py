@@ -69,7 +69,12 @@ from quantbench.data.sources import (
     open_data,
 )
 from quantbench.errors import QuantbenchError, first_line
-from quantbench.evaluate.isolated import build_isolated, rename_twins, shared_upgrades
+from quantbench.evaluate.isolated import (
+    SharedConstants,
+    build_isolated,
+    rename_twins,
+    shared_upgrades,
+)
 from quantbench.evaluate.metrics import (
     OutputLayout,
     OutputsAccumulator,
@@ -807,9 +812,10 @@ def _isolated_pass(
     :data:`JUDGE_BUDGET` bytes of returned tensors (measured on a first one-sample part); the
     first part also sizes a ``budget``'s slice."""
     model, twins_of, ops_of = graph.model, {}, {}
+    shared = SharedConstants()  # the tables' twins read one copy of each weight
     for index, (name, table) in enumerate(tables.items()):
         plan = quantize_model(graph, table, allow_partial=True, checked=False)
-        iso = build_isolated(model, plan.model, prefix=f"qb_iso{index}/")
+        iso = build_isolated(model, plan.model, prefix=f"qb_iso{index}/", shared=shared)
         model = iso.model
         twins_of[name] = rename_twins(model, iso.twins, f"t{index}")
         ops_of[name] = iso.ops

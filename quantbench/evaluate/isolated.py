@@ -54,8 +54,30 @@ def _opset(m: onnx.ModelProto) -> int:
     return next((i.version for i in m.opset_import if i.domain in ("", "ai.onnx")), 0)
 
 
+@dataclass
+class SharedConstants:
+    """What the isolated copies of several candidates built into one reference graph may
+    share: constants equal by name and value (a weight's values, scales and zero points are the
+    same in every calibration table's Q/DQ model) and the Quantize/DequantizeLinear nodes
+    reading the same inputs. One copy of each weight, not one a candidate: onnxruntime folds
+    each Q/DQ of a constant into a float tensor of its own (MiniLM-L3's 66 MB, once a table);
+    an activation two tables give the same scale is quantized once too."""
+
+    #: candidate constant name -> (its name in the isolated model, the candidate's tensor)
+    constants: dict[str, tuple[str, onnx.TensorProto]] = field(default_factory=dict)
+    #: a Q or DQ node (its type and attributes, then its inputs) -> its output in the model
+    nodes: dict[tuple[str, ...], str] = field(default_factory=dict)
+
+
 class _Builder:
-    def __init__(self, reference: onnx.ModelProto, candidate: onnx.ModelProto, prefix: str):
+    def __init__(
+        self,
+        reference: onnx.ModelProto,
+        candidate: onnx.ModelProto,
+        prefix: str,
+        shared: SharedConstants | None = None,
+    ):
+        self.shared = shared
         self.prefix = prefix
         self.ref = reference
         self.cand = candidate
@@ -80,6 +102,10 @@ class _Builder:
         reference's tensors, and every FP16 value is exact in FP32."""
         if name == "":
             return ""
+        if name in self.cand_inits and self.shared is not None:
+            known = self.shared.constants.get(name)
+            if known is not None and known[1] == self.cand_inits[name]:
+                return known[0]  # an earlier candidate's copy of the same constant
         if name in self.cand_inits:
             new = self.prefix + name
             if new not in self.inits:
@@ -87,6 +113,8 @@ class _Builder:
                 t.CopyFrom(_as_fp32(self.cand_inits[name]))
                 t.name = new
                 self.inits[new] = t
+                if self.shared is not None:
+                    self.shared.constants.setdefault(name, (new, self.cand_inits[name]))
             return new
         if name in self.const_nodes:
             new = self.prefix + name
@@ -121,12 +149,10 @@ class _Builder:
             src = self.source(q.input[0])
             if src is None:
                 return None
-            q_out = self.prefix + q.output[0]
             q_inputs = [src] + [self.constant(i) for i in q.input[1:]]
             if None in q_inputs:
                 return None
-            self.nodes.append(_clone(q, q_inputs, [q_out], self.prefix))
-            dq_in = q_out
+            dq_in = self._emit(q, q_inputs, self.prefix + q.output[0])
         else:
             dq_in = self.constant(dq.input[0])
             if dq_in is None:
@@ -134,10 +160,20 @@ class _Builder:
         dq_inputs = [dq_in] + [self.constant(i) for i in dq.input[1:]]
         if None in dq_inputs:
             return None
-        out = self.prefix + dq.output[0]
-        self.nodes.append(_clone(dq, dq_inputs, [out], self.prefix))
+        out = self._emit(dq, dq_inputs, self.prefix + dq.output[0])
         self.rebuilt[tensor] = out
         return out
+
+    def _emit(self, node: onnx.NodeProto, inputs: list[str], output: str) -> str:
+        """Append a copy of ``node`` (a Q or DQ) reading ``inputs``; returns its output, or an
+        earlier candidate's where it built the same node on the same inputs."""
+        key = (node.op_type, _attributes(node), *inputs)
+        if self.shared is not None and key in self.shared.nodes:
+            return self.shared.nodes[key]
+        self.nodes.append(_clone(node, inputs, [output], self.prefix))
+        if self.shared is not None:
+            self.shared.nodes[key] = output
+        return output
 
     def isolate(self, node: onnx.NodeProto) -> str | None:
         """Append the isolated copy of one quantized op; returns its reference output."""
@@ -185,6 +221,11 @@ def _as_fp32(t: onnx.TensorProto) -> onnx.TensorProto:
     return out
 
 
+def _attributes(node: onnx.NodeProto) -> str:
+    """A node's attributes (a DequantizeLinear's axis), comparable."""
+    return "".join(sorted(a.SerializeToString(deterministic=True).hex() for a in node.attribute))
+
+
 def _clone(
     node: onnx.NodeProto, inputs: list[str], outputs: list[str], prefix: str
 ) -> onnx.NodeProto:
@@ -211,13 +252,18 @@ def quantized_ops(candidate: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def build_isolated(
-    reference: onnx.ModelProto, candidate: onnx.ModelProto, prefix: str = _PREFIX
+    reference: onnx.ModelProto,
+    candidate: onnx.ModelProto,
+    prefix: str = _PREFIX,
+    shared: SharedConstants | None = None,
 ) -> IsolatedModel:
-    """Reference graph plus an isolated copy of every quantized op of ``candidate``."""
+    """Reference graph plus an isolated copy of every quantized op of ``candidate``.
+    ``shared``: the record of the candidates already built into ``reference`` (several
+    candidates in one graph), whose equal constants the copies read instead of their own."""
     ref = reference
     if _opset(candidate) > _opset(reference):
         ref = _upgraded(reference, _opset(candidate))
-    b = _Builder(ref, candidate, prefix)
+    b = _Builder(ref, candidate, prefix, shared)
     twins, ops = {}, {}
     for node in quantized_ops(candidate):
         out = b.isolate(node)
