@@ -315,9 +315,9 @@ def check_auto_budget(seconds: float | None, methods: list[str]) -> None:
     if not seconds > 0:
         raise QuantbenchError(f"--auto-budget {seconds:g}: give a number of seconds > 0")
     if AUTO not in methods:
+        here = f"the method here is {', '.join(methods)}" if methods else "nothing here uses it"
         raise QuantbenchError(
-            f"--auto-budget times --method auto's judging; the method here is "
-            f"{', '.join(methods)}: drop --auto-budget"
+            f"--auto-budget times --method auto's judging; {here}: drop --auto-budget"
         )
 
 

@@ -598,6 +598,7 @@ def compare(
     workers: WorkersOpt = None,
     ray_address: RayAddressOpt = None,
     dwconv2d_op: DWConv2DOpOpt = None,
+    auto_budget: AutoBudgetOpt = None,
 ) -> None:
     """Per-layer drift, task metrics and latency of B (and A) against onnxruntime FP32."""
     from quantbench.compare import compare as run_compare
@@ -644,6 +645,7 @@ def compare(
         command=_command_line(),
         executor=_executor(executor, workers, ray_address),
         dwconv2d_op=dwconv2d_op,
+        auto_budget=auto_budget,
     )
     if report is not None:
         from quantbench.reports import write_report
@@ -794,6 +796,7 @@ def sensitivity(
     executor: ExecutorOpt = "local",
     workers: WorkersOpt = None,
     ray_address: RayAddressOpt = None,
+    auto_budget: AutoBudgetOpt = None,
 ) -> None:
     """Rank quantized ops by the output drift each causes alone in INT8 (2 x ops evaluations)."""
     from quantbench.fileio import check_output_path
@@ -820,6 +823,7 @@ def sensitivity(
         threads=threads,
         show_progress=True,
         executor=_executor(executor, workers, ray_address),
+        auto_budget=auto_budget,
     )
     metric = rows[0]["ranked_by"] if rows else metric
     _print_sensitivity(rows, metric)
@@ -914,6 +918,7 @@ def recover(
     workers: WorkersOpt = None,
     ray_address: RayAddressOpt = None,
     refine: RefineOpt = None,
+    auto_budget: AutoBudgetOpt = None,
 ) -> None:
     """Keep the fewest ops in FP32/FP16 (greedy by sensitivity) until the target is met."""
     from quantbench.errors import ThresholdFailed
@@ -946,6 +951,7 @@ def recover(
         show_progress=True,
         executor=_executor(executor, workers, ray_address),
         refine=refine,
+        auto_budget=auto_budget,
     )
     if result.context.refine is not None:
         _print_refine(result.context.refine)

@@ -103,3 +103,25 @@ def test_quantize_takes_the_budget_and_refuses_it_with_a_table(example, tmp_path
     code, _, err = run_cli("quantize", example / "tinycnn.onnx", "--table", table,
                            "--auto-budget", "5", "-o", tmp_path / "q2.onnx")  # fmt: skip
     assert code == 2 and "drop it with --table" in err and not (tmp_path / "q2.onnx").exists()
+
+
+@pytest.mark.parametrize("command", ["compare", "sensitivity", "recover"])
+def test_the_commands_that_calibrate_with_auto_take_the_budget(example, tmp_path, run_cli, command):
+    """compare, sensitivity and recover judge ``auto`` as calibrate does: the same cap, said."""
+    model, calib, data = (example / n for n in ("tinycnn.onnx", "calib.npz", "eval.npz"))
+    common = ["--data", data, "--calib-data", calib, "--auto-budget", "0.01", "--max-samples", "4"]
+    args = {
+        "compare": ["compare", "fp32", "int8", "--model", model, *common],
+        "sensitivity": ["sensitivity", model, *common],
+        "recover": ["recover", model, *common, "-o", tmp_path / "r", "--refine", "none"],
+    }
+    code, _, err = run_cli(*args[command])
+    assert "--auto-budget 0.01 s: judged on the first" in err, err
+    assert code in (0, 1)  # recover may miss its target on 4 samples: exit 1, not a refusal
+
+
+def test_compare_refuses_a_budget_no_candidate_uses(example, tmp_path, run_cli):
+    code, _, err = run_cli("compare", "fp32", "int8:minmax", "--model", example / "tinycnn.onnx",
+                           "--data", example / "eval.npz", "--calib-data",
+                           example / "calib.npz", "--auto-budget", "5")  # fmt: skip
+    assert code == 2 and "the method here is minmax: drop --auto-budget" in err

@@ -9,7 +9,7 @@ import numpy as np
 
 from quantbench import calibrators as registry
 from quantbench.backends.onnxruntime import start_provider
-from quantbench.calibrate import check_methods, obtain_stats
+from quantbench.calibrate import check_auto_budget, check_methods, obtain_stats
 from quantbench.choose.clipguard import (
     DEFAULT_CLIP_WARN,
     DEFAULT_SQNR_FLOOR_DB,
@@ -135,6 +135,7 @@ def compare(
     show_progress: bool = True,
     executor: ExecutorSpec | None = None,
     dwconv2d_op: str | None = None,
+    auto_budget: float | None = None,
 ) -> dict[str, Any]:
     """Compare precision ``a`` against ``b`` on ``data``; returns the results document (its HTML
     page: :func:`quantbench.reports.write_report`; the core does not import the reports).
@@ -182,9 +183,13 @@ def compare(
     check_clip_warn(clip_warn)
     check_sqnr_floor(sqnr_floor)
     check_mask_threshold(mask_threshold)
+    int8_methods = []  # the methods the int8 candidates calibrate with
     for spec in (a, b):  # every int8 method is checked before any inference
         if spec.lower().startswith("int8:") and spec.partition(":")[2].strip():
-            check_methods([spec.partition(":")[2]])
+            int8_methods += check_methods([spec.partition(":")[2]])
+        elif spec.lower() == "int8" and table is None:
+            int8_methods += check_methods([method])
+    check_auto_budget(auto_budget, int8_methods)
     ctx = CalibrationContext(
         default_method=check_methods([method])[0],
         exclude=list(exclude or []),
@@ -195,6 +200,7 @@ def compare(
         provider=provider,
         allow_partial=allow_partial,
         clip_warn=clip_warn,
+        auto_budget=auto_budget,
     )
     stats_file = None
     if table is not None:

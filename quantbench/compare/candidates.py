@@ -90,6 +90,8 @@ class CalibrationContext:
     #: apply a table made for another model / not covering every tensor to quantize
     allow_partial: bool = False
     clip_warn: float = DEFAULT_CLIP_WARN
+    #: ``--auto-budget``: seconds an ``int8:auto`` candidate's judging may take
+    auto_budget: float | None = None
     #: what resolving each int8 candidate found, for the results JSON ``calibration`` section
     findings: dict[str, Candidate] = field(default_factory=dict)
 
@@ -162,6 +164,7 @@ def _int8(graph: Graph, ctx: CalibrationContext, method: str | None) -> Candidat
             batch_size=ctx.batch_size,
             preset=ctx.preset,
             provider=ctx.provider,
+            auto_budget=ctx.auto_budget,
         )
     if ctx.stats is not None:  # a given table is judged too when statistics are at hand
         flags = clip_flags(

@@ -16,7 +16,13 @@ import numpy as np
 import onnx
 
 from quantbench import calibrators as registry
-from quantbench.calibrate import check_methods, method_table, obtain_stats
+from quantbench.calibrate import (
+    auto_head,
+    check_auto_budget,
+    check_methods,
+    method_table,
+    obtain_stats,
+)
 from quantbench.choose.autocalib import AutoTable
 from quantbench.choose.refined import RefineOutcome, refine_judged, restamped
 from quantbench.collect.executors import ExecutorSpec
@@ -133,10 +139,13 @@ def prepare(
     show_progress: bool = False,
     executor: ExecutorSpec | None = None,
     mask_threshold: float = DECISION_THRESHOLD,
+    auto_budget: float | None = None,
 ) -> RecoveryContext:
     """Calibrate, plan the full INT8 model and run FP32 over the evaluation data once
-    (``mask_threshold``: where a probability map's values count as decided)."""
+    (``mask_threshold``: where a probability map's values count as decided; ``auto_budget``:
+    seconds ``auto``'s judging may take)."""
     method = check_methods([method])[0]  # a bad name or option fails before any inference
+    check_auto_budget(auto_budget, [method])
     graph = model if isinstance(model, Graph) else open_graph(model)
     label_array = load_labels(labels)
     stats, _, _ = obtain_stats(
@@ -149,6 +158,7 @@ def prepare(
         provider=provider,
         show_progress=show_progress,
         executor=executor,
+        keep_head=auto_head(graph, [method], holdout_data),
     )
     table, auto = method_table(
         graph,
@@ -161,6 +171,7 @@ def prepare(
         provider=provider,
         threads=threads,
         executor=executor,
+        auto_budget=auto_budget,
     )
     excluded = tuple(exclude)
     plan = quantize_model(graph, table, exclude=excluded, allow_partial=True)

@@ -196,6 +196,7 @@ def recover(
     show_progress: bool = False,
     executor: ExecutorSpec | None = None,
     mask_threshold: float = DECISION_THRESHOLD,
+    auto_budget: float | None = None,
     refine: str | list[str] | None = None,
 ) -> RecoveryResult:
     """Keep the fewest ops in ``precision`` (greedy, worst first) until ``target`` is met
@@ -248,6 +249,7 @@ def recover(
         threads=threads,
         show_progress=show_progress,
         executor=executor,
+        auto_budget=auto_budget,
         mask_threshold=mask_threshold,
     )
     ctx.precision = precision

@@ -219,6 +219,7 @@ def sensitivity(
     show_progress: bool = False,
     executor: ExecutorSpec | None = None,
     mask_threshold: float = DECISION_THRESHOLD,
+    auto_budget: float | None = None,
 ) -> list[dict[str, Any]]:
     """Rank every quantized op of ``model`` by the output drift it causes (worst first).
 
@@ -260,6 +261,7 @@ def sensitivity(
         threads=threads,
         show_progress=show_progress,
         executor=executor,
+        auto_budget=auto_budget,
         mask_threshold=mask_threshold,
     )
     ctx.evaluator.attach_script(script)

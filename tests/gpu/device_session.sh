@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for issue 39 (see plugins/dwconv2d/README.md): install the carried wheels and
 # the project into /tmp/site (skipped when a warm machine has them), build the kernel library,
-# then run the steps named in $@ (default: optest real checks), each under its own timeout.
+# then run the steps named in $@ (default: optest real checks), each under its own timeout;
+# speed16: issue 37's ResNet-18-shaped row of bench_speed.py on the host's 16 cores.
 # Carry: .whl (onnxruntime-extensions cp312, onnx-graphsurgeon) and .dwreal (model + data).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -25,6 +26,9 @@ for step in "${@:-optest real checks}"; do
               --calib .dwreal/calib.npz --eval .dwreal/eval.npz --device cuda --reps 30 --work /tmp/dwreal ;;
       checks) timeout 280 python3 tests/gpu/run_gpu_checks.py --out "$OUT" | tail -40 ;;
       bench) timeout 200 python3 tests/gpu/run_gpu_checks.py --skip-checks --out "$OUT" | tail -30 ;;
+      speed16) printf '#!/bin/sh\nPYTHONPATH=%s:/tmp/site exec python3 -P -m quantbench "$@"\n' "$PWD" > /tmp/qb && chmod +x /tmp/qb
+              timeout 400 python3 benchmarks/zoo/bench_speed.py --only resnet18 --repeat 3 --quantbench /tmp/qb \
+                --json "$OUT/speed16.json" | tail -12 ;;
       sanitize) timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/gpu/sanitize_dwconv.py \
               --lib "$QUANTBENCH_DWCONV_LIB" --modes int8_i8,int8_f32,int8_tie,f32,f16 | tail -5 ;;
     esac
