@@ -44,8 +44,8 @@ def build_sr_cnn(path: Path, seed: int = 0) -> Path:
     widths = [3] + [CHANNELS] * (CONVS - 1) + [3 * SCALE * SCALE]
     for i in range(CONVS):
         cin, cout = widths[i], widths[i + 1]
-        w = rng.standard_normal((cout, cin, 3, 3)).astype(np.float32) * np.sqrt(2 / (9 * cin))
-        b = rng.standard_normal(cout).astype(np.float32) * 0.01
+        w = (rng.standard_normal((cout, cin, 3, 3)) * np.sqrt(2 / (9 * cin))).astype(np.float32)
+        b = (rng.standard_normal(cout) * 0.01).astype(np.float32)
         inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
         y = f"conv{i}"
         nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [y], name=y, pads=[1] * 4))
@@ -77,7 +77,7 @@ def tiles(count: int, size: int, seed: int = 1) -> np.ndarray:
     rows = coarse[:, :, i0, :] * (1 - f)[None, None, :, None] + coarse[:, :, i0 + 1, :] * f[
         None, None, :, None
     ]
-    return rows[:, :, :, i0] * (1 - f) + rows[:, :, :, i0 + 1] * f
+    return (rows[:, :, :, i0] * (1 - f) + rows[:, :, :, i0 + 1] * f).astype(np.float32)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"{job} at {count} x {size}px failed: {failed[0]}")
                 row[job] = {
                     "seconds": statistics.median(r.seconds for r in runs),
-                    "peak_rss_mib": statistics.median(r.maxrss for r in runs) / MIB_KIB,
+                    "peak_rss_mib": statistics.median(r.peak_rss_kib for r in runs) / MIB_KIB,
                 }
             rows.append(row)
             console.print(
