@@ -408,12 +408,11 @@ def test_compare_calibrates_on_at_most_calib_max_samples(run_cli, cnn_path, cnn_
 
 
 def test_candidates_in_one_isolated_graph_share_one_copy_of_each_weight(cnn_path, cnn_data):
-    """Two tables' twins built into one graph with SharedConstants: each weight's INT8 values
-    and its DequantizeLinear appear once (not once a table), and every twin computes what it
-    computes when its table's twins are built alone."""
+    """Two tables' twins built into one graph (build_isolated_many): each weight is quantized
+    once (not once a table), and every twin computes what it computes built alone."""
     from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
     from quantbench.calibrate import build_table, obtain_stats
-    from quantbench.evaluate.isolated import SharedConstants, rename_twins
+    from quantbench.evaluate.isolated import build_isolated_many
     from quantbench.model.graph import open_graph
     from quantbench.qdq import quantize_model
 
@@ -423,26 +422,25 @@ def test_candidates_in_one_isolated_graph_share_one_copy_of_each_weight(cnn_path
         quantize_model(g, build_table(stats, m), allow_partial=True).model
         for m in ("minmax", "percentile:99")
     ]
-    model, twins, shared = g.model, [], SharedConstants()
-    for index, qdq in enumerate(qdqs):
-        iso = build_isolated(model, qdq, prefix=f"p{index}/", shared=shared)
-        model = iso.model
-        twins.append(rename_twins(model, iso.twins, f"t{index}"))
+    many = build_isolated_many(g.model, [(f"k{i}", q) for i, q in enumerate(qdqs)])
+
     def quantized_weights(m):
-        """The constants each QuantizeLinear of ``m`` reads (a weight's own copy or not)."""
+        """The constants each QuantizeLinear of ``m`` reads."""
         consts = {i.name for i in m.graph.initializer}
         return [n.input[0] for n in m.graph.node if n.op_type == "QuantizeLinear"
                 and n.input[0] in consts]  # fmt: skip
 
     alone_weights = quantized_weights(build_isolated(g.model, qdqs[0]).model)
     assert len(alone_weights) >= 3  # w1, w2, the Gemm's
-    assert len(quantized_weights(model)) == len(alone_weights)  # not one set a table
+    assert len(quantized_weights(many.model)) == len(alone_weights)  # not one set a table
+    onnx.checker.check_model(many.model)
     x = synthetic.images(3, seed=8)
-    fetch = [w for t in twins for w in t.values()]
-    together = OnnxRuntimeRunner(expose(model, fetch, g.elem_types)).infer({"input": x}, fetch)
+    fetch = [w for twins in many.twins.values() for w in twins.values()]
+    together = OnnxRuntimeRunner(expose(many.model, fetch, g.elem_types)).infer({"input": x}, fetch)
     for index, qdq in enumerate(qdqs):
         alone = build_isolated(g.model, qdq)
         got = OnnxRuntimeRunner(expose(alone.model, list(alone.twins.values()), g.elem_types))
         values = got.infer({"input": x}, list(alone.twins.values()))
+        assert many.twins[f"k{index}"].keys() == alone.twins.keys()
         for tensor, twin in alone.twins.items():
-            assert np.array_equal(together[twins[index][tensor]], values[twin]), (index, tensor)
+            assert np.array_equal(together[many.twins[f"k{index}"][tensor]], values[twin])

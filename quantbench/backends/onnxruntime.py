@@ -23,7 +23,7 @@ import onnx
 
 from quantbench.errors import InternalError, QuantbenchError, first_line
 from quantbench.model import customops
-from quantbench.model.protosize import loadable
+from quantbench.model.protosize import loadable, serialized
 
 _PROVIDER_ALIASES = {
     "cpu": "CPUExecutionProvider",
@@ -191,6 +191,17 @@ def expose_for_session(
     appended = onnx.ModelProto()
     appended.graph.output.extend(_new_outputs(model, tensors, elem_types, types_of_model))
     return source + appended.SerializeToString()
+
+
+def serialized_for_session(model: onnx.ModelProto) -> onnx.ModelProto | bytes:
+    """``model`` as the bytes a session parses, so that a caller who lets go of the proto does
+    not hold it beside them and onnxruntime's own copy (one model size less at the peak: the
+    isolated model of ``--method auto`` holds every weight); the proto itself where bytes will
+    not do (plugin ops, which the session lowers; a model too large to serialise)."""
+    if customops.ops_in(model):
+        return model
+    data = serialized(model)
+    return model if data is None else data
 
 
 def _new_outputs(

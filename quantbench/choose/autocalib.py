@@ -55,7 +55,12 @@ from typing import Any
 import numpy as np
 
 from quantbench import calibrators as registry
-from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose, with_outputs
+from quantbench.backends.onnxruntime import (
+    OnnxRuntimeRunner,
+    expose,
+    serialized_for_session,
+    with_outputs,
+)
 from quantbench.choose.automemo import judgement_key, load_judgement, store_judgement
 from quantbench.collect.executors import ExecutorSpec, run_tasks, task_threads
 from quantbench.collect.statspass import collect_stats
@@ -69,12 +74,7 @@ from quantbench.data.sources import (
     open_data,
 )
 from quantbench.errors import QuantbenchError, first_line
-from quantbench.evaluate.isolated import (
-    SharedConstants,
-    build_isolated,
-    rename_twins,
-    shared_upgrades,
-)
+from quantbench.evaluate.isolated import build_isolated_many, shared_upgrades
 from quantbench.evaluate.metrics import (
     OutputLayout,
     OutputsAccumulator,
@@ -811,14 +811,13 @@ def _isolated_pass(
     sample's FP32 tensors read by quantized ops take. Each batch runs in parts of at most
     :data:`JUDGE_BUDGET` bytes of returned tensors (measured on a first one-sample part); the
     first part also sizes a ``budget``'s slice."""
-    model, twins_of, ops_of = graph.model, {}, {}
-    shared = SharedConstants()  # the tables' twins read one copy of each weight
-    for index, (name, table) in enumerate(tables.items()):
-        plan = quantize_model(graph, table, allow_partial=True, checked=False)
-        iso = build_isolated(model, plan.model, prefix=f"qb_iso{index}/", shared=shared)
-        model = iso.model
-        twins_of[name] = rename_twins(model, iso.twins, f"t{index}")
-        ops_of[name] = iso.ops
+    qdq_models = (  # one at a time: each is let go once its twins are built
+        (f"t{index}", quantize_model(graph, table, allow_partial=True, checked=False).model)
+        for index, table in enumerate(tables.values())
+    )
+    many = build_isolated_many(graph.model, qdq_models)
+    twins_of = {name: many.twins[f"t{i}"] for i, name in enumerate(tables)}
+    ops_of = {name: many.ops[f"t{i}"] for i, name in enumerate(tables)}
     sources = list(dict.fromkeys(t for twins in twins_of.values() for t in twins))
     fetch = list(dict.fromkeys([*sources, *(w for tw in twins_of.values() for w in tw.values())]))
     # a twin is its source's op on its source's FP32 inputs: its type is the source's, so
@@ -829,13 +828,10 @@ def _isolated_pass(
         {w: graph.elem_types[t] for tw in twins_of.values() for t, w in tw.items()
          if t in graph.elem_types}
     )  # fmt: skip
-    runner = OnnxRuntimeRunner(
-        expose(model, fetch, types, types_of_model=True),
-        provider,
-        threads,
-        generated_from=graph.model,
-        arena=False,
-    )
+    loadable = serialized_for_session(expose(many.model, fetch, types, types_of_model=True))
+    del many  # the proto goes before onnxruntime parses the bytes
+    runner = OnnxRuntimeRunner(loadable, provider, threads, generated_from=graph.model, arena=False)
+    del loadable
     accs = {name: {t: SqnrAccumulator() for t in tw} for name, tw in twins_of.items()}
     per_table, per_sample, activations = 0, [0], 0
     for part in _slice_parts(held_out, graph.inputs, per_sample, budget):

@@ -113,8 +113,10 @@ class _Builder:
                 t.CopyFrom(_as_fp32(self.cand_inits[name]))
                 t.name = new
                 self.inits[new] = t
-                if self.shared is not None:
-                    self.shared.constants.setdefault(name, (new, self.cand_inits[name]))
+                if self.shared is not None:  # a copy: a sub-message would keep its model alive
+                    kept = onnx.TensorProto()
+                    kept.CopyFrom(self.cand_inits[name])
+                    self.shared.constants.setdefault(name, (new, kept))
             return new
         if name in self.const_nodes:
             new = self.prefix + name
@@ -198,6 +200,11 @@ class _Builder:
         self.nodes.append(_clone(node, inputs, outputs, self.prefix))
         return out
 
+    def drop_candidate(self) -> None:
+        """Lets go of the candidate model once its copies are built (only they are kept)."""
+        self.cand = onnx.ModelProto()
+        self.cand_producer, self.cand_inits, self.const_nodes = {}, {}, {}
+
     def _emitted(self) -> set[str]:
         return {o for n in self.nodes for o in n.output}
 
@@ -252,29 +259,78 @@ def quantized_ops(candidate: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def build_isolated(
-    reference: onnx.ModelProto,
-    candidate: onnx.ModelProto,
-    prefix: str = _PREFIX,
-    shared: SharedConstants | None = None,
+    reference: onnx.ModelProto, candidate: onnx.ModelProto, prefix: str = _PREFIX
 ) -> IsolatedModel:
-    """Reference graph plus an isolated copy of every quantized op of ``candidate``.
-    ``shared``: the record of the candidates already built into ``reference`` (several
-    candidates in one graph), whose equal constants the copies read instead of their own."""
-    ref = reference
+    """Reference graph plus an isolated copy of every quantized op of ``candidate``."""
+    ref = _reference_for(reference, candidate)
+    b = _Builder(ref, candidate, prefix)
+    twins, ops = _isolate_all(b, candidate)
+    return IsolatedModel(_with_copies(ref, [b]), twins, ops)
+
+
+@dataclass
+class IsolatedMany:
+    """Several candidates' isolated copies in one reference graph (:func:`build_isolated_many`)."""
+
+    model: onnx.ModelProto
+    #: candidate key -> reference tensor -> its twin of that candidate (``key:tensor::isolated``)
+    twins: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: candidate key -> reference tensor -> the quantized op producing it
+    ops: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def build_isolated_many(
+    reference: onnx.ModelProto, candidates: Iterable[tuple[str, onnx.ModelProto]]
+) -> IsolatedMany:
+    """Reference graph plus the isolated copies of every candidate's quantized ops (``auto``'s
+    tables), twins named apart by key. The reference is copied once, each candidate is let go
+    once its copies are built (``candidates`` may be a generator), and the copies share equal
+    constants and the Q/DQ nodes on the same inputs (:class:`SharedConstants`): one copy of
+    each quantized weight, not one a candidate."""
+    shared, builders, out = SharedConstants(), [], IsolatedMany(onnx.ModelProto())
+    ref = None
+    for index, (key, candidate) in enumerate(candidates):
+        if ref is None:
+            ref = _reference_for(reference, candidate)
+        b = _Builder(ref, candidate, f"qb_iso{index}/", shared)
+        twins, out.ops[key] = _isolate_all(b, candidate)
+        # every isolated output named apart (a multi-output op's other outputs too)
+        named = {o: f"{key}:{o}" for n in b.nodes for o in n.output if o.endswith(SUFFIX)}
+        for node in b.nodes:
+            node.output[:] = [named.get(o, o) for o in node.output]
+        out.twins[key] = {t: named[twin] for t, twin in twins.items()}
+        b.drop_candidate()
+        builders.append(b)
+    out.model = _with_copies(reference if ref is None else ref, builders)
+    return out
+
+
+def _reference_for(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> onnx.ModelProto:
+    """The reference at the candidate's opset where the candidate's is higher."""
     if _opset(candidate) > _opset(reference):
-        ref = _upgraded(reference, _opset(candidate))
-    b = _Builder(ref, candidate, prefix, shared)
+        return _upgraded(reference, _opset(candidate))
+    return reference
+
+
+def _isolate_all(b: _Builder, candidate: onnx.ModelProto) -> tuple[dict[str, str], dict[str, str]]:
+    """Every quantized op of ``candidate`` isolated by ``b``: (tensor -> twin, tensor -> op)."""
     twins, ops = {}, {}
     for node in quantized_ops(candidate):
         out = b.isolate(node)
         if out is not None:
             twins[out] = out + SUFFIX
             ops[out] = node.name or node.op_type
+    return twins, ops
+
+
+def _with_copies(ref: onnx.ModelProto, builders: list[_Builder]) -> onnx.ModelProto:
+    """One copy of ``ref`` holding every builder's nodes and constants."""
     model = onnx.ModelProto()
     model.CopyFrom(ref)
-    model.graph.node.extend(b.nodes)
-    model.graph.initializer.extend(t for t in b.inits.values() if t.name)
-    return IsolatedModel(model, twins, ops)
+    for b in builders:
+        model.graph.node.extend(b.nodes)
+        model.graph.initializer.extend(t for t in b.inits.values() if t.name)
+    return model
 
 
 #: inside :func:`shared_upgrades`: (id of a reference, opset) -> (the reference, held so that
