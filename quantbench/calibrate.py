@@ -535,11 +535,22 @@ def summarize(result: CalibrationResult) -> None:
         f"methods: {', '.join(result.tables)}"
     )
     if result.auto is not None:
-        scores = ", ".join(f"{k} {v:.2f} dB" for k, v in result.auto.output_sqnr_db.items())
         auto = result.auto
+        scores = ", ".join(
+            f"{k} {'<= ' if k in auto.stopped else ''}{v:.2f} dB"
+            for k, v in auto.output_sqnr_db.items()
+        )
         if scores and auto.judged:
             on = f"{auto.holdout}; {auto.cut}" if auto.cut else auto.holdout
             info(f"auto: chose {auto.chosen} ({auto.judged_by} on {on}: {scores})")
+            if auto.stopped:
+                info(
+                    "auto: stopped early, once they could no longer win: "
+                    + ", ".join(
+                        f"{k} (after {n} sample{'s' if n != 1 else ''})"
+                        for k, n in auto.stopped.items()
+                    )
+                )
         else:
             info(f"auto: {auto.chosen} ({auto.judged_by})")
         if auto.reused:

@@ -237,7 +237,16 @@ def auto_section(auto: dict[str, Any]) -> AutoSection | None:
     if not auto or not scores:
         return None
     chosen = str(auto.get("chosen") or "")
+    stopped = as_dict(auto.get("stopped_early"))
     best_first = sorted(scores, key=lambda k: -(as_number(scores[k]) or -math.inf))
+
+    def verdict(name: str) -> Cell:
+        if name == chosen:
+            return Cell("chosen", css="good")
+        if name in stopped:  # its score is the most it could still have reached
+            return Cell(f"stopped after {stopped[name]} samples: could no longer win (≤)")
+        return Cell("")
+
     candidates = tuple(
         (
             text_cell(
@@ -245,7 +254,7 @@ def auto_section(auto: dict[str, Any]) -> AutoSection | None:
                 "name" + (" used" if name == chosen else ""),
             ),
             number_cell(scores[name], fmt_db, "used" if name == chosen else ""),
-            Cell("chosen", css="good") if name == chosen else Cell(""),
+            verdict(name),
         )
         for name in best_first
     )

@@ -60,6 +60,8 @@ def test_parts_change_no_choice_and_no_table(cnn_path, tmp_path, monkeypatch):
     }
     assert parts.output_sqnr_db.keys() == whole.output_sqnr_db.keys()
     for name, db in whole.output_sqnr_db.items():  # only the float32 rounding of sums differs
+        if name in parts.stopped or name in whole.stopped:
+            continue  # a bound where it stopped (test_early_stops_change_no_choice)
         assert parts.output_sqnr_db[name] == pytest.approx(db, rel=1e-5), name
     for tensor, choice in whole.choices.items():
         for method, db in choice["isolated_sqnr_db"].items():
@@ -182,3 +184,25 @@ def test_tables_that_differ_only_where_no_quantized_op_reads_are_scored_once(
     got = choose_auto(graph, stats, cnn_data, use_cache=False, methods=["entropy", "mse"])
     assert "mse" not in seen[0]
     assert got.output_sqnr_db["mse"] == got.output_sqnr_db["entropy"]
+
+
+def test_early_stops_change_no_choice_and_no_table(cnn_path, tmp_path, monkeypatch):
+    """A candidate stopped once it could no longer win reports the most it could still have
+    reached: at least its true score (from the run with no early stop), below the winner's;
+    the choice, every other score and the table are those of the full run."""
+    np.savez(tmp_path / "d.npz", input=synthetic.images(40, seed=6))
+    graph = open_graph(cnn_path)
+    early = _judge(graph, tmp_path / "d.npz", monkeypatch, 1, HUGE)  # one sample a part
+    monkeypatch.setattr(autocalib, "_score_bound", lambda acc, whole: float("inf"))
+    full = _judge(graph, tmp_path / "d.npz", monkeypatch, 1, HUGE)
+    assert early.stopped and not full.stopped  # the CNN's entropy table is far behind
+    assert early.chosen == full.chosen
+    assert encode_json_table(early.table) == encode_json_table(full.table)
+    best = early.output_sqnr_db[early.chosen]
+    for name, db in full.output_sqnr_db.items():
+        if name in early.stopped:
+            assert db <= early.output_sqnr_db[name] < best, name
+            assert 0 < early.stopped[name] < 20  # samples read, of the 20 held back
+        else:
+            assert early.output_sqnr_db[name] == db, name
+    assert early.to_dict()["stopped_early"] == early.stopped

@@ -46,7 +46,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -80,6 +81,7 @@ from quantbench.evaluate.metrics import (
     OutputsAccumulator,
     SqnrAccumulator,
     power32,
+    sqnr_of_sums,
 )
 from quantbench.jsonsafe import json_float
 from quantbench.model.graph import Graph
@@ -219,6 +221,9 @@ class AutoTable:
     reused: bool = False
     #: what ``--auto-budget`` left out of the judging, in words ('' when nothing)
     cut: str = ""
+    #: candidates whose output pass stopped once they could no longer win: samples they read
+    #: (their :attr:`output_sqnr_db` is the most they could still have reached)
+    stopped: dict[str, int] = field(default_factory=dict)
 
     @property
     def judged(self) -> bool:
@@ -238,6 +243,7 @@ class AutoTable:
             "reused": self.reused,
             "budget_cut": self.cut,
             "output_sqnr_db": {k: json_float(v) for k, v in self.output_sqnr_db.items()},
+            "stopped_early": dict(self.stopped),
             "chosen": self.chosen,
             "fallback": self.fallback,
             "tensors": [{"tensor": t, **c} for t, c in self.choices.items()],
@@ -262,6 +268,7 @@ class AutoTable:
             str(d["holdout"]),
             str(d["judged_by"]),
             reused=True,
+            stopped={str(k): int(v) for k, v in d.get("stopped_early", {}).items()},
         )
 
 
@@ -576,6 +583,7 @@ def auto_table(
     if budget is not None:
         parallel, budget.tables = False, len(judged)
     activations = 0
+    stopped: dict[str, int] = {}  # candidates the output pass stopped early: samples read
     with ExitStack() as stack:  # the local judging's own progress (the workers' has its own)
         advance = None
         if not parallel:
@@ -614,7 +622,11 @@ def auto_table(
                 "readers": nodes,
                 "isolated_sqnr_db": {m: json_float(v) for m, v in worst.items()},
             }
-        scored = {MIX: mixed, **{m: tables[m] for m in judged}}
+        # the methods the mix took most first: a strong method finished early stops the weak
+        # ones sooner (the order changes no score)
+        picks = Counter(c["method"] for c in choices.values())
+        ranked = sorted(judged, key=lambda m: -sum(picks[x] for x in same_as if same_as[x] == m))
+        scored = {**{m: tables[m] for m in ranked}, MIX: mixed}
         # a mix that took one method on every read tensor is that method's Q/DQ model
         mix_as = _identical_tables({**{m: tables[m] for m in judged}, MIX: mixed}, readers)[MIX]
         if mix_as != MIX:
@@ -642,8 +654,11 @@ def auto_table(
                 advance=advance,
                 activation_bytes=activations,
                 budget=budget,
+                stopped=stopped,
+                exempt={MIX},
             )
     output = {MIX: scored_output[mix_as], **{m: scored_output[same_as[m]] for m in method_list}}
+    stopped_early = {m: stopped[same_as[m]] for m in method_list if same_as[m] in stopped}
     # the highest output SQNR wins; ties go to the mix, then to the methods in list order
     order = [MIX, *tables]
     chosen = max(order, key=lambda c: (_ranked(output[c]), -order.index(c)))
@@ -663,7 +678,9 @@ def auto_table(
         for name, entry in tables[single].entries.items():
             if name not in choices:
                 table.set(name, entry.amax, single)
-    return AutoTable(table, method_list, choices, output, chosen, judged_by=unjudged)
+    return AutoTable(
+        table, method_list, choices, output, chosen, judged_by=unjudged, stopped=stopped_early
+    )
 
 
 def _nothing_to_judge(
@@ -882,6 +899,8 @@ def output_sqnrs(
     activation_bytes: int = 0,
     reference_graph: Graph | None = None,
     budget: JudgingBudget | None = None,
+    stopped: dict[str, int] | None = None,
+    exempt: Collection[str] = (),
 ) -> dict[str, float]:
     """Candidate -> SQNR (dB) of its full Q/DQ model against FP32 over ``held_out``: its worst
     output's, an output joining kinds of values (a detector's boxes and scores,
@@ -894,13 +913,17 @@ def output_sqnrs(
     batch's activations. Where the parts and their FP32 outputs fit
     :data:`KEPT_REFERENCE_BUDGET` (or ``reference`` is given) the candidates then run one after
     another, one session alive at a time; else each part runs through every candidate in turn.
-    The sums, and so the scores, are the same either way.
+    The sums, and so the scores, are the same either way; except that one at a time, a
+    candidate that can no longer win stops early (its score is then the most it could still
+    have reached: ``stopped`` gets its name and the samples it read; ``exempt`` ones never
+    stop and set no bar). Without ``stopped`` every score is exact: no candidate stops.
     ``reference_graph``: the FP32 model judged against, when not ``graph`` itself (a refined
     model's INT8 form is judged against the model it was refined from). ``budget``: the
     samples it may read, and a deadline (not with ``reference``)."""
     layout = OutputLayout.of(graph.model, held_out.unbatched)
     outputs, extra = layout.judged_tensors()
     accs = {name: OutputsAccumulator(outputs, False, layout) for name in tables}
+    ended: dict[str, tuple[int, float]] = {}
 
     def runner_of(table: CalibrationTable) -> OnnxRuntimeRunner:
         """A candidate's session, without an arena (it holds only what one run needs)."""
@@ -915,9 +938,10 @@ def output_sqnrs(
 
     if reference is not None:  # the slice's batches, the FP32 outputs of each given
         given = reference
-        _score_in_turn(
-            tables, accs, runner_of, lambda: zip(held_out.batches(), given, strict=False), outputs
-        )
+        ended = _score_in_turn(
+            tables, accs, runner_of, lambda: zip(held_out.batches(), given, strict=False),
+            outputs, graph.inputs, exempt, stop_early=stopped is not None,
+        )  # fmt: skip
     else:
         against = reference_graph or graph
         fp32 = OnnxRuntimeRunner(
@@ -928,13 +952,19 @@ def output_sqnrs(
         )  # fmt: skip
         if kept is not None:
             fp32.close()
-            _score_in_turn(tables, accs, runner_of, lambda: kept, outputs)
+            ended = _score_in_turn(
+                tables, accs, runner_of, lambda: kept, outputs, graph.inputs, exempt,
+                stop_early=stopped is not None,
+            )  # fmt: skip
         else:
             _score_together(tables, accs, runner_of, fp32, held_out, graph.inputs, outputs,
                             activation_bytes, budget)  # fmt: skip
     if advance is not None:
         advance(len(tables))
-    return {name: _judged_sqnr(acc) for name, acc in accs.items()}
+    if stopped is not None:
+        stopped.update({name: read for name, (read, _) in ended.items()})
+    scores = {name: _judged_sqnr(acc) for name, acc in accs.items()}
+    return {**scores, **{name: bound for name, (_, bound) in ended.items()}}
 
 
 #: bytes of the slice's parts and their FP32 outputs the output pass may keep, so that it scores
@@ -972,15 +1002,52 @@ def _score_in_turn(
     runner_of: Callable[[CalibrationTable], OnnxRuntimeRunner],
     pairs: Callable[[], Iterable[tuple[Feed, dict[str, np.ndarray]]]],
     outputs: list[str],
-) -> None:
+    inputs: list[Any],
+    exempt: Collection[str] = (),
+    *,
+    stop_early: bool = False,
+) -> dict[str, tuple[int, float]]:
     """Each candidate over every (part, FP32 outputs) pair of ``pairs()``, one session alive
     at a time. Each candidate's sums see the same pairs in the same order as
-    :func:`_score_together`'s."""
+    :func:`_score_together`'s. With ``stop_early``, a candidate scored by SQNR stops as soon
+    as it can no longer win (:func:`_score_bound` below the best finished candidate's score:
+    not even a tie);
+    returns those: name -> (samples it read, that bound). The winner, and any tie for it,
+    reads every pair. ``exempt`` candidates always read every pair and set no bar for the
+    others (auto's mix: the best single method must be known exactly beside it)."""
+    stopped: dict[str, tuple[int, float]] = {}
+    whole: OutputsAccumulator | None = None
+    best = -math.inf
     for name, table in tables.items():
-        runner = runner_of(table)
-        for part, ref in pairs():
-            accs[name].update(ref, runner.infer(part, outputs))
+        acc, runner, read = accs[name], runner_of(table), 0
+        for (part, ref), last in _with_last(pairs()):
+            acc.update(ref, runner.infer(part, outputs))
+            read += max(1, feed_num_samples(part, inputs))
+            scored = stop_early and not last and whole is not None and name not in exempt
+            scored = scored and bool(_measured_outputs(acc))
+            bound = _score_bound(acc, whole) if scored else math.inf
+            if bound < best:
+                stopped[name] = (read, bound)
+                break
         runner.close()
+        if name not in stopped:
+            whole = whole or acc
+            if name not in exempt:
+                best = max(best, _ranked(_judged_sqnr(acc)))
+    return stopped
+
+
+def _with_last(items: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
+    """Each item and whether it is the last."""
+    it = iter(items)
+    try:
+        item = next(it)
+    except StopIteration:
+        return
+    for following in it:
+        yield item, False
+        item = following
+    yield item, True
 
 
 def _score_together(
@@ -1017,33 +1084,57 @@ def _judging(candidates: int, held_out: DataSource) -> str:
     return f"auto: judging {candidates} candidates on {on}"
 
 
-def _judged_sqnr(acc: OutputsAccumulator) -> float:
+def _judged_sqnr(
+    acc: OutputsAccumulator, sqnr_of: Callable[[str], float] | None = None
+) -> float:
     """A candidate's score: its worst output's SQNR, where an output joining kinds of values
     counts as the SQNR it would have with each part scaled to the same power (the mean of the
     parts' noise-to-signal ratios). One ruined part drags that down; a near-tie in one part
     does not decide alone: on dddd-det the worst part alone chose the mix (objectness 17.4 dB
     against mse's 17.0) over mse, which was 5 dB better on the boxes, and lost 2.6 points of
-    box F1."""
-    layout = acc.layout
-    measured = [
-        name
-        for name in acc.names
-        if name not in layout.exact | layout.value_free and not layout.stands_in(name, acc.names)
-    ]
+    box F1. ``sqnr_of``: each output's (or part's) SQNR by name, else its accumulator's."""
+    measured = _measured_outputs(acc)
     if not measured:  # integers only (class ids): fewer changed values score higher
-        ids = [name for name in acc.names if name in layout.exact]
+        ids = [name for name in acc.names if name in acc.layout.exact]
         return min((_agreement_db(acc.agreement[name]) for name in ids), default=math.inf)
     if any(acc.drift[name].mismatched for name in measured):
         return math.nan  # an output's size varied: nothing pairs up, said by _unjudged
+    of = sqnr_of or (lambda name: _sqnr(acc.drift[name]))
     scores = []
     for name in measured:
         parts = acc.parts_of(name)
         if not parts:
-            scores.append(_sqnr(acc.drift[name]))
+            scores.append(of(name))
             continue
-        noise = [10 ** (-_sqnr(acc.drift[row]) / 10) for row in parts]
+        noise = [10 ** (-of(row) / 10) for row in parts]
         scores.append(-10 * math.log10(sum(noise) / len(noise)))
     return min(scores)
+
+
+def _measured_outputs(acc: OutputsAccumulator) -> list[str]:
+    """The float outputs a candidate is scored on by SQNR (none: integer outputs only)."""
+    layout = acc.layout
+    return [
+        name
+        for name in acc.names
+        if name not in layout.exact | layout.value_free and not layout.stands_in(name, acc.names)
+    ]
+
+
+def _score_bound(acc: OutputsAccumulator, whole: OutputsAccumulator) -> float:
+    """The highest score ``acc``'s candidate can still reach on the slice: each output's (and
+    part's) noise so far against the signal of the whole slice (``whole``: a candidate that
+    read all of it; the FP32 side is every candidate's). Noise only grows as samples are added
+    and the score falls as any noise grows, so the final score is at most this. Only for
+    candidates scored by SQNR (:func:`_measured_outputs`)."""
+
+    def bound(name: str) -> float:
+        part, full = acc.drift[name], whole.drift[name]
+        if part.nonfinite_a or part.nonfinite_b:
+            return -math.inf  # undefined from now on: the worst
+        return sqnr_of_sums(full.sum_aa, part.sum_dd)
+
+    return _judged_sqnr(acc, bound)
 
 
 def reference_outputs(
