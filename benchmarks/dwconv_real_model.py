@@ -234,11 +234,15 @@ def model_latency(
     }
 
 
-def layer_shapes(model: onnx.ModelProto, batch: int) -> list[dict[str, Any]]:
-    """Each DWConv2D's problem at ``batch``: input shape, kernel, attributes."""
+def layer_shapes(
+    model: onnx.ModelProto, batch: int, original: onnx.ModelProto | None = None
+) -> list[dict[str, Any]]:
+    """Each DWConv2D's problem at ``batch``: input shape, kernel, attributes. ONNX's shape
+    inference stops at the first DWConv2D, so the shapes come from ``original`` (the model
+    before the rewrite: same tensor names, standard ops) where given."""
     from quantbench.plugins.dwconv2d.onnx_op import tensor_shapes, validate_dwconv2d
 
-    shapes = tensor_shapes(model)
+    shapes = {**tensor_shapes(model), **(tensor_shapes(original) if original else {})}
     rows = []
     for node in depthwise_nodes(model):
         spec = validate_dwconv2d(model, node)
@@ -284,7 +288,9 @@ def _launcher(lib: Any, mode: str, ptrs: tuple, params: Any, node: str) -> Calla
     return launch
 
 
-def kernel_latency(model: onnx.ModelProto, batch: int, reps: int) -> dict[str, Any]:
+def kernel_latency(
+    model: onnx.ModelProto, batch: int, reps: int, original: onnx.ModelProto | None = None
+) -> dict[str, Any]:
     """The plugin kernels alone against torch's cuDNN conv (groups) for every depthwise layer:
     FP32 (TF32 off) and FP16 against cuDNN, INT8 (int8 out) ours alone (cuDNN has no INT8
     grouped conv in torch); device buffers, CUDA-graph replays (the harness's time_cuda)."""
@@ -301,7 +307,7 @@ def kernel_latency(model: onnx.ModelProto, batch: int, reps: int) -> dict[str, A
     torch.backends.cudnn.allow_tf32 = False
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for layer in layer_shapes(model, batch):
+    for layer in layer_shapes(model, batch, original):
         n, c, h, w = layer["input"]
         k, _, kh, kw = layer["weight"]
         spec = kl.ConvSpec(
@@ -334,9 +340,12 @@ def kernel_latency(model: onnx.ModelProto, batch: int, reps: int) -> dict[str, A
 # --------------------------------------------------------------------------- report
 
 
-def _fmt(value: float | None, digits: int = 2) -> str:
+def _fmt(value: float | str | None, digits: int = 2) -> str:
+    """A number as printed; the results JSON writes inf as a string ("inf"), kept as it is."""
     if value is None:
         return "-"
+    if isinstance(value, str):
+        return value
     return "inf" if value == float("inf") else f"{value:.{digits}f}"
 
 
@@ -428,7 +437,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     model_lat = model_latency(args.model, rewritten, x, args.device, args.reps)
     kernels = None
     if args.device == "cuda":
-        kernels = kernel_latency(dw_model, args.latency_batch, args.reps)
+        original = onnx.load(str(args.model))
+        kernels = kernel_latency(dw_model, args.latency_batch, args.reps, original)
     print_latency(model_lat, kernels)
     gpu = None
     if args.device == "cuda":
