@@ -382,6 +382,33 @@ def gpu_runner(lib: Any, stream: Any | None = None) -> Runner:
     return run
 
 
+def float64_chain(
+    acc: np.ndarray,
+    bias: np.ndarray | None,
+    spec: Any,
+    output_scale: float,
+    scales: tuple[float, float] = (INPUT_SCALE, WEIGHT_SCALE),
+) -> np.ndarray:
+    """The INT8 output of the same requantization carried out in float64 (the old, stricter
+    reference): what the float32 epilogue is compared against, to say how often and by how
+    much one float32 rounding per step moves an output."""
+    v = acc.astype(np.float64) * (np.float64(scales[0]) * np.float64(scales[1]))
+    if bias is not None:
+        shaped = bias.reshape(1, -1, 1, 1) if bias.ndim == 1 else bias.reshape(spec.batch, -1, 1, 1)
+        v = v + shaped.astype(np.float64)
+    return np.clip(np.rint(v / np.float64(output_scale)), -128, 127).astype(np.int8)
+
+
+def chain_gap(
+    acc: np.ndarray, bias: np.ndarray | None, spec: Any, output_scale: float
+) -> dict[str, float | int]:
+    """How the float32 epilogue's outputs differ from the float64 chain's: the share that
+    differ and by how many LSB at most."""
+    ours = requantize_reference(acc, bias, spec, output_scale).astype(np.int32)
+    gap = np.abs(ours - float64_chain(acc, bias, spec, output_scale).astype(np.int32))
+    return {"f64_chain_differs": float(np.mean(gap > 0)), "f64_chain_max_lsb": int(gap.max())}
+
+
 def _int8_output_scale(v: np.ndarray) -> float:
     """A scale that saturates about 1% of the outputs, so clamping is exercised too."""
     amax = float(np.percentile(np.abs(v), 99.0))
@@ -490,6 +517,7 @@ def _check_int8(runner: Runner, spec: Any, mode: str, inputs: CaseInputs) -> dic
     near_tie = tie_distance <= 1e-6 * np.maximum(1, np.abs(scaled))
     off_tie = int(((diff > 0) & ~near_tie).sum())
     result.update(
+        **chain_gap(acc, inputs.b, spec, output_scale),
         output_scale=output_scale,
         unwritten=unwritten,
         saturated_fraction=float(np.mean(np.abs(expected.astype(np.int32)) >= 127)),
