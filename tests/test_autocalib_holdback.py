@@ -319,3 +319,19 @@ def test_auto_takes_the_held_back_statistics_from_the_pass(cnn_path, cnn_data, m
     assert passes == [1]
     assert encode_json_table(snap.table) == encode_json_table(again.table)
     assert snap.output_sqnr_db == again.output_sqnr_db and snap.holdout == again.holdout
+
+
+def test_compare_int8_auto_reads_the_held_back_slice_once(cnn_path, cnn_data, monkeypatch):
+    """compare's int8 (auto) keeps the held-back statistics apart in its calibration pass, as
+    calibrate does: auto runs no second statistics pass over the slice."""
+    from quantbench.compare import compare
+
+    passes = []
+    real = autocalib.collect_stats
+    monkeypatch.setattr(
+        autocalib, "collect_stats", lambda *a, **k: passes.append(1) or real(*a, **k)
+    )
+    doc = compare("fp32", "int8", model=cnn_path, data=cnn_data, calib_data=cnn_data,
+                  latency=False, show_progress=False)  # fmt: skip
+    assert passes == []
+    assert doc["calibration"]["auto"]["holdout"].startswith("first 20 of 40 calibration samples")

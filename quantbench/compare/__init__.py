@@ -9,7 +9,7 @@ import numpy as np
 
 from quantbench import calibrators as registry
 from quantbench.backends.onnxruntime import start_provider
-from quantbench.calibrate import check_auto_budget, check_methods, obtain_stats
+from quantbench.calibrate import auto_head, check_auto_budget, check_methods, obtain_stats
 from quantbench.choose.clipguard import (
     DEFAULT_CLIP_WARN,
     DEFAULT_SQNR_FLOOR_DB,
@@ -217,6 +217,7 @@ def compare(
             provider=provider,
             show_progress=show_progress,
             executor=executor,
+            keep_head=auto_head(graph, int8_methods, holdout_data),
         )
         ctx.stats = stats_file
     body = run_comparison(
