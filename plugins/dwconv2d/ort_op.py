@@ -52,6 +52,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quantbench.errors import QuantbenchError, first_line
 from quantbench.model import customops
+from quantbench.model.graph import inferred_types
 from quantbench.model.names import tensor_names, unique
 from quantbench.plugins.dwconv2d import reference
 from quantbench.plugins.dwconv2d.onnx_op import (
@@ -271,15 +272,7 @@ def _known_types(
     work.CopyFrom(checkable_copy(model))
     types: dict[str, int] = {}
     for _ in range(len(nodes) + 1):
-        try:
-            inferred = onnx.shape_inference.infer_shapes(work, strict_mode=False)
-        except Exception:  # noqa: BLE001 - best effort: unknown types count as float32
-            inferred = work
-        g = inferred.graph
-        types = {i.name: i.data_type for i in g.initializer}
-        for v in [*g.input, *g.value_info, *g.output]:
-            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
-                types[v.name] = v.type.tensor_type.elem_type
+        types = inferred_types(work)  # best effort: unknown types count as float32
         learnt = False
         for node in nodes:
             out = node.output[0]

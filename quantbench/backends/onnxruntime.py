@@ -23,6 +23,7 @@ import onnx
 
 from quantbench.errors import InternalError, QuantbenchError, first_line
 from quantbench.model import customops
+from quantbench.model.graph import inferred_types, onnxruntime_types
 from quantbench.model.protosize import loadable, serialized
 
 _PROVIDER_ALIASES = {
@@ -221,8 +222,6 @@ def _new_outputs(
         # model's (the FP32 reference's float32 for an FP16 candidate), which onnxruntime would
         # refuse, so this model's own types are asked of onnxruntime, plugin ops run as it runs
         # them
-        from quantbench.model.graph import onnxruntime_types
-
         inferred.update(onnxruntime_types(model, untyped))
     return [
         onnx.helper.make_tensor_value_info(
@@ -236,15 +235,7 @@ def _inferred_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
     """Element types of ``names`` in ``model`` by ONNX shape inference (best effort)."""
     if not names:
         return {}
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # noqa: BLE001 - inference is best effort (custom ops, > 2 GiB)
-        inferred = model
-    g = inferred.graph
-    types = {i.name: i.data_type for i in g.initializer}
-    for v in [*g.input, *g.value_info, *g.output]:
-        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
-            types[v.name] = v.type.tensor_type.elem_type
+    types = inferred_types(model)
     wanted = set(names)
     return {k: t for k, t in types.items() if k in wanted}
 

@@ -527,6 +527,21 @@ def _graph_inputs(model: onnx.ModelProto, p: Path | None = None) -> list[TensorS
     return specs
 
 
+def inferred_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element types ONNX shape inference gives ``model``'s tensors, best effort (an op it does
+    not know, a model over 2 GiB: what the graph itself declares), initializers included."""
+    try:
+        inferred = shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - inference is best effort (custom ops, > 2 GiB)
+        inferred = model
+    g = inferred.graph
+    types = {i.name: i.data_type for i in g.initializer}
+    for v in [*g.input, *g.value_info, *g.output]:
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
+            types[v.name] = v.type.tensor_type.elem_type
+    return types
+
+
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor, from shape inference where the graph does not say.
 
