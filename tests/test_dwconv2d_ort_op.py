@@ -15,7 +15,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
-from test_dwconv2d_op import dw_model, dynamic_depthwise
+from test_dwconv2d_op import dw_model, dynamic_depthwise, per_sample_reference
 
 from quantbench.errors import QuantbenchError
 from quantbench.model import customops
@@ -26,33 +26,6 @@ import quantbench.plugins.dwconv2d as dw  # noqa: E402
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner  # noqa: E402
 
 F32 = np.float32
-
-
-def loop_conv(x, w, b, strides, pads, dilations, group):
-    """y[n, k, p, q] = b + sum over k's group's channels c and taps (i, j) of
-    x_padded[n, c, p*stride + i*dilation, q*stride + j*dilation] * w[k, c - first, i, j], with
-    w[n] for a per-sample kernel and b[n, k] for a per-sample bias; float64, one output at a
-    time."""
-    n_, _, h, width = x.shape
-    k_, cg, kh, kw = w.shape[-4:]
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    ho = (h + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
-    wo = (width + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
-    y = np.zeros((n_, k_, ho, wo))
-    per_group = k_ // group
-    for n in range(n_):
-        kernel = (w[n] if w.ndim == 5 else w).astype(np.float64)
-        for k in range(k_):
-            first = (k // per_group) * cg
-            for p in range(ho):
-                rows = p * strides[0] + dilations[0] * np.arange(kh)
-                for q in range(wo):
-                    cols = q * strides[1] + dilations[1] * np.arange(kw)
-                    patch = xp[n, first : first + cg][:, rows][:, :, cols]
-                    y[n, k, p, q] = np.sum(patch * kernel[k])
-            if b is not None:
-                y[n, k] += b[n, k] if b.ndim == 2 else b[k]
-    return y
 
 
 def plain_session(model: onnx.ModelProto) -> ort.InferenceSession:
@@ -74,6 +47,7 @@ def lowered_run(model: onnx.ModelProto, feed: dict) -> np.ndarray:
 
 
 ATTRS = {"strides": [2, 1], "pads": [1, 0, 2, 1], "dilations": [1, 2], "group": 2}
+PLAIN = {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 4}
 
 
 @pytest.mark.parametrize(
@@ -94,7 +68,7 @@ def test_fp32_op_matches_the_loop_definition_and_onnxruntime_conv(w_shape, b_sha
     if b_shape:
         feed["B"] = rng.standard_normal(b_shape).astype(F32)
     got = plain_session(model).run(None, feed)[0]
-    want = loop_conv(feed["X"], feed["W"], feed.get("B"), **ATTRS)
+    want = per_sample_reference(feed["X"], feed["W"], feed.get("B"), **ATTRS)
     assert got.dtype == F32 and got.shape == want.shape == (3, 6, 5, 6)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got, lowered_run(model, feed), rtol=1e-5, atol=1e-5)
@@ -113,7 +87,7 @@ def test_depthwise_with_a_dynamic_batch_runs_per_sample_kernels():
             "W": rng.standard_normal((n, 4, 1, 3, 3)).astype(F32),
             "B": rng.standard_normal((n, 4)).astype(F32),
         }
-        want = loop_conv(feed["X"], feed["W"], feed["B"], [1, 1], [1, 1, 1, 1], [1, 1], 4)
+        want = per_sample_reference(feed["X"], feed["W"], feed["B"], **PLAIN)
         np.testing.assert_allclose(session.run(None, feed)[0], want, rtol=1e-5, atol=1e-5)
 
 
@@ -129,7 +103,7 @@ def test_fp16_op_rounds_once_to_float16():
         "B": rng.standard_normal(4).astype(np.float16),
     }
     got = plain_session(model).run(None, feed)[0]
-    want = loop_conv(feed["X"], feed["W"], feed["B"], [1, 1], [1, 1, 1, 1], [1, 1], 4)
+    want = per_sample_reference(feed["X"], feed["W"], feed["B"], **PLAIN)
     assert got.dtype == np.float16
     # one rounding of the exact sum: within half a float16 unit in the last place
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2.0**-11, atol=2.0**-24)
@@ -195,9 +169,8 @@ def test_plain_session_needs_only_the_import_and_the_library():
     x = np.random.default_rng(3).standard_normal((1, 4, 6, 6)).astype(F32)
     w = np.random.default_rng(4).standard_normal((4, 1, 3, 3)).astype(F32)
     got = plain_session(model).run(None, {"X": x, "W": w})[0]
-    np.testing.assert_allclose(
-        got, loop_conv(x, w, None, [1, 1], [0] * 4, [1, 1], 4), rtol=1e-5, atol=1e-5
-    )
+    want = per_sample_reference(x, w, None, **{**PLAIN, "pads": [0] * 4})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_rewritten_model_runs_through_the_op_like_the_original(run_cli, tmp_path):
