@@ -986,14 +986,22 @@ def _kept_reference(
     kept, held, per_sample = [], 0, [activation_bytes]
     for part in _slice_parts(held_out, inputs, per_sample, None):
         ref = fp32.infer(part, outputs)
-        if not per_sample[0]:
-            samples = max(1, feed_num_samples(part, inputs))
-            per_sample[0] = max(1, sum(np.asarray(v).nbytes for v in ref.values()) // samples)
+        _size_parts(per_sample, part, ref, inputs)
         held += sum(np.asarray(v).nbytes for v in [*part.values(), *ref.values()])
         if held > KEPT_REFERENCE_BUDGET:
             return None
         kept.append((part, ref))
     return kept
+
+
+def _size_parts(
+    per_sample: list[int], part: Feed, ref: dict[str, np.ndarray], inputs: list[Any]
+) -> None:
+    """After the first part (one sample), the bytes a sample's FP32 outputs take, which size
+    the slice's later parts (:func:`_slice_parts`), where no activation size was known."""
+    if not per_sample[0]:
+        samples = max(1, feed_num_samples(part, inputs))
+        per_sample[0] = max(1, sum(np.asarray(v).nbytes for v in ref.values()) // samples)
 
 
 def _score_in_turn(
@@ -1011,10 +1019,9 @@ def _score_in_turn(
     at a time. Each candidate's sums see the same pairs in the same order as
     :func:`_score_together`'s. With ``stop_early``, a candidate scored by SQNR stops as soon
     as it can no longer win (:func:`_score_bound` below the best finished candidate's score:
-    not even a tie);
-    returns those: name -> (samples it read, that bound). The winner, and any tie for it,
-    reads every pair. ``exempt`` candidates always read every pair and set no bar for the
-    others (auto's mix: the best single method must be known exactly beside it)."""
+    not even a tie); returns those: name -> (samples it read, that bound). The winner, and
+    any tie for it, reads every pair. ``exempt`` candidates always read every pair and set no
+    bar for the others (auto's mix: the best single method must be known exactly beside it)."""
     stopped: dict[str, tuple[int, float]] = {}
     whole: OutputsAccumulator | None = None
     best = -math.inf
@@ -1068,9 +1075,7 @@ def _score_together(
     per_sample = [activation_bytes]
     for part in _slice_parts(held_out, inputs, per_sample, budget, deadline=True):
         ref = fp32.infer(part, outputs)
-        if not per_sample[0]:
-            samples = max(1, feed_num_samples(part, inputs))
-            per_sample[0] = max(1, sum(np.asarray(v).nbytes for v in ref.values()) // samples)
+        _size_parts(per_sample, part, ref, inputs)
         for name, runner in runners.items():
             accs[name].update(ref, runner.infer(part, outputs))
     for runner in [*runners.values(), fp32]:
