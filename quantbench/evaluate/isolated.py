@@ -63,7 +63,7 @@ class SharedConstants:
     each Q/DQ of a constant into a float tensor of its own (MiniLM-L3's 66 MB, once a table);
     an activation two tables give the same scale is quantized once too."""
 
-    #: candidate constant name -> (its name in the isolated model, the candidate's tensor)
+    #: candidate constant name -> (its name in the isolated model, a copy of the candidate's tensor)
     constants: dict[str, tuple[str, onnx.TensorProto]] = field(default_factory=dict)
     #: a Q or DQ node (its type and attributes, then its inputs) -> its output in the model
     nodes: dict[tuple[str, ...], str] = field(default_factory=dict)
