@@ -1040,9 +1040,10 @@ def test_gemm_qdq_output_matches_numpy_fake_quant():
 
 def test_one_graph_quantized_with_many_tables_is_upgraded_once(tmp_path, monkeypatch):
     """auto and recover quantize one model with many tables: the opset upgrade (here 12 -> 13,
-    for per-channel weights) runs once per source graph, and every result is the one a fresh
-    graph gives."""
+    for per-channel weights) and each weight's scale run once per source graph, and every
+    result is the one a fresh graph gives."""
     from quantbench.calibrate import calibrate
+    from quantbench.qdq import placement as qp
     from quantbench.qdq import quantize as qz
 
     path = synthetic.save(synthetic.small_cnn(opset=12), tmp_path / "m12.onnx")
@@ -1054,11 +1055,16 @@ def test_one_graph_quantized_with_many_tables_is_upgraded_once(tmp_path, monkeyp
     upgrades = []
     real = qz.ensure_qdq_opset
     monkeypatch.setattr(qz, "ensure_qdq_opset", lambda *a: upgrades.append(1) or real(*a))
+    scaled = []
+    real_scale = qp.weight_scale
+    monkeypatch.setattr(qp, "weight_scale", lambda *a: scaled.append(1) or real_scale(*a))
     graph = open_graph(path)
     for m in ["minmax", "mse", "minmax"]:
         result = quantize_model(graph, tables[m])
         assert result.opset_from == 12 and result.opset_to == 13 and result.per_channel
         assert result.model.SerializeToString() == fresh[m].SerializeToString()
+        weighted = sum(n.op_type in ("Conv", "Gemm") for n in graph.model.graph.node)
+        assert len(scaled) == weighted  # the first table's call found every scale
     assert len(upgrades) == 1
     quantize_model(open_graph(path), tables["mse"])  # another graph: its own upgrade
     quantize_model(graph, tables["mse"], per_channel=False)  # another form: its own too

@@ -25,9 +25,11 @@ from quantbench.qdq.insert import insert_qdq
 from quantbench.qdq.opset import OpsetDecision, ensure_qdq_opset
 from quantbench.qdq.placement import (
     DEFAULT_OP_TYPES,
+    ConstantInputs,
     Exclusions,
     Placement,
     PlacementOptions,
+    constant_inputs,
     plan_placement,
     validate_op_types,
 )
@@ -77,10 +79,12 @@ def quantize_model(
         model = stripped
     else:
         warnings += _check_provenance(source, table, allow_partial, label)
-    decision, g = _qdq_ready(graph_or_path, model, per_channel, requantize)
+    decision, g, constants = _qdq_ready(graph_or_path, model, per_channel, requantize)
     warnings += decision.warnings
     options = PlacementOptions(op_types, exclude, decision.per_channel, quantize_residual)
-    placement = plan_placement(g, table, options)
+    if op_types not in constants:
+        constants[op_types] = constant_inputs(g, op_types)
+    placement = plan_placement(g, table, options, constants[op_types])
     warnings += _check_coverage(g, table, placement, allow_partial, label)
     warnings += placement.warnings
 
@@ -108,30 +112,37 @@ RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 
 
 #: the last source graph's Q/DQ-ready form: (source, its node and initializer counts,
-#: per_channel, requantize, the opset decision, the graph derived from it). ``--method auto`` and
-#: the recovery loop quantize one model with many tables or exclusion sets, and the opset upgrade
-#: (version_converter and the checker: 0.4 s a call on dddd-ocr's opset 12) and the graph's
-#: derivation (0.16 s) depend on neither. The entry refers to its source weakly and is dropped
-#: with it.
-_READY: list[tuple[weakref.ref[Graph], int, bool, bool, OpsetDecision, Graph]] = []
+#: per_channel, requantize, the opset decision, the graph derived from it, placement's findings
+#: about its constant inputs per op-type set). ``--method auto`` and the recovery loop quantize
+#: one model with many tables or exclusion sets, and the opset upgrade (version_converter and the
+#: checker: 0.4 s a call on dddd-ocr's opset 12), the graph's derivation (0.16 s) and the weights'
+#: scales (75 ms) depend on neither. The entry refers to its source weakly and is dropped with it.
+_READY: list[
+    tuple[
+        weakref.ref[Graph], int, bool, bool, OpsetDecision, Graph,
+        dict[tuple[str, ...], ConstantInputs],
+    ]
+] = []  # fmt: skip
 
 
 def _qdq_ready(
     source: object, model: onnx.ModelProto, per_channel: bool, requantize: bool
-) -> tuple[OpsetDecision, Graph]:
-    """:func:`ensure_qdq_opset` of ``model`` (the working copy of ``source``) and its graph,
-    computed once per source :class:`Graph` (a Graph's model is never changed in place; its
-    node and initializer counts are compared too, a cheap guard: ByteSize costs 75 ms)."""
+) -> tuple[OpsetDecision, Graph, dict[tuple[str, ...], ConstantInputs]]:
+    """:func:`ensure_qdq_opset` of ``model`` (the working copy of ``source``), its graph and
+    a place for placement's findings about its constants, computed once per source
+    :class:`Graph` (a Graph's model is never changed in place; its node and initializer counts
+    are compared too, a cheap guard: ByteSize costs 75 ms)."""
     size = _shape_of(source.model) if isinstance(source, Graph) else -1
-    for cached, cached_size, pc, rq, decision, g in _READY:
+    for cached, cached_size, pc, rq, decision, g, constants in _READY:
         if cached() is source and cached_size == size and (pc, rq) == (per_channel, requantize):
-            return decision, g
+            return decision, g, constants
     decision = ensure_qdq_opset(model, per_channel)
     g = open_graph(decision.model, require_fixed_rank=False)
+    constants: dict[tuple[str, ...], ConstantInputs] = {}
     if isinstance(source, Graph):
-        _READY[:] = [(weakref.ref(source), size, per_channel, requantize, decision, g)]
+        _READY[:] = [(weakref.ref(source), size, per_channel, requantize, decision, g, constants)]
         weakref.finalize(source, _READY.clear)  # gone with its graph, not kept for the process
-    return decision, g
+    return decision, g, constants
 
 
 def _shape_of(model: onnx.ModelProto) -> int:
