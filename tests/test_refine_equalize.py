@@ -140,6 +140,8 @@ def _conv_act_conv(between: list[str], seed: int = 0) -> onnx.ModelProto:
     nodes = [_conv("conv1", "x", "w1", "t0", "b1", pads=[1, 1, 1, 1])]
     for i, op in enumerate(between):
         attrs = {"alpha": 0.1} if op == "LeakyRelu" else {}
+        if op == "MaxPool":  # same size out: conv2 reads [2, 4, 8, 8] either way
+            attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
         nodes.append(helper.make_node(op, [f"t{i}"], [f"t{i + 1}"], name=f"act{i}", **attrs))
     nodes.append(_conv("conv2", f"t{len(between)}", "w2", "y", "b2", pads=[1, 1, 1, 1]))
     return _model(nodes, weights, [2, 3, 8, 8], ["y"])
@@ -168,7 +170,8 @@ def _mobile_block() -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize(
-    "between", [[], ["Relu"], ["LeakyRelu"], ["Identity"], ["Relu", "Identity"]]
+    "between",
+    [[], ["Relu"], ["LeakyRelu"], ["Identity"], ["Relu", "Identity"], ["Relu", "MaxPool"]],
 )
 def test_conv_relu_like_conv_keeps_the_function(between):
     model = _conv_act_conv(between)
@@ -357,3 +360,80 @@ def test_a_conv_output_used_as_a_weight_is_left_alone():
 def test_zero_iterations_is_refused():
     with pytest.raises(ValueError, match="iterations"):
         equalize(_conv_act_conv(["Relu"]), iterations=0)
+
+
+# --- several convs on one activation; the activation-driven variant -------------------------------
+
+
+def _two_heads(between: list[str]) -> onnx.ModelProto:
+    """conv1 (3->4) -> ops -> two heads reading the same tensor: conv2 (4->5) and conv3 (4->2,
+    1x1), as a detector's class and box heads (mtcnn's PNet)."""
+    model = _conv_act_conv(between)
+    last = f"t{len(between)}"
+    model.graph.initializer.append(
+        numpy_helper.from_array(_unbalanced((2, 4, 1, 1), [3, 0.1, 1, 8], 1, 9), "w3")
+    )
+    model.graph.node.append(_conv("conv3", last, "w3", "z"))
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, _ANY4D))
+    return model
+
+
+def test_two_heads_on_one_activation_are_scaled_together():
+    """Both heads read channel i of the activation: both get their input channel i scaled, by
+    the one scale that balances conv1's range against the larger of the heads' ranges."""
+    model = _two_heads(["Relu"])
+    prelu = helper.make_node("PRelu", ["t0", "slope"], ["t1"], name="act0")
+    model.graph.node[1].CopyFrom(prelu)
+    slope = np.array([0.1, 0.3, -0.2, 0.05], np.float32).reshape(4, 1, 1)
+    model.graph.initializer.append(numpy_helper.from_array(slope, "slope"))
+    refined = _equalized(model)
+    assert [layer.node for layer in refined.layers] == ["conv1 -> conv2, conv3"]
+    _assert_same_function(model, refined.model, [2, 3, 8, 8])
+    after = _inits(refined.model)
+    heads = np.maximum(_second_ranges(after["w2"], 1), _second_ranges(after["w3"], 1))
+    np.testing.assert_allclose(_first_ranges(after["w1"]), heads, rtol=1e-6)
+
+
+def test_a_head_that_is_not_a_conv_stops_the_pair():
+    model = _conv_act_conv(["Relu"])
+    model.graph.node.append(helper.make_node("Neg", ["t1"], ["z"], name="neg"))
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, _ANY4D))
+    _assert_left_alone(model)
+
+
+def _activation_max(model: onnx.ModelProto, tensor: str, x: np.ndarray) -> np.ndarray:
+    """max|t_c| per channel of ``tensor``, read by onnxruntime with the tensor made an output."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    exposed.graph.output.append(helper.make_tensor_value_info(tensor, TensorProto.FLOAT, _ANY4D))
+    value = _run(exposed, x)[-1]
+    return np.abs(value).max(axis=(0, 2, 3))
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0])
+def test_activation_variant_balances_the_measured_activation(alpha):
+    """With s_c = a_c^alpha / r2_c^(1-alpha): alpha 1 leaves every channel of the activation
+    at range 1; alpha 0.5 leaves each channel's activation range equal to the range of the
+    weights that read it (both sqrt(a_c * r2_c)). Measured again on the refined model."""
+    from quantbench.refine.equalize import activation_tensors
+
+    model = _two_heads(["Relu", "MaxPool"])
+    assert activation_tensors(model) == ["t2"]
+    x = np.random.default_rng(7).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    measured = _activation_max(model, "t2", x)
+    refined = _equalized(model, activation_max={"t2": measured}, alpha=alpha)
+    assert [layer.node for layer in refined.layers] == ["conv1 -> conv2, conv3"]
+    _assert_same_function(model, refined.model, [2, 3, 8, 8])
+    after = _inits(refined.model)
+    now = _activation_max(refined.model, "t2", x)
+    if alpha == 1.0:
+        np.testing.assert_allclose(now, np.ones(4), rtol=1e-5)
+    else:
+        heads = np.maximum(_second_ranges(after["w2"], 1), _second_ranges(after["w3"], 1))
+        np.testing.assert_allclose(now, heads, rtol=1e-5)
+
+
+def test_activation_variant_leaves_unmeasured_pairs_alone():
+    model = _conv_act_conv(["Relu"])
+    refined = equalize(model, activation_max={"elsewhere": np.ones(4)})
+    assert not refined.changed and refined.skipped == NOTHING_ELIGIBLE

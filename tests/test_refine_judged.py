@@ -88,6 +88,10 @@ def test_equalization_kept_where_it_helps_and_the_written_model_gains(unbalanced
     out = quantize(model, refined, data=calib, refine="equalize", show_progress=False,
                    refined_model=tmp_path / "refined.fp32.onnx")  # fmt: skip
     assert out.refine is not None and out.refine.kept == ["equalize"]
+    # both variants tried, each judged on its own; the higher kept
+    tried = {t.name: t for t in out.refine.trials}
+    assert list(tried) == ["equalize:activations", "equalize"]
+    assert tried["equalize"].score_db >= tried["equalize:activations"].score_db
     assert refined_passes(onnx.load(refined)) == ["equalize"]
     assert refined_passes(onnx.load(tmp_path / "refined.fp32.onnx")) == ["equalize"]
     # the refined FP32 model computes what the original does

@@ -45,3 +45,29 @@ def stream_activations(
             yield values
     finally:
         runner.close()
+
+
+def channel_max(
+    model: onnx.ModelProto,
+    data: DataSource,
+    tensors: list[str],
+    *,
+    axis: int = -1,
+    provider: str | None = None,
+) -> dict[str, np.ndarray]:
+    """max|X_c| per channel ``c`` (along ``axis``) of each tensor over ``data``: one streamed
+    FP32 pass, a running maximum over every other axis; non-finite values left out."""
+    maxima: dict[str, np.ndarray] = {}
+    for values in stream_activations(model, data, tensors, provider=provider):
+        for name, value in values.items():
+            batch = _batch_channel_max(np.asarray(value), axis)
+            maxima[name] = batch if name not in maxima else np.maximum(maxima[name], batch)
+    return maxima
+
+
+def _batch_channel_max(value: np.ndarray, axis: int) -> np.ndarray:
+    if value.ndim == 0:
+        value = value.reshape(1)
+    magnitude = np.abs(np.moveaxis(value.astype(np.float32, copy=False), axis, -1))
+    magnitude[~np.isfinite(magnitude)] = 0
+    return magnitude.reshape(-1, magnitude.shape[-1]).max(axis=0, initial=0.0)

@@ -33,7 +33,7 @@ from quantbench.errors import QuantbenchError
 from quantbench.model.graph import Graph, node_labels, open_graph
 from quantbench.model.names import tensor_names, unique
 from quantbench.refine import SMOOTH, LayerChange, Refined, edits
-from quantbench.refine.activations import stream_activations
+from quantbench.refine.activations import channel_max
 
 #: the smallest smoothing factor (SmoothQuant's clamp): keeps 1/s finite
 MIN_SCALE = 1e-5
@@ -118,19 +118,7 @@ def activation_channel_max(
 ) -> dict[str, np.ndarray]:
     """max|X_j| per last-axis channel j of each tensor over ``data`` (one streamed FP32 pass,
     a running maximum over all leading axes; non-finite values left out)."""
-    maxima: dict[str, np.ndarray] = {}
-    for values in stream_activations(model, data, list(tensors), provider=provider):
-        for name, value in values.items():
-            batch = _batch_channel_max(value)
-            maxima[name] = batch if name not in maxima else np.maximum(maxima[name], batch)
-    return maxima
-
-
-def _batch_channel_max(value: np.ndarray) -> np.ndarray:
-    magnitude = np.abs(np.asarray(value, np.float32))
-    magnitude[~np.isfinite(magnitude)] = 0
-    channels = magnitude.shape[-1] if magnitude.ndim else 1
-    return magnitude.reshape(-1, channels).max(axis=0, initial=0.0)
+    return channel_max(model, data, list(tensors), axis=-1, provider=provider)
 
 
 def smoothing_scales(x_max: np.ndarray, w_max: np.ndarray, alpha: float) -> np.ndarray:
