@@ -172,14 +172,13 @@ def test_tables_that_differ_only_where_no_quantized_op_reads_are_scored_once(
     unread = sorted(set(real(stats, "entropy").entries) - read)
     assert unread  # the CNN's output (and what only its float ops read)
 
-    def build(stats_file, method):
-        if method != "mse":
-            return real(stats_file, method)
-        table = real(stats_file, "entropy")
-        table.set(unread[0], table.amax(unread[0]) * 3, "mse")
-        return table
+    def build(stats_file, methods):
+        tables = {m: real(stats_file, m) for m in methods}
+        tables["mse"] = real(stats_file, "entropy")
+        tables["mse"].set(unread[0], tables["mse"].amax(unread[0]) * 3, "mse")
+        return tables
 
-    monkeypatch.setattr(autocalib, "build_table", build)
+    monkeypatch.setattr(autocalib, "build_tables", build)
     seen = _scored_tables(monkeypatch)
     got = choose_auto(graph, stats, cnn_data, use_cache=False, methods=["entropy", "mse"])
     assert "mse" not in seen[0]

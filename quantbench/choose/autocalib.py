@@ -89,7 +89,7 @@ from quantbench.progress import progress_bar, warn
 from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
 from quantbench.stats.tensorstats import StatsFile
 from quantbench.table import CalibrationTable
-from quantbench.table.build import build_table
+from quantbench.table.build import build_table, build_tables
 from quantbench.table.json_table import decode_json_table, encode_json_table
 from quantbench.table.trt_cache import TRTEXEC_ALGORITHM
 
@@ -575,7 +575,7 @@ def auto_table(
     base_name = registry.canonical(base)
     if base_name not in method_list:
         method_list.insert(0, base_name)
-    tables = {m: build_table(stats, m) for m in method_list}
+    tables = build_tables(stats, method_list)  # its histograms not held through the judging
     readers = _readers(graph, tables[base_name])
     same_as = _identical_tables(tables, readers)
     judged = list(dict.fromkeys(same_as.values()))  # each distinct table scored once
