@@ -12,6 +12,7 @@ import os
 import weakref
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -69,17 +70,11 @@ def quantize_model(
     exclude = tuple(exclude)
     if source.path is None:
         _check_input(source.model, label)
-    model = onnx.ModelProto()
-    model.CopyFrom(source.model)
-    warnings = name_nodes(model)
-    Exclusions(exclude, [n.name for n in model.graph.node])  # bad regexes fail before any work
-
-    stripped = _strip_existing(model, requantize, label)
-    if stripped is not None:
-        model = stripped
-    else:
+    ready = _qdq_ready(graph_or_path, source, per_channel, requantize, exclude, label)
+    decision, g, constants = ready.decision, ready.graph, ready.constants
+    warnings = list(ready.renamed)
+    if not ready.stripped:
         warnings += _check_provenance(source, table, allow_partial, label)
-    decision, g, constants = _qdq_ready(graph_or_path, model, per_channel, requantize)
     warnings += decision.warnings
     options = PlacementOptions(op_types, exclude, decision.per_channel, quantize_residual)
     if op_types not in constants:
@@ -111,38 +106,57 @@ def quantize_model(
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 
 
-#: the last source graph's Q/DQ-ready form: (source, its node and initializer counts,
-#: per_channel, requantize, the opset decision, the graph derived from it, placement's findings
-#: about its constant inputs per op-type set). ``--method auto`` and the recovery loop quantize
-#: one model with many tables or exclusion sets, and the opset upgrade (version_converter and the
-#: checker: 0.4 s a call on dddd-ocr's opset 12), the graph's derivation (0.16 s) and the weights'
-#: scales (75 ms) depend on neither. The entry refers to its source weakly and is dropped with it.
-_READY: list[
-    tuple[
-        weakref.ref[Graph], int, bool, bool, OpsetDecision, Graph,
-        dict[tuple[str, ...], ConstantInputs],
-    ]
-] = []  # fmt: skip
+@dataclass
+class _Ready:
+    """A source graph's Q/DQ-ready form: the opset decision, the graph derived from it,
+    placement's findings about its constants per op-type set, and what preparing it found
+    (nodes renamed, existing Q/DQ stripped)."""
+
+    decision: OpsetDecision
+    graph: Graph
+    constants: dict[tuple[str, ...], ConstantInputs]
+    renamed: list[str]
+    stripped: bool
+
+
+#: the last source graph's :class:`_Ready` form, with the source (weakly), its node and
+#: initializer counts, per_channel and requantize. ``--method auto`` and the recovery loop
+#: quantize one model with many tables or exclusion sets, and the working copy (a whole model:
+#: 54 MB for dddd-ocr), the opset upgrade (version_converter and the checker: 0.4 s a call on
+#: dddd-ocr's opset 12), the graph's derivation (0.16 s) and the weights' scales (75 ms) depend
+#: on neither. The entry is dropped with its source.
+_READY: list[tuple[weakref.ref[Graph], int, bool, bool, _Ready]] = []
 
 
 def _qdq_ready(
-    source: object, model: onnx.ModelProto, per_channel: bool, requantize: bool
-) -> tuple[OpsetDecision, Graph, dict[tuple[str, ...], ConstantInputs]]:
-    """:func:`ensure_qdq_opset` of ``model`` (the working copy of ``source``), its graph and
-    a place for placement's findings about its constants, computed once per source
-    :class:`Graph` (a Graph's model is never changed in place; its node and initializer counts
-    are compared too, a cheap guard: ByteSize costs 75 ms)."""
-    size = _shape_of(source.model) if isinstance(source, Graph) else -1
-    for cached, cached_size, pc, rq, decision, g, constants in _READY:
+    graph_or_path: object,
+    source: Graph,
+    per_channel: bool,
+    requantize: bool,
+    exclude: tuple[str, ...],
+    label: str,
+) -> _Ready:
+    """The Q/DQ-ready form of ``source``, prepared once per source :class:`Graph` (a Graph's
+    model is never changed in place; its node and initializer counts are compared too, a cheap
+    guard: ByteSize costs 75 ms). ``exclude``'s regular expressions are checked either way."""
+    cacheable = isinstance(graph_or_path, Graph)
+    size = _shape_of(source.model) if cacheable else -1
+    for cached, cached_size, pc, rq, ready in _READY:
         if cached() is source and cached_size == size and (pc, rq) == (per_channel, requantize):
-            return decision, g, constants
-    decision = ensure_qdq_opset(model, per_channel)
+            Exclusions(exclude, [n.name for n in ready.graph.model.graph.node])
+            return ready
+    model = onnx.ModelProto()
+    model.CopyFrom(source.model)
+    renamed = name_nodes(model)
+    Exclusions(exclude, [n.name for n in model.graph.node])  # bad regexes fail before any work
+    stripped = _strip_existing(model, requantize, label)
+    decision = ensure_qdq_opset(stripped if stripped is not None else model, per_channel)
     g = open_graph(decision.model, require_fixed_rank=False)
-    constants: dict[tuple[str, ...], ConstantInputs] = {}
-    if isinstance(source, Graph):
-        _READY[:] = [(weakref.ref(source), size, per_channel, requantize, decision, g, constants)]
+    ready = _Ready(decision, g, {}, renamed, stripped is not None)
+    if cacheable:
+        _READY[:] = [(weakref.ref(source), size, per_channel, requantize, ready)]
         weakref.finalize(source, _READY.clear)  # gone with its graph, not kept for the process
-    return decision, g, constants
+    return ready
 
 
 def _shape_of(model: onnx.ModelProto) -> int:
