@@ -373,11 +373,9 @@ def test_isolated_twins_upgrade_a_shared_reference_once_in_scope(tmp_path, monke
     graph = open_graph(path)
     candidates = [quantize_model(graph, t).model for t in tables.tables.values()]
     conversions = []
-    real = isolated.version_converter.convert_version
+    real = isolated.convert_version
     monkeypatch.setattr(
-        isolated.version_converter,
-        "convert_version",
-        lambda *a: conversions.append(1) or real(*a),
+        isolated, "convert_version", lambda *a: conversions.append(1) or real(*a)
     )
     alone = [build_isolated(graph.model, c).model.SerializeToString() for c in candidates]
     assert len(conversions) == 2

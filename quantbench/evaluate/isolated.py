@@ -20,10 +20,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import onnx
-from onnx import TensorProto, helper, version_converter
+from onnx import TensorProto, helper
 
 from quantbench.memo import memo_scope
 from quantbench.model.graph import QDQ_OPS, node_labels
+from quantbench.model.opsetconvert import convert_version
 
 SUFFIX = "::isolated"
 _PREFIX = "qb_iso/"
@@ -301,6 +302,7 @@ def build_isolated_many(
         out.twins[key] = {t: named[twin] for t, twin in twins.items()}
         b.drop_candidate()
         builders.append(b)
+        del candidate  # the last one too: not held beside the copy below (a whole model)
     out.model = _with_copies(reference if ref is None else ref, builders)
     return out
 
@@ -352,10 +354,10 @@ def shared_upgrades() -> Iterator[None]:
 def _upgraded(reference: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     memo = _UPGRADES.get()
     if memo is None:
-        return version_converter.convert_version(reference, opset)
+        return convert_version(reference, opset)
     key = (id(reference), opset)
     if key not in memo:
-        memo[key] = (reference, version_converter.convert_version(reference, opset))
+        memo[key] = (reference, convert_version(reference, opset))
     return memo[key][1]
 
 

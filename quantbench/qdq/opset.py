@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import onnx
-from onnx import version_converter
 
 from quantbench.errors import QuantbenchError
+from quantbench.model.opsetconvert import convert_version
 
 MIN_QDQ_OPSET = 10
 PER_CHANNEL_OPSET = 13
@@ -34,7 +34,7 @@ def default_opset(model: onnx.ModelProto) -> int:
 
 def convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     """``version_converter`` plus the checker; raises whatever either raises."""
-    converted = version_converter.convert_version(model, target)
+    converted = convert_version(model, target)
     onnx.checker.check_model(converted)
     return converted
 
