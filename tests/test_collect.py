@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from conftest import require_example
 
@@ -131,3 +132,18 @@ def test_types_are_inferred_without_weights_as_with_them(cnn_path):
         **{i.name: i.data_type for i in model.graph.initializer},
         **{v.name: v.type.tensor_type.elem_type for v in model.graph.input},
     }
+
+
+def test_expose_in_place_adds_the_outputs_to_the_callers_model(cnn_path):
+    """``in_place``: the caller's own model gets the outputs (no copy of its weights); without
+    it, a copy does and the model is left as it was."""
+    g = open_graph(cnn_path)
+    names = [t for t in calibration_tensors(g, "all") if t not in {s.name for s in g.inputs}]
+    before = g.model.SerializeToString()
+    copied = expose(g.model, names, g.elem_types)
+    assert copied is not g.model and g.model.SerializeToString() == before
+    own = onnx.ModelProto()
+    own.CopyFrom(g.model)
+    same = expose(own, names, g.elem_types, in_place=True)
+    assert same is own
+    assert same.SerializeToString() == copied.SerializeToString()

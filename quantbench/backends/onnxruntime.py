@@ -148,8 +148,10 @@ def expose(
     elem_types: Mapping[str, int],
     *,
     types_of_model: bool = False,
+    in_place: bool = False,
 ) -> onnx.ModelProto:
-    """Copy of ``model`` whose graph also outputs ``tensors``.
+    """Copy of ``model`` whose graph also outputs ``tensors`` (``in_place``: ``model`` itself,
+    for a caller who owns it: no second copy of its weights at the peak).
 
     Each exposed tensor's type is the one it has in ``model`` itself (ONNX shape inference on
     that model): a model quantbench derived (FP16, Q/DQ, isolated twins) may type a tensor
@@ -158,17 +160,24 @@ def expose(
     from ``model`` itself (``graph.elem_types`` of ``graph.model``), so a second inference
     (a serialisation and a pass over the whole model) is skipped where they type every tensor.
     """
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    out.graph.output.extend(_new_outputs(model, tensors, elem_types, types_of_model))
+    outputs = _new_outputs(model, tensors, elem_types, types_of_model)
+    out = model
+    if not in_place:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+    out.graph.output.extend(outputs)
     return out
 
 
 def with_outputs(
-    model: onnx.ModelProto, tensors: list[str], elem_types: Mapping[str, int]
+    model: onnx.ModelProto,
+    tensors: list[str],
+    elem_types: Mapping[str, int],
+    *,
+    in_place: bool = False,
 ) -> onnx.ModelProto:
     """:func:`expose` of ``tensors``, or ``model`` itself when there are none."""
-    return expose(model, tensors, elem_types) if tensors else model
+    return expose(model, tensors, elem_types, in_place=in_place) if tensors else model
 
 
 def expose_for_session(

@@ -845,7 +845,9 @@ def _isolated_pass(
         {w: graph.elem_types[t] for tw in twins_of.values() for t, w in tw.items()
          if t in graph.elem_types}
     )  # fmt: skip
-    loadable = serialized_for_session(expose(many.model, fetch, types, types_of_model=True))
+    loadable = serialized_for_session(
+        expose(many.model, fetch, types, types_of_model=True, in_place=True)
+    )
     del many  # the proto goes before onnxruntime parses the bytes
     runner = OnnxRuntimeRunner(loadable, provider, threads, generated_from=graph.model, arena=False)
     del loadable
@@ -928,8 +930,12 @@ def output_sqnrs(
     def runner_of(table: CalibrationTable) -> OnnxRuntimeRunner:
         """A candidate's session, without an arena (it holds only what one run needs)."""
         qdq = quantize_model(graph, table, allow_partial=True, checked=False).model
+        loadable = serialized_for_session(
+            with_outputs(qdq, extra, graph.elem_types, in_place=True)
+        )
+        del qdq  # the proto goes before onnxruntime parses the bytes
         return OnnxRuntimeRunner(
-            with_outputs(qdq, extra, graph.elem_types),
+            loadable,
             provider,
             threads,
             generated_from=graph.model,
