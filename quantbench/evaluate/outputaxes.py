@@ -26,7 +26,7 @@ from typing import Any
 
 import onnx
 
-from quantbench.model.graph import constant_tensors
+from quantbench.model.graph import constant_tensors, weightless
 
 
 def channels_first_outputs(model: Any) -> frozenset[str]:
@@ -551,9 +551,11 @@ class _LastAxisWalk:
 
 def _static_shapes(model: Any) -> dict[str, tuple[int | None, ...]]:
     """Tensor -> its dims (None where not a static size), from the graph and ONNX shape
-    inference (only the graph's own where inference fails, e.g. a model over 2 GiB)."""
+    inference on the model without its weights' data (inference reads their dims; the whole
+    model went into C++ and back: dddd-ocr's default calibration peaked there), only the
+    graph's own where inference fails."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+        inferred = onnx.shape_inference.infer_shapes(weightless(model), strict_mode=False).graph
     except Exception:  # noqa: BLE001 - best effort: without shapes, reshapes stay in doubt
         inferred = model.graph
     shapes: dict[str, tuple[int | None, ...]] = {}

@@ -529,9 +529,10 @@ def _graph_inputs(model: onnx.ModelProto, p: Path | None = None) -> list[TensorS
 
 def inferred_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element types ONNX shape inference gives ``model``'s tensors, best effort (an op it does
-    not know, a model over 2 GiB: what the graph itself declares), initializers included."""
+    not know: what the graph itself declares), initializers included; inferred on
+    :func:`weightless` ``model``."""
     try:
-        inferred = shape_inference.infer_shapes(model, strict_mode=False)
+        inferred = shape_inference.infer_shapes(weightless(model), strict_mode=False)
     except Exception:  # noqa: BLE001 - inference is best effort (custom ops, > 2 GiB)
         inferred = model
     g = inferred.graph
