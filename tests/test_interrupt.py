@@ -21,7 +21,7 @@ def load_data():
     Path({started!r}).write_text("started")
     for i in range(600):
         time.sleep(0.1)
-        yield {{"input": np.full((1, 3, 32, 32), i % 7, np.float32)}}
+        yield {{"input": np.full((1, 3, 16, 16), i % 7, np.float32)}}
 """
 
 
