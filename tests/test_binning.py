@@ -391,3 +391,53 @@ def test_an_unimportable_numba_falls_back_to_numpy(monkeypatch: pytest.MonkeyPat
     finally:
         monkeypatch.undo()
         binning._kernels.cache_clear()
+
+
+@pytest.mark.parametrize("what", ["nan", "off-grid"])
+def test_a_scan_cut_short_leaves_no_counts_behind(what: str) -> None:
+    """A scan that bins some blocks into the thread's sub-histograms and then meets a NaN or a
+    value off the grid returns no counts; the next scan on that thread must start from zero
+    (its counts equal the numpy path's), not from the abandoned blocks' counts."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(5 * binning.BLOCK) * 3).astype(np.float32)
+    e = exponent_for(float(np.abs(x).max()))
+    bad = x.copy()
+    bad[-1] = np.nan if what == "nan" else binning.HALF_BINS * 2.0**e
+    assert bad.size > binning.DIRECT  # the sub-histogram path
+    cut = binning.scan(bad, e)
+    assert cut.counts is None or what == "nan"
+    again = binning.scan(x, e)
+    assert np.array_equal(again.counts, binning.numpy_scan(x, e).counts)
+    assert np.array_equal(binning.finite_counts(x, e), binning.numpy_finite_counts(x, e))
+
+
+@pytest.mark.parametrize("direct", [0, 1 << 30], ids=["sub-histograms", "direct"])
+def test_counts_are_exact_on_either_counting_path(monkeypatch, direct: int) -> None:
+    """The four int32 sub-histograms and the direct int64 counts give the exact bins (values on
+    and next to every edge, a long run of zeros), whatever path the size picks."""
+    monkeypatch.setattr(binning, "DIRECT", direct)
+    e = -10
+    edges = _edge_values()
+    edges = edges[np.abs(edges) < binning.HALF_BINS * 2.0**e]  # on the grid
+    x, reps = _tiled(edges)
+    x = np.concatenate([x, np.zeros(70_000, np.float32)])
+    expected = _exact_bins(edges, e) * reps
+    expected[binning.HALF_BINS] += 70_000
+    assert np.array_equal(binning.scan(x, e).counts, expected)
+    assert np.array_equal(binning.finite_counts(x, e), expected)
+
+
+def test_many_small_pieces_of_two_dtypes_count_as_their_concatenation() -> None:
+    """Hundreds of small pooled pieces (an LSTM's per-step outputs), float16 among float32,
+    are joined before they are scanned; the scan equals the numpy scan of the whole."""
+    rng = np.random.default_rng(9)
+    pieces = [
+        (rng.standard_normal(100) * 2).astype(np.float16 if i % 7 == 3 else np.float32)
+        for i in range(300)
+    ]
+    pieces.insert(150, (rng.standard_normal(binning.JOIN + 5) * 2).astype(np.float32))
+    whole = np.concatenate([p.astype(np.float32) for p in pieces])
+    e = exponent_for(float(np.abs(whole).max()))
+    a, b = binning.scan(pieces, e), binning.numpy_scan(whole, e)
+    assert (a.lo, a.hi, a.finite) == (b.lo, b.hi, b.finite)
+    assert np.array_equal(a.counts, b.counts)

@@ -242,10 +242,11 @@ class _Binner:
     that exceeds binning a small activation (7x7x512 at batch 1); pooling up to ``POOL`` values
     per tensor keeps memory bounded and, binning being exact and order-independent, gives
     bit-identical statistics (the pooled pieces are binned where they lie, never copied). A due
-    tensor is cut into chunks of ``CHUNK`` values so one large activation spreads over every
-    core: the chunks are scanned in parallel, merged exactly (:func:`binning.merge_scans`)
-    and, where the grid widened, re-binned in parallel; then one task per tensor writes its
-    TensorStats and those of the Relus derived from it, so no two threads share one.
+    tensor of one chunk (at most ``CHUNK`` values) is one task: scanned, re-binned where its
+    grid widened, written with the Relus derived from it. A larger one is cut into chunks so
+    it spreads over every core: the chunks are scanned in parallel, merged exactly
+    (:func:`binning.merge_scans`) and, where the grid widened, re-binned in parallel; then
+    one task writes its TensorStats and its Relus', so no two threads share one.
     """
 
     POOL = 1 << 18
@@ -291,10 +292,36 @@ class _Binner:
         return name, self.pool.pop(name, [])
 
     def bin(self, pool: ThreadPoolExecutor, due: list[tuple[str, list[np.ndarray]]]) -> None:
-        """Bin ``due`` into their statistics on ``pool``: every chunk scanned (and, where the
-        grid must widen, re-binned) by its own task, then one task per tensor merges its
-        chunks and writes its TensorStats and its Relus' (disjoint, so no locks)."""
+        """Bin ``due`` into their statistics on ``pool``. A tensor of one chunk is one task
+        (scanned, re-binned where its grid must widen, written); a larger one has every chunk
+        scanned (and re-binned) by its own task, then one task merges its chunks and writes its
+        TensorStats and its Relus' (disjoint, so no locks)."""
         chunks = {name: self._chunks(pieces) for name, pieces in due}
+        whole = [
+            pool.submit(self._bin_whole, n, chunks[n][0], pieces)
+            for n, pieces in due
+            if len(chunks[n]) == 1
+        ]
+        split = [(n, pieces) for n, pieces in due if len(chunks[n]) > 1]
+        if split:
+            self._bin_split(pool, split, {n: chunks[n] for n, _ in split})
+        for future in whole:
+            future.result()
+
+    def _bin_whole(self, name: str, chunk: list[np.ndarray], pieces: list[np.ndarray]) -> None:
+        stats = self.stats[name]
+        seen = binning.scan(chunk, stats.exponent)
+        counts = seen.counts
+        if counts is None and seen.finite:
+            counts = binning.finite_counts(chunk, stats.regrid_exponent(seen))
+        self._apply(name, pieces, seen, counts)
+
+    def _bin_split(
+        self,
+        pool: ThreadPoolExecutor,
+        due: list[tuple[str, list[np.ndarray]]],
+        chunks: dict[str, list[list[np.ndarray]]],
+    ) -> None:
         scans = _map(
             pool,
             binning.scan,

@@ -57,3 +57,42 @@ def scan_kernel(x, scale, sub):  # pragma: no cover - compiled
                 else:
                     fits = False
     return lo, hi, nan, inf, fits
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def bin_direct_kernel(x, scale, out):  # pragma: no cover - compiled
+    """:func:`bin_kernel` straight into the int64 counts: for few values, where zeroing and
+    draining four sub-histograms would cost more than the binning."""
+    for i in range(x.size):
+        out[index(np.float64(x[i]), scale)] += 1
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def count_direct_kernel(x, scale, out):  # pragma: no cover - compiled
+    """:func:`count_kernel` straight into the int64 counts (few values)."""
+    for i in range(x.size):
+        v = np.float64(x[i])
+        if v - v == 0.0:  # finite
+            out[index(v, scale)] += 1
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def drain_kernel(sub, out):  # pragma: no cover - compiled
+    """Add the sub-histograms into ``out`` and zero them, in one read of each."""
+    for b in range(out.size):
+        out[b] += np.int64(sub[0, b]) + sub[1, b] + sub[2, b] + sub[3, b]
+        sub[0, b] = 0
+        sub[1, b] = 0
+        sub[2, b] = 0
+        sub[3, b] = 0
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def drain_store_kernel(sub, out):  # pragma: no cover - compiled
+    """:func:`drain_kernel` into an uninitialised ``out`` (stores, not adds)."""
+    for b in range(out.size):
+        out[b] = np.int64(sub[0, b]) + sub[1, b] + sub[2, b] + sub[3, b]
+        sub[0, b] = 0
+        sub[1, b] = 0
+        sub[2, b] = 0
+        sub[3, b] = 0
