@@ -159,6 +159,7 @@ def obtain_stats(
             show_progress=show_progress,
             before_inference=before_inference,
             head_samples=keep_head(total) if keep_head is not None and total else 0,
+            join_feeds=batch_size is None,
         )
     path = None
     if use_cache and source.fingerprint:  # a stream's fingerprint is known only after the pass

@@ -242,7 +242,11 @@ def calibrate(
         str | None, typer.Option(help="all | quantizable (default: all for caches).")
     ] = None,
     batch_size: Annotated[
-        int | None, typer.Option(help="Batch size for inference (default: the model's, else 1).")
+        int | None,
+        typer.Option(
+            help="Batch size for inference (default: the model's, else samples joined into "
+            "batches of up to 16 where the model runs them alike, else 1)."
+        ),
     ] = None,
     max_samples: Annotated[int | None, typer.Option(help="Use at most this many samples.")] = None,
     preset: Annotated[

@@ -29,13 +29,16 @@ from quantbench.data.sources import (
     Batch,
     DataSource,
     Feed,
+    Joined,
     StreamFingerprint,
     dynamic_batch,
     feed_num_samples,
     feed_parts,
+    joined_feeds,
     nonempty,
     prefetched,
 )
+from quantbench.errors import QuantbenchError
 from quantbench.machine import usable_cores
 from quantbench.model.graph import Graph, TensorSpec
 from quantbench.progress import progress_bar
@@ -79,8 +82,14 @@ def collect_stats(
     show_progress: bool = True,
     before_inference: Callable[[], None] | None = None,
     head_samples: int = 0,
+    join_feeds: bool = False,
 ) -> StatsFile:
     """Run the data through the model once and return statistics of ``tensors``.
+
+    ``join_feeds`` (no ``--batch-size`` was asked for): a dynamic-batch model gets consecutive
+    feeds joined into batches (:data:`JOIN_SAMPLES`, :func:`joined_feeds`), once its outputs
+    for two samples run together match theirs run apart (:class:`_Joining`); statistics are
+    exact, so only onnxruntime's float rounding of a batch can move a bin.
 
     ``before_inference`` is called once the session has started, before the first batch.
 
@@ -134,10 +143,15 @@ def collect_stats(
             # a stream's fingerprint hashes its feeds as they come: those are never cut
             boundary = head_samples if fingerprint is None else 0
             batches = _cut_at(nonempty(source.batches(), source), graph.inputs, boundary)
-            for feed in prefetched(batches):
-                if fingerprint is not None:
-                    fingerprint.update(feed)
-                for part in _parts(feed, graph.inputs, lambda: per_sample[0]):
+            feeds = _fingerprinted(prefetched(batches), fingerprint)
+            joins = join_feeds and runner is not None and dynamic_batch(graph.inputs)
+            joining = _Joining(runner, graph) if joins else None
+            if joining is not None:
+                feeds = joined_feeds(
+                    feeds, graph.inputs, JOIN_SAMPLES, JOIN_ELEMENTS, boundary, joining.enabled
+                )
+            for feed in feeds:
+                for part in _parts_of(feed, graph.inputs, joining, lambda: per_sample[0]):
                     outputs = runner.infer(part, from_outputs) if runner else {}
                     n = feed_num_samples(part, graph.inputs)
                     if not per_sample[0]:
@@ -156,6 +170,92 @@ def collect_stats(
         whole.head = _stats_file(graph, source, with_copies(head, plan), head_samples, None)
         whole.head.data_fingerprint = ""  # its data is a part of the source: the caller names it
     return whole
+
+
+#: samples one joined feed holds at most (``join_feeds``), and its input values at most (a
+#: 224x224 RGB image is 150,528): the per-run cost of onnxruntime with hundreds of exposed
+#: outputs is paid once per batch, not per sample (captcha-crnn's pass at 1 sample a run:
+#: 1.48 s of inference, at 8: 1.02 s)
+JOIN_SAMPLES = 16
+JOIN_ELEMENTS = 1 << 21
+
+
+class _Joining:
+    """Whether feeds may be joined: some models declare a dynamic batch axis and reshape to a
+    batch of 1 inside (khmersm), which may fail or, worse, mix samples silently. The first
+    joined feed's first two samples are run together and apart (the model's own outputs
+    only); joining goes on only where they agree to float rounding, else the feed is run one
+    sample at a time and so is the rest."""
+
+    def __init__(self, runner: OnnxRuntimeRunner, graph: Graph):
+        self.runner = runner
+        self.outputs = [o.name for o in graph.model.graph.output]
+        self.checked: bool | None = None  # None until the first joined feed is tried
+
+    def enabled(self) -> bool:
+        return self.checked is not False
+
+    def feeds(self, feed: Feed, n: int) -> list[Feed]:
+        """``feed`` as it is, or, a joined feed where joining is refused, one sample at a
+        time (a feed as the data gave it is never cut)."""
+        if n < 2 or self.checked or not isinstance(feed, Joined):
+            return [feed]
+        self.checked = self._agrees(feed)
+        return [feed] if self.checked else [_sample(feed, i) for i in range(n)]
+
+    def _agrees(self, feed: Feed) -> bool:
+        apart = [self.runner.infer(_sample(feed, i), self.outputs) for i in (0, 1)]
+        try:
+            two = Batch({k: v[:2] for k, v in feed.items()}, 2)
+            together = self.runner.infer(two, self.outputs)
+        except QuantbenchError:
+            return False
+        return all(_batch_matches(together[o], [a[o] for a in apart]) for o in self.outputs)
+
+
+def _sample(feed: Feed, i: int) -> Batch:
+    return Batch({k: v[i : i + 1] for k, v in feed.items()}, 1)
+
+
+def _batch_matches(together: np.ndarray, apart: list[np.ndarray]) -> bool:
+    """Two samples' output run together equals theirs run apart, joined along the axis where
+    the batch is (not always the first: a CTC head's is [time, batch, classes]), to float
+    rounding."""
+    if np.ndim(together) == 0 or any(np.ndim(a) != np.ndim(together) for a in apart):
+        return False
+    for axis in range(np.ndim(together)):
+        try:
+            whole = np.concatenate(apart, axis=axis)
+        except ValueError:  # the other dims differ (an NMS head's count of boxes)
+            continue
+        if whole.shape == together.shape and _close(together, whole):
+            return True
+    return False
+
+
+def _close(together: np.ndarray, whole: np.ndarray) -> bool:
+    if whole.dtype.kind != "f":
+        return bool(np.array_equal(whole, together))
+    scale = float(np.max(np.abs(whole), initial=0.0))
+    return bool(np.allclose(together, whole, rtol=1e-3, atol=1e-5 * scale, equal_nan=True))
+
+
+def _parts_of(
+    feed: Feed, inputs: list[TensorSpec], joining: _Joining | None, per_sample: Callable[[], int]
+) -> Iterator[Feed]:
+    """The parts ``feed`` is run in (:func:`_parts`), one sample at a time where a joined
+    feed's check failed (:class:`_Joining`)."""
+    whole = joining.feeds(feed, feed_num_samples(feed, inputs)) if joining else [feed]
+    for one in whole:
+        yield from _parts(one, inputs, per_sample)
+
+
+def _fingerprinted(feeds: Iterable[Feed], fingerprint: StreamFingerprint | None) -> Iterator[Feed]:
+    """``feeds``, each hashed into a stream's ``fingerprint`` as it comes (before any join)."""
+    for feed in feeds:
+        if fingerprint is not None:
+            fingerprint.update(feed)
+        yield feed
 
 
 def _cut_at(batches: Iterable[Feed], inputs: list[TensorSpec], boundary: int) -> Iterator[Feed]:

@@ -962,6 +962,66 @@ def feed_parts(
         start = stop
 
 
+class Joined(Batch):
+    """A feed :func:`joined_feeds` made of several."""
+
+
+def joined_feeds(
+    feeds: Iterable[Feed],
+    inputs: list[TensorSpec],
+    max_samples: int,
+    max_elements: int,
+    boundary: int = 0,
+    enabled: Callable[[], bool] = lambda: True,
+) -> Iterator[Feed]:
+    """``feeds`` of a dynamic-batch model joined along the batch axis into feeds of at most
+    ``max_samples`` samples and ``max_elements`` input values (onnxruntime's per-run cost paid
+    once for several samples): consecutive feeds whose inputs agree in every other dim and in
+    dtype, never across sample ``boundary``; anything else passes as it comes, and so does
+    everything once ``enabled()`` turns false."""
+    pending: list[Feed] = []
+    count = elements = seen = 0
+
+    def flushed() -> Iterator[Feed]:
+        nonlocal pending, count, elements
+        if len(pending) == 1:
+            yield pending[0]
+        elif pending:
+            yield Joined({k: np.concatenate([f[k] for f in pending]) for k in pending[0]}, count)
+        pending, count, elements = [], 0, 0
+
+    for feed in feeds:
+        n = feed_num_samples(feed, inputs)
+        size = sum(np.asarray(a).size for a in feed.values())
+        if not (enabled() and _joinable(feed, n)):
+            yield from flushed()
+            yield feed
+            seen += n
+            continue
+        if pending and (
+            not _same_sample_shapes(pending[0], feed)
+            or count + n > max_samples
+            or elements + size > max_elements
+        ):
+            yield from flushed()
+        pending.append(feed)
+        count, elements, seen = count + n, elements + size, seen + n
+        if seen == boundary:
+            yield from flushed()
+    yield from flushed()
+
+
+def _joinable(feed: Feed, n: int) -> bool:
+    return n >= 1 and all(np.ndim(a) and np.shape(a)[0] == n for a in feed.values())
+
+
+def _same_sample_shapes(a: Feed, b: Feed) -> bool:
+    def same(x: Any, y: Any) -> bool:
+        return np.shape(x)[1:] == np.shape(y)[1:] and np.asarray(x).dtype == np.asarray(y).dtype
+
+    return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+
+
 def nonempty(batches: Iterable[Feed], source: DataSource) -> Iterator[Feed]:
     """``batches``, or one line naming ``source`` when it yields none."""
     empty = True
