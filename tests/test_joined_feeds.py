@@ -69,8 +69,8 @@ def _model(tmp_path: Path, kind: str) -> Path:
     return save(model, tmp_path / f"{kind}.onnx")
 
 
-def _pass(model: Path, data: Path, join: bool, monkeypatch) -> tuple[dict, list[int]]:
-    """The statistics of one pass and the batch of every inference it ran."""
+def _recorded_runs(monkeypatch) -> list[int]:
+    """The batch of every inference run from now on (until ``monkeypatch`` undoes it)."""
     runs: list[int] = []
     infer = OnnxRuntimeRunner.infer
 
@@ -79,6 +79,13 @@ def _pass(model: Path, data: Path, join: bool, monkeypatch) -> tuple[dict, list[
         return infer(self, feeds, outputs)
 
     monkeypatch.setattr(OnnxRuntimeRunner, "infer", recorded)
+    return runs
+
+
+def _pass(model: Path, data: Path, join: bool, monkeypatch) -> tuple[dict, list[int]]:
+    """The statistics of one pass and the batch of every inference it ran."""
+    infer = OnnxRuntimeRunner.infer
+    runs = _recorded_runs(monkeypatch)
     graph = open_graph(model)
     source = open_data(data, graph.inputs)
     names = calibration_tensors(graph, "all")
@@ -136,14 +143,7 @@ def test_a_batch_size_asked_for_is_kept(tmp_path: Path, monkeypatch) -> None:
 
     model = save(small_cnn(), tmp_path / "m.onnx")
     np.savez(tmp_path / "d.npz", input=images(12, seed=2))
-    runs: list[int] = []
-    infer = OnnxRuntimeRunner.infer
-
-    def recorded(self, feeds, outputs=None):
-        runs.append(int(next(iter(feeds.values())).shape[0]))
-        return infer(self, feeds, outputs)
-
-    monkeypatch.setattr(OnnxRuntimeRunner, "infer", recorded)
+    runs = _recorded_runs(monkeypatch)
     obtain_stats(open_graph(model), tmp_path / "d.npz", batch_size=4, use_cache=False,
                  show_progress=False)  # fmt: skip
     assert runs == [1, 3, 4, 4]  # the first part of one sample measures the activations

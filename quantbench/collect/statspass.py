@@ -201,20 +201,19 @@ class _Joining:
         if n < 2 or self.checked or not isinstance(feed, Joined):
             return [feed]
         self.checked = self._agrees(feed)
-        return [feed] if self.checked else [_sample(feed, i) for i in range(n)]
+        return [feed] if self.checked else [_samples(feed, i, i + 1) for i in range(n)]
 
     def _agrees(self, feed: Feed) -> bool:
-        apart = [self.runner.infer(_sample(feed, i), self.outputs) for i in (0, 1)]
+        apart = [self.runner.infer(_samples(feed, i, i + 1), self.outputs) for i in (0, 1)]
         try:
-            two = Batch({k: v[:2] for k, v in feed.items()}, 2)
-            together = self.runner.infer(two, self.outputs)
+            together = self.runner.infer(_samples(feed, 0, 2), self.outputs)
         except QuantbenchError:
             return False
         return all(_batch_matches(together[o], [a[o] for a in apart]) for o in self.outputs)
 
 
-def _sample(feed: Feed, i: int) -> Batch:
-    return Batch({k: v[i : i + 1] for k, v in feed.items()}, 1)
+def _samples(feed: Feed, start: int, stop: int) -> Batch:
+    return Batch({k: v[start:stop] for k, v in feed.items()}, stop - start)
 
 
 def _batch_matches(together: np.ndarray, apart: list[np.ndarray]) -> bool:
@@ -409,12 +408,9 @@ class _Binner:
             future.result()
 
     def _bin_whole(self, name: str, chunk: list[np.ndarray], pieces: list[np.ndarray]) -> None:
-        stats = self.stats[name]
-        seen = binning.scan(chunk, stats.exponent)
-        counts = seen.counts
-        if counts is None and seen.finite:
-            counts = binning.finite_counts(chunk, stats.regrid_exponent(seen))
-        self._apply(name, pieces, seen, counts)
+        added = self.stats[name].update(chunk)
+        for relu in self.relus_of.get(name, ()):
+            self.stats[relu].update_relu(added, pieces)
 
     def _bin_split(
         self,

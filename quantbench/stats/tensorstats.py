@@ -121,16 +121,17 @@ class TensorStats:
     counts: np.ndarray = field(default_factory=lambda: np.zeros(2 * HALF_BINS, dtype=np.int64))
 
     # ---------------------------------------------------------------- collection
-    def update(self, values: np.ndarray) -> BatchCounts | None:
-        """Add a batch of values (any shape, any float dtype); returns what the batch added.
+    def update(self, values: binning.Values) -> BatchCounts | None:
+        """Add a batch of values (any shape, any float dtype; or pieces, a list of arrays
+        standing for their concatenation); returns what the batch added.
 
         One read of the values when they fit the current grid; otherwise the grid widens to
         the batch's range and the finite values are binned on it (NaN/Inf are counted only).
         """
-        x = np.asarray(values)
-        if x.size == 0:
-            return None
+        x = values if isinstance(values, list) else np.asarray(values)
         seen = binning.scan(x, self.exponent)
+        if seen.finite + seen.nan + seen.inf == 0:
+            return None
         counts = seen.counts
         if counts is None and seen.finite:
             counts = binning.finite_counts(x, self.regrid_exponent(seen))
