@@ -102,3 +102,33 @@ def test_a_member_maps_its_file_only_while_it_is_read(tmp_path):
     assert member._view is None
     np.testing.assert_array_equal(rows, x)  # rows read keep their pages
     np.testing.assert_array_equal(member.read(2, 5), x[2:5])  # and it maps again
+
+
+def _mapped_kib(path: Path) -> int:
+    """Resident KiB of ``path``'s mappings in this process (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
+            inside = len(head) >= 6 and head[5] == str(path)
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="needs /proc/self/smaps")
+def test_rows_read_do_not_stay_resident(tmp_path):
+    """A pass over a data set holds the rows it works on, not every page it has read: 8 MiB
+    read row by row (and a skipped head, summed for the CRC from the map) leaves a few pages
+    of the file resident, while each row read is its own writable copy."""
+    path = tmp_path / "d.npz"
+    x = np.random.default_rng(0).normal(size=(64, 32, 1024)).astype(np.float32)  # 128 KiB rows
+    np.savez(path, x=x)
+    member = open_npz(path)["x"]
+    member.read(8, 9)  # skips rows 0-7: their CRC is summed from the map
+    for i in range(9, 64):
+        row = member.read(i, i + 1)
+        assert row.flags.writeable and np.array_equal(row[0], x[i])
+    member._crc.result()  # the CRC thread's last piece (and its callbacks) done
+    assert _mapped_kib(path) <= 64, f"{_mapped_kib(path)} KiB of the 8 MiB file resident"
+    member.close()  # the CRC passes: every byte, skipped or read, was summed

@@ -1,7 +1,11 @@
 """``.npz`` members read row range by row range, without loading an array whole.
 
 ``np.savez`` stores its members uncompressed: such a member is memory-mapped and its rows are
-views of the file's pages (no copy, no zip layer). The zip's CRC-32 is still checked, as
+copied out of the file's pages (no zip layer), which are then let go (``MADV_DONTNEED``): a
+pass holds the parts it is working on, not every page of the file it has read. (Rows handed
+out as views kept their pages resident while the binning or the judging read them behind the
+reader: on a 295 MB data set the peak RSS held 190 MB of it, growing with the data set.) The
+copy is one memcpy of the input, small beside inference. The zip's CRC-32 is still checked, as
 ``zipfile`` would check it: on a thread of its own (zlib releases the GIL), once the member has
 been read to its end, and a mismatch fails the read that follows, or the reader's close.
 Compressed (``np.savez_compressed``) or encrypted members stream through ``zipfile``; their
@@ -25,6 +29,9 @@ from quantbench.errors import QuantbenchError
 
 #: checks the CRC-32 of memory-mapped members beside the pass (one thread: CRCs chain)
 _CRC_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-crc")
+
+#: ``madvise`` advice that lets mapped pages go (None where the platform has none)
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., name length, extra length
 _LOCAL_SIGNATURE = b"PK\x03\x04"
@@ -73,7 +80,9 @@ class MappedMember(NpzMember):
             self.shape, self.fortran, self.dtype = read_npy_header(f, path, member)
             self._header = f.tell() - self._begin
         self._size = info.file_size
+        self._map: mmap.mmap | None = None
         self._view: memoryview | None = None  # the member's bytes, while mapped
+        self._released = 0  # where the last read ended: the map's pages before it are let go
         self._expected_crc = info.CRC
         self._crc: Future[int] | None = None
         self._crc_end = 0  # bytes of the member whose CRC is chained so far
@@ -85,33 +94,61 @@ class MappedMember(NpzMember):
                     mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError) as exc:
                 raise QuantbenchError(f"{self.where}: cannot map the file ({exc})") from None
+            self._map = mapped
             self._view = memoryview(mapped)[self._begin : self._begin + self._size]
         return self._view
+
+    def _let_go(self, begin: int, end: int) -> None:
+        """The map's pages from the one holding member byte ``begin`` to the one before that
+        holding ``end`` leave the process' resident set: harmless whatever they hold (a page
+        touched again is read again from the page cache)."""
+        first = (self._begin + begin) // mmap.PAGESIZE * mmap.PAGESIZE
+        last = (self._begin + end) // mmap.PAGESIZE * mmap.PAGESIZE
+        mapped = self._map
+        if mapped is not None and last > first and _DONTNEED is not None:
+            mapped.madvise(_DONTNEED, first, last - first)
 
     def read(self, start: int, stop: int) -> np.ndarray:
         _refuse_fortran(self.fortran, self.where)
         self._check_crc(wait=False)
         rb = self.row_bytes
-        begin = self._header + start * rb
-        rows = self._member()[begin : begin + (stop - start) * rb]
-        if len(rows) != (stop - start) * rb:
+        begin, end = self._header + start * rb, self._header + stop * rb
+        view = self._member()[begin:end]
+        if len(view) != end - begin:
             raise QuantbenchError(f"{self.where}: file is truncated")
-        self._chain_crc(self._header + stop * rb)
-        return np.frombuffer(rows, dtype=self.dtype).reshape((stop - start, *self.shape[1:]))
+        rows = np.frombuffer(view, dtype=np.uint8).copy()
+        self._chain_crc(begin, rows)
+        self._let_go(min(begin, self._released), end)  # forward: the page it shares too
+        self._released = end
+        return rows.view(self.dtype).reshape((stop - start, *self.shape[1:]))
 
     def close(self) -> None:
         self._check_crc(wait=True)
-        self._view = None  # the rows read keep their pages; the map goes with the last of them
+        self._view = self._map = None
+        self._released = 0
 
-    def _chain_crc(self, end: int) -> None:
-        """The CRC of the member's bytes up to ``end`` (every byte before it, read or skipped)."""
-        if end <= self._crc_end:
-            return
-        piece, before = self._member()[self._crc_end : end], self._crc
+    def _chain_crc(self, begin: int, rows: np.ndarray) -> None:
+        """The CRC of the member's bytes up to the end of ``rows`` (read at ``begin``): every
+        byte before it, read (from the copy) or skipped (from the map, whose pages are let go
+        once summed)."""
+        end = begin + rows.size
+        if self._crc_end < begin:
+            skipped = (self._crc_end, begin)
+            self._chain(self._member()[skipped[0] : skipped[1]])
+            # once summed, its pages go, and any a fault brought back beside them (a fault
+            # may map a whole large folio) up to where the reads have let go
+            self._crc.add_done_callback(
+                lambda _: self._let_go(skipped[0], max(skipped[1], self._released))
+            )
+        if self._crc_end < end:
+            self._chain(memoryview(rows)[self._crc_end - begin :])
+
+    def _chain(self, piece: memoryview) -> None:
+        before = self._crc
         self._crc = _CRC_THREAD.submit(
             lambda: zlib.crc32(piece, before.result() if before is not None else 0)
         )
-        self._crc_end = end
+        self._crc_end += len(piece)
 
     def _check_crc(self, wait: bool) -> None:
         """A member read to its end whose CRC-32 is not the zip's fails, as ``zipfile`` does."""
