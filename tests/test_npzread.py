@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantbench.data.npzread import MappedMember, StreamedMember, open_npz
+from quantbench.data.npzread import MappedMember, MappedNpy, StreamedMember, open_npz
 from quantbench.errors import QuantbenchError
 
 
@@ -132,3 +132,17 @@ def test_rows_read_do_not_stay_resident(tmp_path):
     member._crc.result()  # the CRC thread's last piece (and its callbacks) done
     assert _mapped_kib(path) <= 64, f"{_mapped_kib(path)} KiB of the 8 MiB file resident"
     member.close()  # the CRC passes: every byte, skipped or read, was summed
+
+
+def test_a_npy_file_is_read_like_a_stored_member(tmp_path):
+    """numpy's loader is the reference; its pages go as the npz's do."""
+    x = np.random.default_rng(1).normal(size=(64, 32, 1024)).astype(np.float32)
+    np.save(tmp_path / "d.npy", x)
+    npy = MappedNpy(tmp_path / "d.npy")
+    assert np.array_equal(_rows(npy, batch=5), np.load(tmp_path / "d.npy"))
+    if Path("/proc/self/smaps").is_file():
+        assert _mapped_kib(tmp_path / "d.npy") <= 64
+    npy.close()
+    (tmp_path / "t.npy").write_bytes((tmp_path / "d.npy").read_bytes()[:-4096])
+    with pytest.raises(QuantbenchError, match=r"t\.npy: file is truncated"):
+        MappedNpy(tmp_path / "t.npy")

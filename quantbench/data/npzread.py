@@ -63,8 +63,8 @@ class NpzMember:
 
 
 class MappedMember(NpzMember):
-    """An uncompressed member: rows are views of the memory-mapped file. The file is mapped at
-    the first read and let go at :meth:`close` (a folder of many thousand ``.npz`` files never
+    """An uncompressed member: rows are copied out of the memory-mapped file. The file is mapped
+    at the first read and let go at :meth:`close` (a folder of many thousand ``.npz`` files never
     holds more maps than the files being read)."""
 
     def __init__(self, path: Path, member: str, info: zipfile.ZipInfo):
@@ -83,7 +83,7 @@ class MappedMember(NpzMember):
         self._map: mmap.mmap | None = None
         self._view: memoryview | None = None  # the member's bytes, while mapped
         self._released = 0  # where the last read ended: the map's pages before it are let go
-        self._expected_crc = info.CRC
+        self._expected_crc: int | None = info.CRC  # None: nothing to check (a plain .npy)
         self._crc: Future[int] | None = None
         self._crc_end = 0  # bytes of the member whose CRC is chained so far
 
@@ -117,7 +117,8 @@ class MappedMember(NpzMember):
         if len(view) != end - begin:
             raise QuantbenchError(f"{self.where}: file is truncated")
         rows = np.frombuffer(view, dtype=np.uint8).copy()
-        self._chain_crc(begin, rows)
+        if self._expected_crc is not None:
+            self._chain_crc(begin, rows)
         self._let_go(min(begin, self._released), end)  # forward: the page it shares too
         self._released = end
         return rows.view(self.dtype).reshape((stop - start, *self.shape[1:]))
@@ -161,6 +162,28 @@ class MappedMember(NpzMember):
                 f"{self.where}: the data fails its CRC-32 check (the file is corrupt); "
                 "write it again"
             )
+
+
+class MappedNpy(MappedMember):
+    """A ``.npy`` file read like a stored member (it has no CRC to check)."""
+
+    def __init__(self, path: Path):  # noqa: D107 - no zip entry: the array starts the file
+        NpzMember.__init__(self, path, "")
+        try:
+            with open(path, "rb") as f:
+                self.shape, self.fortran, self.dtype = read_npy_header(f, path, "")
+                self._header, self._size = f.tell(), os.fstat(f.fileno()).st_size
+        except OSError as exc:
+            raise QuantbenchError(f"{path}: not a readable .npy file ({exc})") from None
+        if self._size < self._header + self.row_bytes * (self.shape[0] if self.shape else 1):
+            raise QuantbenchError(f"{path}: file is truncated")
+        self._begin, self._released, self._crc_end = 0, 0, 0
+        self._map, self._view = None, None
+        self._expected_crc, self._crc = None, None
+
+    @property
+    def where(self) -> str:
+        return str(self.path)
 
 
 class StreamedMember(NpzMember):
@@ -223,7 +246,9 @@ def _member(path: Path, info: zipfile.ZipInfo) -> NpzMember:
 
 
 def read_npy_header(f: Any, path: Path, member: str) -> tuple[tuple[int, ...], bool, np.dtype]:
-    """(shape, Fortran order, dtype) of the ``.npy`` that ``f`` is positioned at."""
+    """(shape, Fortran order, dtype) of the ``.npy`` that ``f`` is positioned at (``member``
+    "" for a ``.npy`` file)."""
+    where = f"{path}[{member}]" if member else str(path)
     try:
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
@@ -231,9 +256,9 @@ def read_npy_header(f: Any, path: Path, member: str) -> tuple[tuple[int, ...], b
         else:
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
     except Exception as exc:  # noqa: BLE001
-        raise QuantbenchError(f"{path}[{member}]: not a readable numpy array ({exc})") from None
+        raise QuantbenchError(f"{where}: not a readable numpy array ({exc})") from None
     if dtype.hasobject:
-        raise QuantbenchError(f"{path}[{member}]: object arrays are not supported")
+        raise QuantbenchError(f"{where}: object arrays are not supported")
     return tuple(shape), bool(fortran), dtype
 
 

@@ -30,7 +30,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from quantbench.data.npzread import NpzMember, open_npz
+from quantbench.data.npzread import MappedNpy, NpzMember, open_npz
 from quantbench.data.presets import Preset, preset_names, preset_text
 from quantbench.data.userscript import load_user_object
 from quantbench.errors import QuantbenchError
@@ -510,7 +510,10 @@ def _readers_for_file(path: Path, inputs: list[TensorSpec]) -> dict[str, ArrayRe
                 f"{path}: a .npy holds one array but the model has {len(inputs)} inputs "
                 f"({', '.join(s.name for s in inputs)}); use a .npz keyed by input name"
             )
-        return {inputs[0].name: _MemArray(_open_npy(path))}
+        npy = MappedNpy(path)
+        if npy.fortran or not npy.shape:  # rows of these are not byte ranges of the file
+            return {inputs[0].name: _MemArray(_open_npy(path))}
+        return {inputs[0].name: npy}
     readers: dict[str, ArrayReader] = dict(open_npz(path))
     if len(inputs) == 1 and len(readers) == 1 and inputs[0].name not in readers:
         # a single unnamed array (np.savez(f, x) stores it as arr_0) feeds the single input
