@@ -10,6 +10,12 @@ empty cache, measured by ``zoo/bench_speed.py``'s launcher (wall time, peak RSS 
 
     .venv/bin/python benchmarks/bench_auto_memory.py              # 48/96 tiles, 128/256 px
     .venv/bin/python benchmarks/bench_auto_memory.py --samples 24,48 --sizes 64,128
+    .venv/bin/python benchmarks/bench_auto_memory.py --zoo mtcnn-pnet
+
+``--zoo KEY`` measures a real dense model of the corpus instead (made by ``make bench-zoo``):
+its calibration data as given, twice the samples (the data and its mirror image along the last
+named dim of the input), and twice the resolution (each named non-batch dim of the input
+repeated 2x); the model must have one input with named spatial dims and a batch axis.
 
 Writes ``benchmarks/_work/auto_memory.json``.
 """
@@ -80,12 +86,60 @@ def tiles(count: int, size: int, seed: int = 1) -> np.ndarray:
     return (rows[:, :, :, i0] * (1 - f) + rows[:, :, :, i0 + 1] * f).astype(np.float32)
 
 
+def sr_subjects(counts: list[int], sizes: list[int], work: Path) -> list[tuple[dict, Path, Path]]:
+    """(row label, model, data) of the synthetic SR CNN: each tile count at each size."""
+    model = build_sr_cnn(work / "sr_cnn.onnx")
+    out = []
+    for size in sizes:
+        for count in counts:
+            data = work / f"tiles_{count}_{size}.npz"
+            np.savez(data, input=tiles(count, size))
+            out.append(({"samples": count, "size": size}, model, data))
+    return out
+
+
+def zoo_subjects(key: str, work: Path) -> list[tuple[dict, Path, Path]]:
+    """(row label, model, data) of a corpus model: as given, 2x the samples, 2x the resolution."""
+    import corpus  # benchmarks/zoo
+
+    zoo = WORK / "zoo"
+    spec = next((s for s in corpus.corpus(zoo / "pkgs") if s.key == key), None)
+    model, calib = (zoo / "pkgs" / spec.file, zoo / key / "calib.npz") if spec else (None, None)
+    if spec is None or not (model.is_file() and calib.is_file()):
+        raise SystemExit(f"--zoo {key}: no such corpus model, or not built (make bench-zoo)")
+    graph = onnx.load(str(model), load_external_data=False).graph
+    first = [i for i in graph.input if i.name not in {t.name for t in graph.initializer}]
+    named = [a for a, d in enumerate(first[0].type.tensor_type.shape.dim) if a and d.dim_param]
+    with np.load(calib) as z:
+        arrays = {k: z[k] for k in z.files}
+    if len(first) != 1 or len(arrays) != 1 or not named:
+        raise SystemExit(f"--zoo {key}: needs one input with named spatial dims (has {named})")
+    ((name, x),) = arrays.items()
+    wide = x
+    for axis in named:
+        wide = wide.repeat(2, axis=axis)
+    sets = {
+        "samples2.npz": np.concatenate([x, np.flip(x, axis=named[-1])]),
+        "resolution2.npz": np.ascontiguousarray(wide),
+    }
+    for file, array in sets.items():
+        np.savez(work / file, **{name: array})
+    n, size = len(x), "x".join(str(x.shape[a]) for a in named)
+    wide_size = "x".join(str(wide.shape[a]) for a in named)
+    return [
+        ({"samples": n, "size": size}, model, calib),
+        ({"samples": 2 * n, "size": size}, model, work / "samples2.npz"),
+        ({"samples": n, "size": wide_size}, model, work / "resolution2.npz"),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", default="48,96", help="comma-separated tile counts")
     p.add_argument("--sizes", default="128,256", help="comma-separated tile sizes (pixels)")
     p.add_argument("--repeat", type=int, default=1, help="runs per job; medians count")
     p.add_argument("--quantbench", help="the quantbench executable (default: the venv's)")
+    p.add_argument("--zoo", metavar="KEY", help="a dense corpus model instead of the SR CNN")
     p.add_argument("--json", type=Path, default=WORK / "auto_memory.json")
     args = p.parse_args(argv)
     console = make_console()
@@ -93,33 +147,31 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(v) for v in args.samples.split(",")]
     sizes = [int(v) for v in args.sizes.split(",")]
     work = Path(tempfile.mkdtemp(prefix="qb-auto-memory-"))
-    model = build_sr_cnn(work / "sr_cnn.onnx")
+    subjects = zoo_subjects(args.zoo, work) if args.zoo else sr_subjects(counts, sizes, work)
     rows = []
-    for size in sizes:
-        for count in counts:
-            data = work / f"tiles_{count}_{size}.npz"
-            np.savez(data, input=tiles(count, size))
-            row = {"samples": count, "size": size}
-            for job, method in (("minmax", ["--method", "minmax"]), ("default", [])):
-                runs = []
-                for _ in range(args.repeat):
-                    cache = Path(tempfile.mkdtemp(prefix="qb-auto-memory-cache-"))
-                    command = [*qb, "calibrate", str(model), "--data", str(data), "--no-cache",
-                               "-o", str(work / f"{job}.cache"), *method]  # fmt: skip
-                    runs.append(run_process(command, cache, 1800.0))
-                failed = [r.error for r in runs if r.error]
-                if failed:
-                    raise SystemExit(f"{job} at {count} x {size}px failed: {failed[0]}")
-                row[job] = {
-                    "seconds": statistics.median(r.seconds for r in runs),
-                    "peak_rss_mib": statistics.median(r.peak_rss_kib for r in runs) / MIB_KIB,
-                }
-            rows.append(row)
-            console.print(
-                f"{count} tiles of {size}px: minmax {row['minmax']['peak_rss_mib']:.0f} MiB "
-                f"{row['minmax']['seconds']:.1f} s, default {row['default']['peak_rss_mib']:.0f} "
-                f"MiB {row['default']['seconds']:.1f} s"
-            )
+    for label, model, data in subjects:
+        count, size = label["samples"], label["size"]
+        row = {"model": args.zoo or "sr_cnn", **label}
+        for job, method in (("minmax", ["--method", "minmax"]), ("default", [])):
+            runs = []
+            for _ in range(args.repeat):
+                cache = Path(tempfile.mkdtemp(prefix="qb-auto-memory-cache-"))
+                command = [*qb, "calibrate", str(model), "--data", str(data), "--no-cache",
+                           "-o", str(work / f"{job}.cache"), *method]  # fmt: skip
+                runs.append(run_process(command, cache, 1800.0))
+            failed = [r.error for r in runs if r.error]
+            if failed:
+                raise SystemExit(f"{job} at {count} x {size}px failed: {failed[0]}")
+            row[job] = {
+                "seconds": statistics.median(r.seconds for r in runs),
+                "peak_rss_mib": statistics.median(r.peak_rss_kib for r in runs) / MIB_KIB,
+            }
+        rows.append(row)
+        console.print(
+            f"{count} samples of {size}px: minmax {row['minmax']['peak_rss_mib']:.0f} MiB "
+            f"{row['minmax']['seconds']:.1f} s, default {row['default']['peak_rss_mib']:.0f} "
+            f"MiB {row['default']['seconds']:.1f} s"
+        )
     base = rows[0]["default"]["peak_rss_mib"]
     for row in rows:
         extra = row["default"]["peak_rss_mib"] - row["minmax"]["peak_rss_mib"]
