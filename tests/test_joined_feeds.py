@@ -112,6 +112,21 @@ def test_a_cnn_is_calibrated_in_batches_with_the_same_bins(tmp_path: Path, monke
     _same(joined, apart)  # a CNN's convolutions round the same at any batch
 
 
+def test_a_joined_batch_is_run_in_parts_of_its_own_budget(tmp_path: Path, monkeypatch) -> None:
+    """The batches the pass joins hold at most JOINED_ACTIVATION_BUDGET of activations a run
+    (a dense model's large samples gain little from joining and would cost memory): with a
+    budget below one sample's, every joined batch runs a sample at a time, same bins."""
+    from quantbench.collect import statspass
+
+    model = save(small_cnn(), tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", input=images(20, seed=3))
+    monkeypatch.setattr(statspass, "JOINED_ACTIVATION_BUDGET", 1)
+    joined, runs = _pass(model, tmp_path / "d.npz", True, monkeypatch)
+    apart, _ = _pass(model, tmp_path / "d.npz", False, monkeypatch)
+    assert runs[:3] == [1, 1, 2] and runs[3:] == [1] * 20  # checked, then one sample a run
+    _same(joined, apart)
+
+
 @pytest.mark.parametrize("kind", ["mixes", "refuses"])
 def test_a_model_that_does_not_batch_is_run_a_sample_at_a_time(
     tmp_path: Path, monkeypatch, kind: str
