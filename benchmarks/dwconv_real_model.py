@@ -19,12 +19,14 @@ d. FP16: ``quantize --high-precision fp16`` refuses ``--dwconv2d`` (the INT8 plu
    float32 initializer to float16, a Cast after the input and before the output, so every op,
    DWConv2D included, computes in FP16 (the op runs FP16 between exact Casts inside onnxruntime:
    plugins/dwconv2d/README.md, "The op inside onnxruntime").
-e. Latency: the original model in onnxruntime (CPU provider: onnxruntime-gpu is not installed on
-   the device machine, so onnxruntime's Conv runs on the CPU there too) against the rewritten
-   model with the op on ``--device`` (on cuda each op call copies its tensors to and from the
-   GPU, so this is not the plugin's speed inside TensorRT); on cuda also the kernels alone
-   against torch's cuDNN convolution for the model's depthwise layers (same shapes, device
-   buffers, CUDA-graph timing of tests/gpu/dwconv_gpu_harness.py).
+e. Latency: the original model in onnxruntime (its own Conv, on ``--provider``: cpu, or cuda
+   where onnxruntime-gpu is installed) against the rewritten model with the op on ``--device``
+   inside a session on the same provider (on cuda each op call copies its tensors to and from
+   the GPU, and onnxruntime runs the custom op's node on the CPU side, so this is not the
+   plugin's speed inside TensorRT); on cuda also the kernels alone against torch's cuDNN
+   convolution for the model's depthwise layers (same shapes, device buffers, CUDA-graph timing
+   of tests/gpu/dwconv_gpu_harness.py). ``--provider cuda`` also runs every ``compare`` (the
+   FP32 reference and the other ops of each candidate) on onnxruntime's CUDA provider.
 
 Data: a .npz with the model's input (``input``, [N, 3, 224, 224], imagenet preset) for
 calibration and one for evaluation; :func:`make_photo_data` makes both from the photos of
@@ -61,6 +63,8 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 HARNESS_DIR = REPO / "tests" / "gpu"
 DEVICES = ("cpu", "cuda")
+#: --provider -> onnxruntime execution provider (cuda needs onnxruntime-gpu)
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 JSON_NAME = "dwconv_real_model.json"
 console = Console(width=160)  # wide tables also when the output is a log file
 
@@ -146,8 +150,8 @@ def run_compare(
     extra = ["--max-samples", str(args.max_samples)] if args.max_samples else []
     quantbench(
         "compare", "fp32", candidate, "--model", args.model, "--data", args.eval,
-        "--dwconv2d-op", op_mode, "--no-latency", "--json", out, *extra,
-        log=work / f"compare_{tag}.log",
+        "--dwconv2d-op", op_mode, "--provider", args.provider, "--no-latency", "--json", out,
+        *extra, log=work / f"compare_{tag}.log",
     )  # fmt: skip
     return json.loads(out.read_text())
 
@@ -210,26 +214,37 @@ def _median_ms(fn: Callable[[], Any], warmup: int, reps: int) -> float:
 
 
 def model_latency(
-    original: Path, rewritten: Path, x: np.ndarray, device: str, reps: int
+    original: Path, rewritten: Path, x: np.ndarray, device: str, provider: str, reps: int
 ) -> dict[str, Any]:
-    """Whole-model wall time per run: the original in onnxruntime (CPU provider) against the
-    rewritten model with the op on ``device`` (inside the same onnxruntime CPU session)."""
+    """Whole-model wall time per run: the original in onnxruntime (its own Conv, on
+    ``provider``) against the rewritten model with the op on ``device``, inside an onnxruntime
+    session on the same provider (with cuda, onnxruntime runs the op's node on the CPU side and
+    copies its tensors across; the op then copies them to the GPU again when ``device`` is cuda)."""
     import onnxruntime as ort
 
     import quantbench.plugins.dwconv2d as dw
 
-    ref = ort.InferenceSession(str(original), providers=["CPUExecutionProvider"])
-    ours = dw.make_session(rewritten, device=device)
+    providers = [PROVIDERS[provider]]
+    ref = ort.InferenceSession(str(original), providers=providers)
+    ours = dw.make_session(rewritten, device=device, providers=providers)
     name = ref.get_inputs()[0].name
     return {
         "batch": int(x.shape[0]),
         "reps": reps,
-        "onnxruntime_conv_cpu_ms": _median_ms(lambda: ref.run(None, {name: x}), 3, reps),
-        f"dwconv2d_op_{device}_ms": _median_ms(lambda: ours.run(None, {name: x}), 3, reps),
+        f"onnxruntime_conv_{provider}_ms": _median_ms(lambda: ref.run(None, {name: x}), 3, reps),
+        f"dwconv2d_op_{device}_in_{provider}_session_ms": _median_ms(
+            lambda: ours.run(None, {name: x}), 3, reps
+        ),
         "note": (
-            "onnxruntime's Conv on the CPU provider (onnxruntime-gpu is not installed here); the "
-            f"op on {device} inside an onnxruntime CPU session"
-            + (", each call copying its tensors to and from the GPU" if device == "cuda" else "")
+            f"onnxruntime's own Conv on its {provider} provider; the op on {device} inside an "
+            f"onnxruntime {provider} session"
+            + (", each op call copying its tensors to and from the GPU" if device == "cuda" else "")
+            + (
+                " (onnxruntime runs the custom op's node on the CPU side, so its tensors also "
+                "cross between the provider's GPU memory and the host)"
+                if provider == "cuda"
+                else ""
+            )
         ),
     }
 
@@ -407,6 +422,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             dwcuda.check_available()
         except Exception as exc:  # noqa: BLE001 - said in one line before any work
             raise BenchError(str(exc).splitlines()[0]) from None
+    import onnxruntime as ort
+
+    if PROVIDERS[args.provider] not in ort.get_available_providers():
+        raise BenchError(f"--provider {args.provider}: this onnxruntime has no "
+                         f"{PROVIDERS[args.provider]} (install onnxruntime-gpu)")  # fmt: skip
     op_mode = "plugin" if args.device == "cpu" else "plugin:cuda"
     rewritten = work / "dwconv.onnx"
     quantbench("rewrite", args.model, "--to", "dwconv2d", "--depthwise", "-o", rewritten,
@@ -434,7 +454,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     print_accuracy(accuracy)
     with np.load(args.eval) as data:
         x = np.ascontiguousarray(data[next(iter(data.files))][: args.latency_batch])
-    model_lat = model_latency(args.model, rewritten, x, args.device, args.reps)
+    model_lat = model_latency(args.model, rewritten, x, args.device, args.provider, args.reps)
     kernels = None
     if args.device == "cuda":
         original = onnx.load(str(args.model))
@@ -449,6 +469,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return {
         "model": str(args.model),
         "device": args.device,
+        "provider": args.provider,
         "gpu": gpu,
         "method": args.method,
         "depthwise_layers": sorted(dw_names),
@@ -468,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib", type=Path, required=True, help="calibration .npz")
     p.add_argument("--eval", type=Path, required=True, help="evaluation .npz")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="where the op computes")
+    p.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu",
+                   help="onnxruntime provider for the other ops (compare, latency)")
     p.add_argument("--method", default="entropy", help="calibrator for both INT8 models")
     p.add_argument("--max-samples", type=int, help="evaluate at most this many samples")
     p.add_argument("--calib-max-samples", type=int, help="calibrate on at most this many")

@@ -4,14 +4,21 @@
 # then run the steps named in $@ (default: optest real checks), each under its own timeout;
 # speed16: issue 37's ResNet-18-shaped row of bench_speed.py on the host's 16 cores.
 # Carry: .whl (onnxruntime-extensions cp312, onnx-graphsurgeon) and .dwreal (model + data).
+# onnxruntime-gpu (realcuda) is too large for one call: earlier calls leave the parts of an
+# xz'd tar of its unpacked wheel in /root/ortp (`cp .ortp/* /root/ortp/`, one part a call, back
+# to back); it is unpacked into /tmp/ortgpu, ahead of the device's own CPU onnxruntime.
 set -u
 OUT=${OUT:-/tmp/out}
+if ls /root/ortp/ort.part* > /dev/null 2>&1 && [ ! -d /tmp/ortgpu/onnxruntime ]; then
+  mkdir -p /tmp/ortgpu && cat /root/ortp/ort.part* | python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" | tar x -C /tmp/ortgpu || exit 5
+fi
 if [ ! -d /tmp/site/onnxruntime_extensions ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 3
   python3 -m pip install -q --no-deps --no-build-isolation --no-compile --target /tmp/site . > "$OUT/install.log" 2>&1 \
     || echo "project install failed (see install.log)"
 fi
-export PYTHONPATH=$PWD:/tmp/site
+export PYTHONPATH=$PWD:/tmp/ortgpu:/tmp/site
+python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 uptime
 make -s -C plugins/dwconv2d -j16 || exit 4
@@ -24,6 +31,9 @@ for step in "${@:-optest real checks}"; do
       kernels) timeout 200 python3 -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/gpu/test_dwconv_kernels.py tests/gpu/test_dwconv_reference.py | tail -5 ;;
       real) PYTHONUNBUFFERED=1 timeout 300 python3 benchmarks/dwconv_real_model.py --model .dwreal/mobilenet_v2.onnx \
               --calib .dwreal/calib.npz --eval .dwreal/eval.npz --device cuda --reps 30 --work /tmp/dwreal ;;
+      realcuda) PYTHONUNBUFFERED=1 timeout 400 python3 benchmarks/dwconv_real_model.py --model .dwreal/mobilenet_v2.onnx \
+              --calib .dwreal/calib.npz --eval .dwreal/eval.npz --device cuda --provider cuda --reps 30 \
+              --work /tmp/dwrealcuda ;;
       checks) timeout 280 python3 tests/gpu/run_gpu_checks.py --out "$OUT" | tail -40 ;;
       bench) timeout 200 python3 tests/gpu/run_gpu_checks.py --skip-checks --out "$OUT" | tail -30 ;;
       speed16) printf '#!/bin/sh\nPYTHONPATH=%s:/tmp/site exec python3 -P -m quantbench "$@"\n' "$PWD" > /tmp/qb && chmod +x /tmp/qb
