@@ -405,6 +405,32 @@ def test_compare_calibrates_on_at_most_calib_max_samples(run_cli, cnn_path, cnn_
     assert json.loads(out.read_text())["data"]["calib_samples"] == 8
 
 
+def test_an_op_two_tables_quantize_alike_is_copied_once(cnn_path, cnn_data):
+    """auto's tables often give an op's inputs the same scales: its isolated copy is built (and
+    run) once and both tables' twins name it; a table that differs gets copies of its own."""
+    from quantbench.calibrate import build_table, obtain_stats
+    from quantbench.evaluate.isolated import build_isolated_many
+    from quantbench.model.graph import open_graph
+    from quantbench.qdq import quantize_model
+
+    g = open_graph(cnn_path)
+    stats, _, _ = obtain_stats(g, cnn_data, tensors="quantizable", show_progress=False)
+    qdq = {m: quantize_model(g, build_table(stats, m), allow_partial=True).model
+           for m in ("minmax", "percentile:99")}  # fmt: skip
+    many = build_isolated_many(
+        g.model, [("a", qdq["minmax"]), ("b", qdq["minmax"]), ("c", qdq["percentile:99"])]
+    )
+    alone = build_isolated(g.model, qdq["minmax"])
+    assert many.twins["a"] == many.twins["b"] and set(many.twins["a"]) == set(alone.twins)
+    assert set(many.twins["c"].values()).isdisjoint(many.twins["a"].values())
+
+    def copies(m):
+        return sum(o.endswith("::isolated") for n in m.graph.node for o in n.output)
+
+    assert copies(many.model) == 2 * copies(alone.model)  # a's and c's, none for b
+    onnx.checker.check_model(many.model)
+
+
 def test_candidates_in_one_isolated_graph_share_one_copy_of_each_weight(cnn_path, cnn_data):
     """Two tables' twins built into one graph (build_isolated_many): each weight is quantized
     once (not once a table), and every twin computes what it computes built alone."""

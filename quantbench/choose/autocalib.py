@@ -851,7 +851,8 @@ def _isolated_pass(
     del many  # the proto goes before onnxruntime parses the bytes
     runner = OnnxRuntimeRunner(loadable, provider, threads, generated_from=graph.model, arena=False)
     del loadable
-    accs = {name: {t: SqnrAccumulator() for t in tw} for name, tw in twins_of.items()}
+    # one accumulator per distinct twin: tables that quantize an op's inputs alike share it
+    accs = {(t, w): SqnrAccumulator() for tw in twins_of.values() for t, w in tw.items()}
     per_table, per_sample, activations = 0, [0], 0
     for part in _slice_parts(held_out, graph.inputs, per_sample, budget):
         start = time.perf_counter()
@@ -862,18 +863,18 @@ def _isolated_pass(
             per_sample[0] = max(1, sum(np.asarray(v).nbytes for v in got.values()) // samples)
             activations = sum(np.asarray(got[t]).nbytes for t in sources) // samples
         power = {t: power32(got[t]) for t in sources}  # each source's once, for every table
-        for name, twins in twins_of.items():
+        for twins in twins_of.values():
             twin_bytes = sum(np.asarray(got[w]).nbytes for w in twins.values())
             per_table = max(per_table, twin_bytes // samples)
-            for tensor, acc in accs[name].items():
-                acc.update(got[tensor], got[twins[tensor]], power[tensor])
+        for (tensor, twin), acc in accs.items():
+            acc.update(got[tensor], got[twin], power[tensor])
         del got
         if first and budget is not None and budget.samples is None:
             budget.estimate(samples, time.perf_counter() - start, per_table)
     runner.close()
     scores = {
-        name: {ops_of[name][t]: _ranked(acc.sqnr_db()) for t, acc in table_accs.items()}
-        for name, table_accs in accs.items()
+        name: {ops_of[name][t]: _ranked(accs[t, w].sqnr_db()) for t, w in twins.items()}
+        for name, twins in twins_of.items()
     }
     return scores, per_table, activations
 

@@ -68,6 +68,10 @@ class SharedConstants:
     constants: dict[str, tuple[str, onnx.TensorProto]] = field(default_factory=dict)
     #: a Q or DQ node (its type and attributes, then its inputs) -> its output in the model
     nodes: dict[tuple[str, ...], str] = field(default_factory=dict)
+    #: an isolated op copy (its type and attributes, then its inputs) -> its twin's name in the
+    #: model: a copy another candidate built on the very same inputs is not built again (two
+    #: tables giving an op's inputs the same scales give it the same twin)
+    ops: dict[tuple[str, ...], str] = field(default_factory=dict)
 
 
 class _Builder:
@@ -91,6 +95,10 @@ class _Builder:
         )
         self.ref_producer = {o: n for n in reference.graph.node for o in n.output}
         self.nodes: list[onnx.NodeProto] = []
+        #: op copies built here: (their key in ``shared.ops``, their twin's name here)
+        self.built_ops: list[tuple[tuple[str, ...], str]] = []
+        #: reference tensor -> the twin an earlier candidate built for the same op copy
+        self.reused: dict[str, str] = {}
         self.rebuilt: dict[str, str] = {}  # candidate DQ output -> its rebuilt twin (fan-out)
         self.inits: dict[str, onnx.TensorProto] = {}
         self.const_nodes: dict[str, onnx.NodeProto] = {
@@ -197,8 +205,13 @@ class _Builder:
                 self.rebuilt = {k: v for k, v in self.rebuilt.items() if v in self._emitted()}
                 return None
             inputs.append(new)
+        key = (node.op_type, _attributes(node), str(len(node.output)), *inputs)
+        if self.shared is not None and key in self.shared.ops:
+            self.reused[out] = self.shared.ops[key]
+            return out
         outputs = [o + SUFFIX if o else "" for o in node.output]
         self.nodes.append(_clone(node, inputs, outputs, self.prefix))
+        self.built_ops.append((key, outputs[0]))
         return out
 
     def drop_candidate(self) -> None:
@@ -286,8 +299,10 @@ def build_isolated_many(
     """Reference graph plus the isolated copies of every candidate's quantized ops (``auto``'s
     tables), twins named apart by key. The reference is copied once, each candidate is let go
     once its copies are built (``candidates`` may be a generator), and the copies share equal
-    constants and the Q/DQ nodes on the same inputs (:class:`SharedConstants`): one copy of
-    each quantized weight, not one a candidate."""
+    constants, the Q/DQ nodes on the same inputs and the op copies on the same inputs
+    (:class:`SharedConstants`): one copy of each quantized weight, not one a candidate, and
+    an op whose inputs two candidates quantize alike is run once (both candidates' twins name
+    the one copy's output)."""
     shared, builders, out = SharedConstants(), [], IsolatedMany(onnx.ModelProto())
     ref = None
     for index, (key, candidate) in enumerate(candidates):
@@ -299,7 +314,8 @@ def build_isolated_many(
         named = {o: f"{key}:{o}" for n in b.nodes for o in n.output if o.endswith(SUFFIX)}
         for node in b.nodes:
             node.output[:] = [named.get(o, o) for o in node.output]
-        out.twins[key] = {t: named[twin] for t, twin in twins.items()}
+        out.twins[key] = {t: named.get(twin, twin) for t, twin in twins.items()}  # or reused
+        shared.ops.update((op, named[twin]) for op, twin in b.built_ops)
         b.drop_candidate()
         builders.append(b)
         del candidate  # the last one too: not held beside the copy below (a whole model)
@@ -320,7 +336,7 @@ def _isolate_all(b: _Builder, candidate: onnx.ModelProto) -> tuple[dict[str, str
     for node in quantized_ops(candidate):
         out = b.isolate(node)
         if out is not None:
-            twins[out] = out + SUFFIX
+            twins[out] = b.reused.get(out, out + SUFFIX)
             ops[out] = node.name or node.op_type
     return twins, ops
 
