@@ -121,10 +121,20 @@ def test_a_joined_batch_is_run_in_parts_of_its_own_budget(tmp_path: Path, monkey
     model = save(small_cnn(), tmp_path / "m.onnx")
     np.savez(tmp_path / "d.npz", input=images(20, seed=3))
     monkeypatch.setattr(statspass, "JOINED_ACTIVATION_BUDGET", 1)
+    monkeypatch.setattr(statspass, "JOINED_BUDGET_PER_TENSOR", 0)
     joined, runs = _pass(model, tmp_path / "d.npz", True, monkeypatch)
     apart, _ = _pass(model, tmp_path / "d.npz", False, monkeypatch)
     assert runs[:3] == [1, 1, 2] and runs[3:] == [1] * 20  # checked, then one sample a run
     _same(joined, apart)
+
+
+def test_a_joined_part_may_hold_more_for_a_model_of_many_tensors() -> None:
+    """1 MiB a returned tensor, at least 64 MiB (a dense CNN of 13 tensors) and at most the
+    256 MiB of a user's batch (a CRNN of 832)."""
+    from quantbench.collect.statspass import joined_budget
+
+    mib = 1 << 20
+    assert [joined_budget(["t"] * n) // mib for n in (13, 100, 255, 832)] == [64, 100, 255, 256]
 
 
 @pytest.mark.parametrize("kind", ["mixes", "refuses"])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -151,7 +151,10 @@ def collect_stats(
                     feeds, graph.inputs, JOIN_SAMPLES, JOIN_ELEMENTS, boundary, joining.enabled
                 )
             for feed in feeds:
-                for part in _parts_of(feed, graph.inputs, joining, lambda: per_sample[0]):
+                parts = _parts_of(
+                    feed, graph.inputs, joining, lambda: per_sample[0], joined_budget(from_outputs)
+                )
+                for part in parts:
                     outputs = runner.infer(part, from_outputs) if runner else {}
                     n = feed_num_samples(part, graph.inputs)
                     if not per_sample[0]:
@@ -240,17 +243,29 @@ def _close(together: np.ndarray, whole: np.ndarray) -> bool:
 
 
 def _parts_of(
-    feed: Feed, inputs: list[TensorSpec], joining: _Joining | None, per_sample: Callable[[], int]
+    feed: Feed,
+    inputs: list[TensorSpec],
+    joining: _Joining | None,
+    per_sample: Callable[[], int],
+    joined: int,
 ) -> Iterator[Feed]:
     """The parts ``feed`` is run in (:func:`_parts`; a feed the pass joined, in parts of at most
-    :data:`JOINED_ACTIVATION_BUDGET`), one sample at a time where a joined feed's check failed
+    ``joined`` bytes), one sample at a time where a joined feed's check failed
     (:class:`_Joining`)."""
     whole = joining.feeds(feed, feed_num_samples(feed, inputs)) if joining else [feed]
     for one in whole:
         if isinstance(one, Joined):
-            yield from feed_parts(one, inputs, per_sample, JOINED_ACTIVATION_BUDGET)
+            yield from feed_parts(one, inputs, per_sample, joined)
         else:
             yield from _parts(one, inputs, per_sample)
+
+
+def joined_budget(outputs: Collection[str]) -> int:
+    """Activations a part of a joined batch may return: :data:`JOINED_BUDGET_PER_TENSOR` per
+    exposed tensor (onnxruntime's and the binning's cost per run grows with them), between
+    :data:`JOINED_ACTIVATION_BUDGET` and :data:`ACTIVATION_BUDGET`."""
+    wanted = len(outputs) * JOINED_BUDGET_PER_TENSOR
+    return min(ACTIVATION_BUDGET, max(JOINED_ACTIVATION_BUDGET, wanted))
 
 
 def _fingerprinted(feeds: Iterable[Feed], fingerprint: StreamFingerprint | None) -> Iterator[Feed]:
@@ -330,11 +345,14 @@ def _stats_file(
 #: batch 32) parts of ~18 samples ran 15 % faster than 128 MiB parts of ~9, where onnxruntime's
 #: threads have less work per operator.
 ACTIVATION_BUDGET = 256 << 20
-#: the same for the batches the pass joins itself (the user asked for no batch): joining pays
-#: onnxruntime's per-run cost once for several small samples; a sample whose activations are
-#: large gains little from it, and 256 MiB parts, two alive while binning overlaps, raised a
-#: dense super-resolution CNN's peak RSS from 310 to 853 MiB (48 tiles of 128 px)
+#: the same for the batches the pass joins itself (the user asked for no batch), at least:
+#: joining pays onnxruntime's per-run cost once for several samples, a cost that grows with the
+#: tensors a run returns; a model with few tensors and large samples gains little from it, and
+#: 256 MiB parts, two alive while binning overlaps, raised a dense super-resolution CNN's
+#: (13 tensors) peak RSS from 310 to 853 MiB (48 tiles of 128 px). With 64 MiB parts for every
+#: model captcha-crnn (832 tensors) ran 0.8 s slower; so 1 MiB a tensor, within both budgets.
 JOINED_ACTIVATION_BUDGET = 64 << 20
+JOINED_BUDGET_PER_TENSOR = 1 << 20
 
 
 def _parts(feed: Feed, inputs: list[TensorSpec], per_sample: Callable[[], int]) -> Iterator[Feed]:
