@@ -26,7 +26,6 @@ from quantbench import __version__
 from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose_for_session
 from quantbench.collect.devicecollect import collect_on_device, wants_device_stats
 from quantbench.data.sources import (
-    Batch,
     DataSource,
     Feed,
     Joined,
@@ -34,9 +33,11 @@ from quantbench.data.sources import (
     dynamic_batch,
     feed_num_samples,
     feed_parts,
+    feed_slice,
     joined_feeds,
     nonempty,
     prefetched,
+    samples_first,
 )
 from quantbench.errors import QuantbenchError
 from quantbench.machine import usable_cores
@@ -150,11 +151,9 @@ def collect_stats(
                 feeds = joined_feeds(
                     feeds, graph.inputs, JOIN_SAMPLES, JOIN_ELEMENTS, boundary, joining.enabled
                 )
+            joined = joined_budget(from_outputs)
             for feed in feeds:
-                parts = _parts_of(
-                    feed, graph.inputs, joining, lambda: per_sample[0], joined_budget(from_outputs)
-                )
-                for part in parts:
+                for part in _parts_of(feed, graph.inputs, joining, lambda: per_sample[0], joined):
                     outputs = runner.infer(part, from_outputs) if runner else {}
                     n = feed_num_samples(part, graph.inputs)
                     if not per_sample[0]:
@@ -204,19 +203,15 @@ class _Joining:
         if n < 2 or self.checked or not isinstance(feed, Joined):
             return [feed]
         self.checked = self._agrees(feed)
-        return [feed] if self.checked else [_samples(feed, i, i + 1) for i in range(n)]
+        return [feed] if self.checked else [feed_slice(feed, i, i + 1) for i in range(n)]
 
     def _agrees(self, feed: Feed) -> bool:
-        apart = [self.runner.infer(_samples(feed, i, i + 1), self.outputs) for i in (0, 1)]
+        apart = [self.runner.infer(feed_slice(feed, i, i + 1), self.outputs) for i in (0, 1)]
         try:
-            together = self.runner.infer(_samples(feed, 0, 2), self.outputs)
+            together = self.runner.infer(feed_slice(feed, 0, 2), self.outputs)
         except QuantbenchError:
             return False
         return all(_batch_matches(together[o], [a[o] for a in apart]) for o in self.outputs)
-
-
-def _samples(feed: Feed, start: int, stop: int) -> Batch:
-    return Batch({k: v[start:stop] for k, v in feed.items()}, stop - start)
 
 
 def _batch_matches(together: np.ndarray, apart: list[np.ndarray]) -> bool:
@@ -283,10 +278,9 @@ def _cut_at(batches: Iterable[Feed], inputs: list[TensorSpec], boundary: int) ->
     for feed in batches:
         n = feed_num_samples(feed, inputs)
         cut = boundary - seen
-        whole_axis = all(np.shape(a)[:1] == (n,) for a in feed.values())
-        if 0 < cut < n and dynamic_batch(inputs) and whole_axis:
-            yield Batch({k: v[:cut] for k, v in feed.items()}, cut)
-            yield Batch({k: v[cut:] for k, v in feed.items()}, n - cut)
+        if 0 < cut < n and dynamic_batch(inputs) and samples_first(feed, n):
+            yield feed_slice(feed, 0, cut)
+            yield feed_slice(feed, cut, n)
         else:
             yield feed
         seen += n

@@ -939,6 +939,17 @@ def dynamic_batch(inputs: list[TensorSpec]) -> bool:
     return all(spec.shape and not isinstance(spec.shape[0], int) for spec in inputs)
 
 
+def samples_first(feed: Feed, n: int) -> bool:
+    """Whether every array of ``feed`` holds its ``n`` samples on its first axis (what cutting
+    or joining feeds along the batch axis needs)."""
+    return all(np.shape(a)[:1] == (n,) for a in feed.values())
+
+
+def feed_slice(feed: Feed, start: int, stop: int) -> Batch:
+    """Samples ``start:stop`` of a samples-first ``feed`` (views, not copies)."""
+    return Batch({k: v[start:stop] for k, v in feed.items()}, stop - start)
+
+
 def feed_parts(
     feed: Feed,
     inputs: list[TensorSpec],
@@ -951,7 +962,7 @@ def feed_parts(
     ``first`` samples), or whole when it cannot be cut (a fixed batch, one sample, no batch
     axis) or fits. Statistics are exact and order-independent, so parts change no bin."""
     n = feed_num_samples(feed, inputs)
-    if n <= 1 or not dynamic_batch(inputs) or any(np.shape(a)[:1] != (n,) for a in feed.values()):
+    if n <= 1 or not dynamic_batch(inputs) or not samples_first(feed, n):
         yield feed
         return
     start = 0
@@ -961,7 +972,7 @@ def feed_parts(
         if start == 0 and stop == n:
             yield feed
         else:
-            yield Batch({k: v[start:stop] for k, v in feed.items()}, stop - start)
+            yield feed_slice(feed, start, stop)
         start = stop
 
 
@@ -1015,7 +1026,7 @@ def joined_feeds(
 
 
 def _joinable(feed: Feed, n: int) -> bool:
-    return n >= 1 and all(np.ndim(a) and np.shape(a)[0] == n for a in feed.values())
+    return n >= 1 and samples_first(feed, n)
 
 
 def _same_sample_shapes(a: Feed, b: Feed) -> bool:
