@@ -79,11 +79,15 @@ class MappedMember(NpzMember):
             f.seek(self._begin)
             self.shape, self.fortran, self.dtype = read_npy_header(f, path, member)
             self._header = f.tell() - self._begin
-        self._size = info.file_size
+        self._unmapped(info.file_size, info.CRC)
+
+    def _unmapped(self, size: int, crc: int | None) -> None:
+        """The member's ``size`` bytes from ``_begin``, not mapped yet, ``crc`` to check."""
+        self._size = size
         self._map: mmap.mmap | None = None
         self._view: memoryview | None = None  # the member's bytes, while mapped
         self._released = 0  # where the last read ended: the map's pages before it are let go
-        self._expected_crc: int | None = info.CRC  # None: nothing to check (a plain .npy)
+        self._expected_crc = crc  # None: nothing to check (a plain .npy)
         self._crc: Future[int] | None = None
         self._crc_end = 0  # bytes of the member whose CRC is chained so far
 
@@ -172,14 +176,12 @@ class MappedNpy(MappedMember):
         try:
             with open(path, "rb") as f:
                 self.shape, self.fortran, self.dtype = read_npy_header(f, path, "")
-                self._header, self._size = f.tell(), os.fstat(f.fileno()).st_size
+                self._begin, self._header, size = 0, f.tell(), os.fstat(f.fileno()).st_size
         except OSError as exc:
             raise QuantbenchError(f"{path}: not a readable .npy file ({exc})") from None
-        if self._size < self._header + self.row_bytes * (self.shape[0] if self.shape else 1):
+        if size < self._header + self.row_bytes * (self.shape[0] if self.shape else 1):
             raise QuantbenchError(f"{path}: file is truncated")
-        self._begin, self._released, self._crc_end = 0, 0, 0
-        self._map, self._view = None, None
-        self._expected_crc, self._crc = None, None
+        self._unmapped(size, None)
 
     @property
     def where(self) -> str:
