@@ -31,7 +31,7 @@ from onnx import TensorProto
 from quantbench.backends.onnxruntime import session_providers
 from quantbench.errors import InternalError, QuantbenchError, first_line
 from quantbench.fp16range import RangeLoss, constant_losses, stored_constants, to_fp16
-from quantbench.model.graph import QDQ_OPS, node_labels, rename_tensors
+from quantbench.model.graph import QDQ_OPS, node_labels, rename_tensors, toposorted
 from quantbench.model.protosize import loadable
 
 #: onnx-ml ops the converter cannot handle at all (they take or make maps/sequences)
@@ -568,7 +568,7 @@ def strongly_typed_fp16(
                 f"model cannot be upgraded from opset {default_opset(model)}: {first_line(exc)}"
             ) from None
     unsafe, _ = out_of_range_nodes(source)  # callers warn; kept here too, never written Inf
-    converted = _toposorted(
+    converted = toposorted(
         convert_float_to_float16(
             source,
             keep_io_types=True,
@@ -586,14 +586,3 @@ def strongly_typed_fp16(
     return converted
 
 
-def _toposorted(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The converter appends its input Casts at the end of the node list; sort the graph."""
-    import onnx_graphsurgeon as gs
-
-    graph = gs.import_onnx(model)
-    graph.toposort()
-    out = gs.export_onnx(graph)
-    out.ir_version = model.ir_version
-    del out.opset_import[:]
-    out.opset_import.extend(model.opset_import)
-    return out

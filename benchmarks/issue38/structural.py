@@ -27,7 +27,7 @@ import onnx
 import qdqlab as lab
 from onnx import helper, numpy_helper
 
-from quantbench.refine import twostage
+from quantbench.model.graph import toposorted
 
 
 def channel_max(key: str, fp32: str, tensors: list[str], fit) -> dict[str, np.ndarray]:
@@ -106,8 +106,6 @@ def residual(m: onnx.ModelProto, tensor: str, ratio: float = 64.0) -> None:
             raise ValueError("output")
 
 
-def toposort(m: onnx.ModelProto) -> None:
-    twostage.toposort(m.graph)
 
 
 def build(key: str, specs: list[str], fit) -> onnx.ModelProto:
@@ -127,8 +125,7 @@ def build(key: str, specs: list[str], fit) -> onnx.ModelProto:
             per_channel(m, tensor, grouped(table[tensor]["amax"], cmax[tensor], int(rest[0])))
         elif kind == "res":
             residual(m, tensor)
-    toposort(m)
-    return m
+    return toposorted(m)
 
 
 def main() -> None:

@@ -764,3 +764,18 @@ def tensor_order(g: Graph) -> dict[str, int]:
     """Position of every tensor in network order (graph inputs first)."""
     order = [s.name for s in g.inputs] + [o for n in g.model.graph.node for o in n.output if o]
     return {name: i for i, name in enumerate(dict.fromkeys(order))}
+
+
+def toposorted(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its nodes in an order where each follows its inputs' producers (a rewrite
+    that appends nodes leaves them last): onnx-graphsurgeon's sort, the model's IR version and
+    opsets kept."""
+    import onnx_graphsurgeon as gs
+
+    graph = gs.import_onnx(model)
+    graph.toposort()
+    out = gs.export_onnx(graph)
+    out.ir_version = model.ir_version
+    del out.opset_import[:]
+    out.opset_import.extend(model.opset_import)
+    return out

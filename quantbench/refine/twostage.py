@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from quantbench.model.graph import toposorted
 from quantbench.model.names import tensor_names, unique
 
 #: the residual's scale is the first stage's divided by this (a power of two: the residual of
@@ -64,8 +65,7 @@ def two_stage(
     out.CopyFrom(model)
     for tensor in tensors:
         _two_stage_one(out, tensor, ratio)
-    toposort(out.graph)
-    return out
+    return toposorted(out)
 
 
 def _two_stage_one(model: onnx.ModelProto, tensor: str, ratio: float) -> None:
@@ -127,25 +127,6 @@ def _drop_attribute(node: onnx.NodeProto, name: str) -> None:
     for a in list(node.attribute):
         if a.name == name:
             node.attribute.remove(a)
-
-
-def toposort(graph: onnx.GraphProto) -> None:
-    """``graph``'s nodes reordered so that each comes after the producers of its inputs."""
-    known = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
-    pending, ordered = list(graph.node), []
-    while pending:
-        rest = []
-        for n in pending:
-            if all(i in known for i in n.input):
-                ordered.append(n)
-                known.update(n.output)
-            else:
-                rest.append(n)
-        if len(rest) == len(pending):
-            raise ValueError("the graph has a cycle or an undefined input")
-        pending = rest
-    del graph.node[:]
-    graph.node.extend(ordered)
 
 
 @dataclass
