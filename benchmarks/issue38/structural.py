@@ -28,6 +28,7 @@ import qdqlab as lab
 from onnx import helper, numpy_helper
 
 from quantbench.model.graph import toposorted
+from quantbench.refine.twostage import qdq_pair
 
 
 def channel_max(key: str, fp32: str, tensors: list[str], fit) -> dict[str, np.ndarray]:
@@ -46,15 +47,8 @@ def channel_max(key: str, fp32: str, tensors: list[str], fit) -> dict[str, np.nd
     return found
 
 
-def _pair(m: onnx.ModelProto, tensor: str):
-    for q, dq, w in lab.pairs(m):
-        if q.input[0] == tensor and not w:
-            return q, dq
-    raise KeyError(tensor)
-
-
 def per_channel(m: onnx.ModelProto, tensor: str, scales: np.ndarray) -> None:
-    q, dq = _pair(m, tensor)
+    q, dq = qdq_pair(m, tensor)
     inits = {i.name: i for i in m.graph.initializer}
     name_s, name_z = f"{tensor}_pc_scale", f"{tensor}_pc_zp"
     m.graph.initializer.extend([
@@ -83,7 +77,7 @@ def grouped(amax: float, cmax: np.ndarray, groups: int) -> np.ndarray:
 
 
 def residual(m: onnx.ModelProto, tensor: str, ratio: float = 64.0) -> None:
-    q, dq = _pair(m, tensor)
+    q, dq = qdq_pair(m, tensor)
     inits = {i.name: i for i in m.graph.initializer}
     scale = float(numpy_helper.to_array(inits[q.input[1]]))
     d1 = dq.output[0]
