@@ -58,13 +58,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 REPO = Path(__file__).resolve().parents[1]
 HARNESS_DIR = REPO / "tests" / "gpu"
 DEVICES = ("cpu", "cuda")
-#: --provider -> onnxruntime execution provider (cuda needs onnxruntime-gpu)
-PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+PROVIDERS = ("cpu", "cuda")  # --provider, as quantbench's own --provider spells them
 JSON_NAME = "dwconv_real_model.json"
 console = Console(width=160)  # wide tables also when the output is a log file
 
@@ -223,8 +223,9 @@ def model_latency(
     import onnxruntime as ort
 
     import quantbench.plugins.dwconv2d as dw
+    from quantbench.backends.onnxruntime import resolve_provider, session_providers
 
-    providers = [PROVIDERS[provider]]
+    providers = session_providers(resolve_provider(provider))  # TF32 off, as compare runs it
     ref = ort.InferenceSession(str(original), providers=providers)
     ours = dw.make_session(rewritten, device=device, providers=providers)
     name = ref.get_inputs()[0].name
@@ -422,11 +423,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             dwcuda.check_available()
         except Exception as exc:  # noqa: BLE001 - said in one line before any work
             raise BenchError(str(exc).splitlines()[0]) from None
-    import onnxruntime as ort
+    from quantbench.backends.onnxruntime import resolve_provider
+    from quantbench.errors import QuantbenchError
 
-    if PROVIDERS[args.provider] not in ort.get_available_providers():
-        raise BenchError(f"--provider {args.provider}: this onnxruntime has no "
-                         f"{PROVIDERS[args.provider]} (install onnxruntime-gpu)")  # fmt: skip
+    try:
+        resolve_provider(args.provider)
+    except QuantbenchError as exc:  # said in one line before any work
+        raise BenchError(f"--provider {args.provider}: {exc}") from None
     op_mode = "plugin" if args.device == "cpu" else "plugin:cuda"
     rewritten = work / "dwconv.onnx"
     quantbench("rewrite", args.model, "--to", "dwconv2d", "--depthwise", "-o", rewritten,
@@ -489,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib", type=Path, required=True, help="calibration .npz")
     p.add_argument("--eval", type=Path, required=True, help="evaluation .npz")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="where the op computes")
-    p.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu",
+    p.add_argument("--provider", choices=PROVIDERS, default="cpu",
                    help="onnxruntime provider for the other ops (compare, latency)")
     p.add_argument("--method", default="entropy", help="calibrator for both INT8 models")
     p.add_argument("--max-samples", type=int, help="evaluate at most this many samples")
@@ -514,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             doc = run(args, args.work or Path(tmp))
     except BenchError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     out = args.json or (Path(os.environ["OUT"]) / JSON_NAME if os.environ.get("OUT") else None)
     if out is not None:
