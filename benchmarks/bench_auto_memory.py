@@ -36,7 +36,13 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE / "zoo"), str(HERE)]
 
 from _jobs import WORK, machine_info, make_console, write_json  # noqa: E402
-from bench_speed import MIB_KIB, quantbench_command, run_process  # noqa: E402
+from bench_speed import (  # noqa: E402
+    MIB_KIB,
+    ZOO_WORK,
+    corpus_subject,
+    quantbench_command,
+    run_process,
+)
 
 CHANNELS, CONVS, SCALE = 64, 7, 2
 #: issue 37's targets
@@ -102,11 +108,13 @@ def zoo_subjects(key: str, work: Path) -> list[tuple[dict, Path, Path]]:
     """(row label, model, data) of a corpus model: as given, 2x the samples, 2x the resolution."""
     import corpus  # benchmarks/zoo
 
-    zoo = WORK / "zoo"
-    spec = next((s for s in corpus.corpus(zoo / "pkgs") if s.key == key), None)
-    model, calib = (zoo / "pkgs" / spec.file, zoo / key / "calib.npz") if spec else (None, None)
-    if spec is None or not (model.is_file() and calib.is_file()):
-        raise SystemExit(f"--zoo {key}: no such corpus model, or not built (make bench-zoo)")
+    spec = next((s for s in corpus.corpus(ZOO_WORK / "pkgs") if s.key == key), None)
+    if spec is None:
+        raise SystemExit(f"--zoo {key}: no such corpus model")
+    subject = corpus_subject(spec, ZOO_WORK)
+    if subject.missing:
+        raise SystemExit(f"--zoo {key}: {subject.missing}")
+    model, calib = subject.model, subject.data
     graph = onnx.load(str(model), load_external_data=False).graph
     first = [i for i in graph.input if i.name not in {t.name for t in graph.initializer}]
     named = [a for a, d in enumerate(first[0].type.tensor_type.shape.dim) if a and d.dim_param]
