@@ -2,15 +2,27 @@
 # One device call for issue 39 (see plugins/dwconv2d/README.md): install the carried wheels and
 # the project into /tmp/site (skipped when a warm machine has them), build the kernel library,
 # then run the steps named in $@ (default: optest real checks), each under its own timeout;
-# speed16: issue 37's ResNet-18-shaped row of bench_speed.py on the host's 16 cores.
+# speed16: issue 37's ResNet-18-shaped row of bench_speed.py on the host's 16 cores; denseprobe:
+# tests/gpu/dense_bias_probe.py on the shipped build and on a -DDWCONV2D_CUDNN_F32_POST=1 build.
 # Carry: .whl (onnxruntime-extensions cp312, onnx-graphsurgeon) and .dwreal (model + data).
 # onnxruntime-gpu (realcuda) is too large for one call: earlier calls leave the parts of an
-# xz'd tar of its unpacked wheel in /root/ortp (`cp .ortp/* /root/ortp/`, one part a call, back
-# to back); it is unpacked into /tmp/ortgpu, ahead of the device's own CPU onnxruntime.
+# xz'd tar of its unpacked wheel in /root/ortp (`cp .ortp/p*/ort.part* /root/ortp/`, one folder
+# .ortp/pNN carried a call, back to back); it is unpacked into /tmp/ortgpu, ahead of the device's
+# own CPU onnxruntime.
 set -u
 OUT=${OUT:-/tmp/out}
-if ls /root/ortp/ort.part* > /dev/null 2>&1 && [ ! -d /tmp/ortgpu/onnxruntime ]; then
-  mkdir -p /tmp/ortgpu && cat /root/ortp/ort.part* | python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" | tar x -C /tmp/ortgpu || exit 5
+# unpacked only for a step that needs it (an earlier call may have left only some of the parts),
+# into a scratch folder first, so that a failed unpack leaves no half /tmp/ortgpu behind
+case " $* " in *" realcuda "*) want_ort=1 ;; *) want_ort=0 ;; esac
+if [ $want_ort = 1 ] && ls /root/ortp/ort.part* > /dev/null 2>&1 && [ ! -d /tmp/ortgpu/onnxruntime ]; then
+  rm -rf /tmp/ortgpu.new && mkdir -p /tmp/ortgpu.new && cat /root/ortp/ort.part* \
+    | python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" \
+    | tar x -C /tmp/ortgpu.new && mv /tmp/ortgpu.new /tmp/ortgpu || exit 5
+fi
+# onnxruntime's preload_dlls looks for the nvidia-* wheels (CUDA 13: nvidia/cu13/lib, nvidia/cudnn/lib)
+# beside its own package, i.e. in /tmp/ortgpu: link the device's (torch's) nvidia folder there
+if [ -d /tmp/ortgpu/onnxruntime ] && [ ! -e /tmp/ortgpu/nvidia ]; then
+  nv=$(python3 -c "import nvidia, os; print(next(p for p in nvidia.__path__ if os.path.isdir(p + '/cudnn')))" 2>/dev/null) && [ -d "$nv" ] && ln -s "$nv" /tmp/ortgpu/nvidia
 fi
 if [ ! -d /tmp/site/onnxruntime_extensions ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 3
@@ -18,7 +30,7 @@ if [ ! -d /tmp/site/onnxruntime_extensions ]; then
     || echo "project install failed (see install.log)"
 fi
 export PYTHONPATH=$PWD:/tmp/ortgpu:/tmp/site
-python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
+python3 -c "import onnxruntime as o; getattr(o, 'preload_dlls', print)(); print('onnxruntime', o.__version__, o.get_available_providers())"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 uptime
 make -s -C plugins/dwconv2d -j16 || exit 4
@@ -39,6 +51,14 @@ for step in "${@:-optest real checks}"; do
       speed16) printf '#!/bin/sh\nPYTHONPATH=%s:/tmp/site exec python3 -P -m quantbench "$@"\n' "$PWD" > /tmp/qb && chmod +x /tmp/qb
               timeout 400 python3 benchmarks/zoo/bench_speed.py --only resnet18 --repeat 3 --quantbench /tmp/qb \
                 --json "$OUT/speed16.json" | tail -12 ;;
+      denseprobe) # the dense FP32 bias probe on the shipped build and on the -DDWCONV2D_CUDNN_F32_POST=1 build
+              if make -s -C plugins/dwconv2d BUILD_DIR=/tmp/dwpost NVCC="nvcc -DDWCONV2D_CUDNN_F32_POST=1"; then
+                for lib in shipped:"$QUANTBENCH_DWCONV_LIB" post:/tmp/dwpost/libdwconv2d_kernels.so; do
+                  QUANTBENCH_DWCONV_LIB=${lib#*:} QUANTBENCH_DWCONV_DEBUG=1 timeout 150 python3 tests/gpu/dense_bias_probe.py \
+                    "${lib%%:*}" > "$OUT/dense_probe_${lib%%:*}.log" 2>&1
+                  grep -v "cuDNN backend\|cuDNN candidate" "$OUT/dense_probe_${lib%%:*}.log" | tail -40
+                done
+              else echo "the -DDWCONV2D_CUDNN_F32_POST=1 build failed"; fi ;;
       sanitize) timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/gpu/sanitize_dwconv.py \
               --lib "$QUANTBENCH_DWCONV_LIB" --modes int8_i8,int8_f32,int8_tie,f32,f16 | tail -5 ;;
     esac
