@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from quantbench import calibrators as registry
 from quantbench.backends.onnxruntime import (
@@ -109,6 +110,9 @@ HOLDOUT_ELEMENTS = 1 << 21
 #: near-duplicates of ``entropy`` that cost a full entropy search each and rarely differ from it.
 SLOW_METHODS = frozenset({"entropy:slides", "entropy:pytorch"})
 _RUNTIME_ROLES = (ACTIVATION, RESIDUAL, RUNTIME_WEIGHT)
+#: what the output pass judges: a table (its Q/DQ model is built from the FP32 graph) or a
+#: ready Q/DQ model of that graph (a two-stage rewrite: :mod:`quantbench.choose.twostaged`)
+Candidate = CalibrationTable | onnx.ModelProto
 
 
 @dataclass
@@ -892,7 +896,7 @@ def output_sqnr(
 
 def output_sqnrs(
     graph: Graph,
-    tables: dict[str, CalibrationTable],
+    tables: dict[str, Candidate],
     held_out: DataSource,
     provider: str | None = None,
     threads: int | None = None,
@@ -905,7 +909,8 @@ def output_sqnrs(
     stopped: dict[str, int] | None = None,
     exempt: Collection[str] = (),
 ) -> dict[str, float]:
-    """Candidate -> SQNR (dB) of its full Q/DQ model against FP32 over ``held_out``: its worst
+    """Candidate -> SQNR (dB) of its full Q/DQ model (built from its table, or given)
+    against FP32 over ``held_out``: its worst
     output's, an output joining kinds of values (a detector's boxes and scores,
     :func:`quantbench.evaluate.outputaxes.concat_parts`) judged over its parts
     (:func:`_judged_sqnr`;
@@ -928,12 +933,14 @@ def output_sqnrs(
     accs = {name: OutputsAccumulator(outputs, False, layout) for name in tables}
     ended: dict[str, tuple[int, float]] = {}
 
-    def runner_of(table: CalibrationTable) -> OnnxRuntimeRunner:
+    def runner_of(candidate: Candidate) -> OnnxRuntimeRunner:
         """A candidate's session, without an arena (it holds only what one run needs)."""
-        qdq = quantize_model(graph, table, allow_partial=True, checked=False).model
-        loadable = serialized_for_session(
-            with_outputs(qdq, extra, graph.elem_types, in_place=True)
-        )
+        if isinstance(candidate, onnx.ModelProto):
+            qdq = onnx.ModelProto()
+            qdq.CopyFrom(candidate)  # with_outputs edits it
+        else:
+            qdq = quantize_model(graph, candidate, allow_partial=True, checked=False).model
+        loadable = serialized_for_session(with_outputs(qdq, extra, graph.elem_types, in_place=True))
         del qdq  # the proto goes before onnxruntime parses the bytes
         return OnnxRuntimeRunner(
             loadable,
@@ -1012,9 +1019,9 @@ def _size_parts(
 
 
 def _score_in_turn(
-    tables: dict[str, CalibrationTable],
+    tables: dict[str, Candidate],
     accs: dict[str, OutputsAccumulator],
-    runner_of: Callable[[CalibrationTable], OnnxRuntimeRunner],
+    runner_of: Callable[[Candidate], OnnxRuntimeRunner],
     pairs: Callable[[], Iterable[tuple[Feed, dict[str, np.ndarray]]]],
     outputs: list[str],
     inputs: list[Any],
@@ -1065,9 +1072,9 @@ def _with_last(items: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
 
 
 def _score_together(
-    tables: dict[str, CalibrationTable],
+    tables: dict[str, Candidate],
     accs: dict[str, OutputsAccumulator],
-    runner_of: Callable[[CalibrationTable], OnnxRuntimeRunner],
+    runner_of: Callable[[Candidate], OnnxRuntimeRunner],
     fp32: OnnxRuntimeRunner,
     held_out: DataSource,
     inputs: list[Any],
@@ -1096,9 +1103,7 @@ def _judging(candidates: int, held_out: DataSource) -> str:
     return f"auto: judging {candidates} candidates on {on}"
 
 
-def _judged_sqnr(
-    acc: OutputsAccumulator, sqnr_of: Callable[[str], float] | None = None
-) -> float:
+def _judged_sqnr(acc: OutputsAccumulator, sqnr_of: Callable[[str], float] | None = None) -> float:
     """A candidate's score: its worst output's SQNR, where an output joining kinds of values
     counts as the SQNR it would have with each part scaled to the same power (the mean of the
     parts' noise-to-signal ratios). One ruined part drags that down; a near-tie in one part
