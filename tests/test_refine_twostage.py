@@ -43,7 +43,9 @@ def _qdq_conv(int8_weight: bool = False) -> onnx.ModelProto:
          helper.make_tensor_value_info("twice", TensorProto.FLOAT, [1, 3, 8, 8])],
         inits,
     )  # fmt: skip
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8  # what every onnxruntime this project supports loads
+    return model
 
 
 def _run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
@@ -117,7 +119,9 @@ def _qdq_matmul() -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 4])],
         inits,
     )  # fmt: skip
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8  # what every onnxruntime this project supports loads
+    return model
 
 
 def _stages(x: np.ndarray, s: float) -> tuple[np.ndarray, np.ndarray]:

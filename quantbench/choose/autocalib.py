@@ -908,6 +908,7 @@ def output_sqnrs(
     budget: JudgingBudget | None = None,
     stopped: dict[str, int] | None = None,
     exempt: Collection[str] = (),
+    kept: list[tuple[Feed, dict[str, np.ndarray]]] | None = None,
 ) -> dict[str, float]:
     """Candidate -> SQNR (dB) of its full Q/DQ model (built from its table, or given)
     against FP32 over ``held_out``: its worst
@@ -927,7 +928,9 @@ def output_sqnrs(
     stop and set no bar). Without ``stopped`` every score is exact: no candidate stops.
     ``reference_graph``: the FP32 model judged against, when not ``graph`` itself (a refined
     model's INT8 form is judged against the model it was refined from). ``budget``: the
-    samples it may read, and a deadline (not with ``reference``)."""
+    samples it may read, and a deadline (not with ``reference``). ``kept``: the slice's parts
+    with their FP32 outputs as :func:`slice_reference` gave them, for callers judging many
+    candidates one call at a time (the refinement passes): FP32 then runs once, not a call."""
     layout = OutputLayout.of(graph.model, held_out.unbatched)
     outputs, extra = layout.judged_tensors()
     accs = {name: OutputsAccumulator(outputs, False, layout) for name in tables}
@@ -958,14 +961,18 @@ def output_sqnrs(
         )  # fmt: skip
     else:
         against = reference_graph or graph
-        fp32 = OnnxRuntimeRunner(
-            with_outputs(against.model, extra, against.elem_types), provider, threads, arena=False
-        )
-        kept = None if budget is not None else _kept_reference(
-            fp32, held_out, graph.inputs, outputs, activation_bytes
-        )  # fmt: skip
+        fp32 = None
+        if kept is None:
+            fp32 = OnnxRuntimeRunner(
+                with_outputs(against.model, extra, against.elem_types), provider, threads,
+                arena=False,
+            )  # fmt: skip
+            kept = None if budget is not None else _kept_reference(
+                fp32, held_out, graph.inputs, outputs, activation_bytes
+            )  # fmt: skip
         if kept is not None:
-            fp32.close()
+            if fp32 is not None:
+                fp32.close()
             ended = _score_in_turn(
                 tables, accs, runner_of, lambda: kept, outputs, graph.inputs, exempt,
                 stop_early=stopped is not None,
@@ -1006,6 +1013,26 @@ def _kept_reference(
             return None
         kept.append((part, ref))
     return kept
+
+
+def slice_reference(
+    graph: Graph,
+    held_out: DataSource,
+    provider: str | None = None,
+    threads: int | None = None,
+    activation_bytes: int = 0,
+) -> list[tuple[Feed, dict[str, np.ndarray]]] | None:
+    """The parts of ``held_out`` that :func:`output_sqnrs` would run, each with the FP32
+    outputs of ``graph``, computed once to judge many candidates (``output_sqnrs(kept=)``);
+    None once they outgrow :data:`KEPT_REFERENCE_BUDGET` (each call then runs FP32 itself)."""
+    outputs, extra = OutputLayout.of(graph.model, held_out.unbatched).judged_tensors()
+    fp32 = OnnxRuntimeRunner(
+        with_outputs(graph.model, extra, graph.elem_types), provider, threads, arena=False
+    )
+    try:
+        return _kept_reference(fp32, held_out, graph.inputs, outputs, activation_bytes)
+    finally:
+        fp32.close()
 
 
 def _size_parts(

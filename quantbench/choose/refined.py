@@ -32,6 +32,7 @@ from quantbench.choose.autocalib import (
     held_back_count,
     holdout_source,
     output_sqnrs,
+    slice_reference,
 )
 from quantbench.collect.statspass import collect_stats
 from quantbench.data.sources import DataSource, open_data
@@ -191,11 +192,14 @@ def refine_judged(
     )  # fmt: skip
     fit, holdout_note = _fit_source(graph, data, held, num_samples, batch_size, preset)
 
+    fp32_parts = slice_reference(graph, held_out, provider, threads)
+
     def score(g: Graph, t: CalibrationTable) -> float:
-        """The INT8 form of ``g`` against the original FP32 model, FP32 run beside it in
-        bounded parts (no slice's worth of outputs is held)."""
+        """The INT8 form of ``g`` against the original FP32 model: its outputs on the slice
+        computed once where they fit (:func:`slice_reference`), else FP32 run beside each
+        trial in bounded parts."""
         found = output_sqnrs(g, {"candidate": t}, held_out, provider, threads,
-                             reference_graph=graph)  # fmt: skip
+                             reference_graph=graph, kept=fp32_parts)  # fmt: skip
         return found["candidate"]
 
     state = _State(graph, table, score(graph, table))

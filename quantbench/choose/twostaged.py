@@ -29,17 +29,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose, with_outputs
+from quantbench.backends.onnxruntime import OnnxRuntimeRunner, expose
 from quantbench.choose.autocalib import (
     DEFAULT_HOLDOUT_SAMPLES,
     held_back_count,
     holdout_source,
     output_sqnrs,
+    slice_reference,
 )
 from quantbench.choose.refined import MIN_GAIN_DB, RefineTrial
 from quantbench.data.sources import DataSource, open_data
 from quantbench.errors import QuantbenchError
-from quantbench.evaluate.metrics import OutputLayout
 from quantbench.model.graph import Graph
 from quantbench.progress import info, progress_bar
 from quantbench.refine import TWO_STAGE, LayerChange
@@ -54,8 +54,6 @@ MAX_TENSORS = 16
 #: INT8 keeps most of its speed over FP16 (on the corpus, 25 % kept 94.5 of 94.5 points on
 #: basic-pitch and 88.9 of 89.0 on dddd-ocr; P-Net, whose every conv is costly, 87.3 of 89.4)
 DEFAULT_MAX_ADDED_MACS = 0.25
-#: bytes of the slice's FP32 outputs kept between the search's trials (more: recomputed)
-KEPT_OUTPUTS_BUDGET = 64 << 20
 
 
 @dataclass
@@ -112,7 +110,7 @@ def two_stage_judged(
     ranking, seen = _rank_source(reference, data, held, num_samples, batch_size, preset)
     cost = _added_macs(qdq, reference, ranking, provider, threads)
     ranked = _ranked(qdq, reference, ranking, tensors, provider, threads, show_progress)
-    kept_ref = _kept_outputs(reference, held_out, provider, threads)
+    fp32_parts = slice_reference(reference, held_out, provider, threads)
     scores: dict[frozenset[str], float] = {}
 
     def score(chosen: Sequence[str]) -> float:
@@ -120,7 +118,7 @@ def two_stage_judged(
         if key not in scores:
             model = ts.two_stage(qdq, list(chosen)) if chosen else qdq
             scores[key] = output_sqnrs(reference, {"candidate": model}, held_out, provider,
-                                       threads, reference=kept_ref)["candidate"]  # fmt: skip
+                                       threads, kept=fp32_parts)["candidate"]  # fmt: skip
             advance(1)
         return scores[key]
 
@@ -202,13 +200,13 @@ def _ranked(
     show_progress: bool,
 ) -> list[str]:
     """``tensors``, the one costing the outputs most when quantized alone first."""
-    kept_ref = _kept_outputs(reference, ranking, provider, threads)
+    fp32_parts = slice_reference(reference, ranking, provider, threads)
     alone: dict[str, float] = {}
     with progress_bar(f"{TWO_STAGE}: ranking activations", len(tensors), show_progress,
                       unit="tensors") as advance:  # fmt: skip
         for tensor in tensors:
             found = output_sqnrs(reference, {tensor: ts.only(qdq, tensor)}, ranking, provider,
-                                 threads, reference=kept_ref)  # fmt: skip
+                                 threads, kept=fp32_parts)  # fmt: skip
             alone[tensor] = _worst_first(found[tensor])
             advance(1)
     return sorted(tensors, key=lambda t: alone[t])
@@ -216,27 +214,6 @@ def _ranked(
 
 def _worst_first(score: float) -> float:
     return -math.inf if math.isnan(score) else score
-
-
-def _kept_outputs(
-    graph: Graph, source: DataSource, provider: str | None, threads: int | None
-) -> list[dict[str, np.ndarray]] | None:
-    """FP32 outputs of every batch of ``source``, computed once for the many trials; None
-    (each trial runs FP32 beside it) once they outgrow :data:`KEPT_OUTPUTS_BUDGET`."""
-    outputs, extra = OutputLayout.of(graph.model, source.unbatched).judged_tensors()
-    runner = OnnxRuntimeRunner(with_outputs(graph.model, extra, graph.elem_types), provider,
-                               threads, arena=False)  # fmt: skip
-    kept, held = [], 0
-    try:
-        for feed in source.batches():
-            found = runner.infer(feed, outputs)
-            held += sum(np.asarray(v).nbytes for v in found.values())
-            if held > KEPT_OUTPUTS_BUDGET:
-                return None
-            kept.append(found)
-    finally:
-        runner.close()
-    return kept
 
 
 def _added_macs(
