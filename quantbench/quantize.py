@@ -301,6 +301,8 @@ def _two_stage(
         except ValueError as e:
             raise InternalError(f"two-stage model malformed: {e}") from e
         result.model = staged.model
+        result.qdq_pairs += len(staged.tensors)
+        result.second_stages = len(staged.tensors)
         refined.kept.append(TWO_STAGE)
         info(
             f"refine: {TWO_STAGE}: {len(staged.tensors)} tensors, {twins} linear readers run "

@@ -101,6 +101,10 @@ def test_two_stage_is_chosen_where_rounding_costs_and_gains_on_fresh_samples(spi
 def test_every_conv_stays_int8_and_the_bias_is_added_once(spiky):
     _, _, _, plain, staged = spiky
     written = onnx.load(staged)
+    pairs = sum(n.op_type == "QuantizeLinear" for n in written.graph.node)
+    assert pairs == sum(n.op_type == "QuantizeLinear" for n in onnx.load(plain).graph.node) + sum(
+        n.op_type == "Sub" for n in written.graph.node
+    )  # one more pair per second stage, each on a residual
     producer = {o: n for n in written.graph.node for o in n.output}
     convs = [n for n in written.graph.node if n.op_type == "Conv"]
     assert len(convs) > 2  # a second run of conv1 at least
