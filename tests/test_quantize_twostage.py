@@ -166,3 +166,14 @@ def test_bad_two_stage_options_are_one_line(spiky, tmp_path, run_cli, args, says
     code, _, err = run_cli("quantize", model, "--data", calib, "-o", out, *args)
     assert code == 2 and says in " ".join(err.split()) and "Traceback" not in err
     assert not out.exists()
+
+
+def test_recover_says_it_does_not_try_two_stage(capsys):
+    """``recover --refine all`` tries the FP32 passes and says two-stage (and bias) are not."""
+    from quantbench.recovery.search import _recover_passes
+
+    assert _recover_passes("all", "auto") == ("equalize", "smooth", "rounding")
+    err = " ".join(capsys.readouterr().err.split())
+    assert "does not try two-stage" in err and "does not use bias correction" in err
+    assert _recover_passes(None, "auto") == ("equalize", "smooth")  # default: said nothing
+    assert capsys.readouterr().err == ""

@@ -325,8 +325,8 @@ def _recover_passes(refine: str | list[str] | None, method: str) -> tuple[str, .
         )
     if TWO_STAGE in passes and asked:
         warn(
-            "--refine two-stage: recover does not try two-stage activations (a rewrite of a "
-            "finished Q/DQ model); quantize --refine two-stage does"
+            "--refine: recover does not try two-stage activations (a rewrite of one finished "
+            "Q/DQ model, where recover plans many); quantize --refine two-stage does"
         )
     return tuple(p for p in passes if p not in (BIAS, TWO_STAGE))
 
