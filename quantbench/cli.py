@@ -75,8 +75,19 @@ RefineOpt = Annotated[
         "--refine",
         metavar="PASSES",
         help="Refinement passes to try, each kept only where it raises the output SQNR on the "
-        "held-back slice: comma list of equalize, smooth, rounding, bias; or cheap (equalize, "
-        "smooth, bias), all, none. Default: cheap with --method auto, else none.",
+        "held-back slice: comma list of equalize, smooth, rounding, bias, two-stage (quantize "
+        "only: a few sensitive activations get a second INT8 stage, their readers run twice), "
+        "cheap (equalize, smooth, bias); or all, none. Default: cheap with --method auto, "
+        "else none.",
+    ),
+]
+MaxAddedMacsOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-added-macs",
+        metavar="FRACTION",
+        help="With --refine two-stage: the most linear-op MACs the second stages may add, a "
+        "fraction of the model's (default 0.25).",
     ),
 ]
 RefinedModelOpt = Annotated[
@@ -416,6 +427,7 @@ def quantize(
     ray_address: RayAddressOpt = None,
     refine: RefineOpt = None,
     refined_model: RefinedModelOpt = None,
+    max_added_macs: MaxAddedMacsOpt = None,
 ) -> None:
     """Write a Q/DQ ONNX model placed the way TensorRT fuses it (or read one's scales back)."""
     from quantbench import quantize as qz
@@ -452,6 +464,7 @@ def quantize(
         refine=refine,
         refined_model=refined_model,
         auto_budget=auto_budget,
+        max_added_macs=max_added_macs,
     )
     _print_quantize(outcome)
 

@@ -37,7 +37,7 @@ from quantbench.model.graph import (
 )
 from quantbench.model.widen import float32_graph
 from quantbench.progress import results as console
-from quantbench.refine import refine_record, refined_passes
+from quantbench.refine import QDQ_PASSES, refine_record, refined_passes
 from quantbench.stats.tensorstats import StatsFile
 from quantbench.table.codecs import read_table
 
@@ -220,11 +220,7 @@ def _render_model(r: dict[str, Any]) -> None:
             "tables record; quantbench rewrite --to float32 writes it)"
         )
     if r.get("refined_by"):
-        console.print(
-            "refined by quantbench (" + escape(", ".join(r["refined_by"])) + "): its weights "
-            "differ from the model it was refined from; a calibration cache of that model does "
-            "not apply to this one"
-        )
+        console.print(_refined_text(r["refined_by"]))
     if isinstance(r.get("refine_record"), dict):
         _render_refinement(r["refine_record"])
     if r.get("output_metrics"):
@@ -258,6 +254,20 @@ def _render_model(r: dict[str, Any]) -> None:
         console.print(t)
     else:
         console.print("no dynamic-weight convolutions")
+
+
+def _refined_text(passes: list[str]) -> str:
+    """What a refined model's passes mean for its calibration cache."""
+    text = "refined by quantbench (" + escape(", ".join(passes)) + ")"
+    fp32 = [p for p in passes if p not in QDQ_PASSES]
+    if fp32:
+        text += (": its weights differ from the model it was refined from; a calibration cache "
+                 "of that model does not apply to this one")  # fmt: skip
+    if len(fp32) < len(passes):
+        text += ("; two-stage activations (a second INT8 stage on a few activations, their "
+                 "readers run twice) exist only in this Q/DQ model: a calibration cache cannot "
+                 "express them")  # fmt: skip
+    return text
 
 
 def _render_refinement(record: dict[str, Any]) -> None:

@@ -28,8 +28,9 @@ from quantbench.choose.clipguard import (
     clip_warning,
 )
 from quantbench.choose.refined import RefineOutcome, passes_to_try, refine_judged
+from quantbench.choose.twostaged import check_max_added_macs, two_stage_judged
 from quantbench.collect.executors import ExecutorSpec
-from quantbench.errors import QuantbenchError
+from quantbench.errors import InternalError, QuantbenchError
 from quantbench.fileio import check_not_an_input, check_output_path
 from quantbench.fp16 import (
     FP16,
@@ -43,13 +44,15 @@ from quantbench.fp16 import (
 )
 from quantbench.fp16range import activation_overflows, kept_text, overflows_text
 from quantbench.model import customops
-from quantbench.model.graph import calibration_tensors, open_graph
+from quantbench.model.graph import Graph, calibration_tensors, open_graph
 from quantbench.model.protosize import save_model
 from quantbench.model.widen import float32_work_graph, own_high_precision, with_io_types_of
 from quantbench.progress import info, warn
-from quantbench.qdq import QuantizeResult, quantize_model, table_from_qdq, write_quantized
+from quantbench.qdq import QuantizeResult, quantize_model, read_qdq_scales, write_quantized
 from quantbench.qdq.placement import DEFAULT_OP_TYPES
-from quantbench.refine import ROUNDING, mark_refined
+from quantbench.refine import QDQ_PASSES, ROUNDING, TWO_STAGE, mark_refined
+from quantbench.refine.twostage import RATIO
+from quantbench.refine.twostage import verify as verify_two_stage
 from quantbench.table import CalibrationTable
 from quantbench.table.codecs import format_for_path, read_table, write_table
 
@@ -101,6 +104,7 @@ def quantize(
     refine: str | list[str] | None = None,
     refined_model: str | Path | None = None,
     auto_budget: float | None = None,
+    max_added_macs: float | None = None,
 ) -> QuantizeOutcome:
     """Quantize ``model`` explicitly from a table or from calibration data.
 
@@ -108,8 +112,11 @@ def quantize(
     the output SQNR on the held-back slice (:mod:`quantbench.choose.refined`); a comma list,
     ``cheap``, ``all`` or ``none``. None: the cheap passes when calibrating with ``auto``,
     none otherwise. ``refined_model``: where to write the refined FP32 model (what the
-    TensorRT cache path must build from) when a pass was kept. ``auto_budget``: seconds
-    ``auto``'s judging of the calibrators may take (it then judges on fewer samples).
+    TensorRT cache path must build from) when a pass was kept. ``max_added_macs``: with the
+    ``two-stage`` pass, the most linear-op MACs its second stages may add, a fraction of the
+    model's (None: :data:`~quantbench.choose.twostaged.DEFAULT_MAX_ADDED_MACS`).
+    ``auto_budget``: seconds ``auto``'s judging of the calibrators may take (it then judges on
+    fewer samples).
 
     ``high_precision="fp16"``: the unquantized ops become FP16 and the Q/DQ scales FP16
     (:func:`quantbench.fp16.strongly_typed_fp16`), the mixed INT8/FP16 model TensorRT builds
@@ -137,6 +144,7 @@ def quantize(
     elif auto_budget is not None:
         raise QuantbenchError("--auto-budget times auto's judging on --data; drop it with --table")
     passes = passes_to_try(refine, method, table_given=table is not None)
+    check_two_stage(passes, max_added_macs, dwconv2d)
     if refined_model is not None:
         check_output_path(refined_model)
         check_not_an_input(refined_model, model, table, data, holdout_data, output)
@@ -185,7 +193,8 @@ def quantize(
             warn(text)
         note = registry.method_note(method)
         info(f"calibrated with method {method}{': ' + note if note else ''}")
-        if passes:
+        original = graph
+        if any(p not in QDQ_PASSES for p in passes):
             refined = refine_judged(
                 graph, cal_table, data, passes, num_samples=stats.num_samples,
                 holdout_data=holdout_data, batch_size=batch_size, preset=preset,
@@ -214,6 +223,11 @@ def quantize(
     result.require_quantized(str(model))  # before anything is written
     if refined is not None:
         _verify_rounding(refined, graph.model, result.model)
+    if TWO_STAGE in passes:
+        refined = _two_stage(
+            result, original, cal_table, refined, data, stats.num_samples, holdout_data,
+            batch_size, preset, provider, max_added_macs, show_progress,
+        )  # fmt: skip
     if dwconv2d:
         result.model = _to_plugin(result.model)
     if high_precision == FP16:
@@ -229,7 +243,8 @@ def quantize(
     mark_refined(result.model, kept, refined.to_dict() if refined is not None else None)
     written = [write_quantized(result, output)]
     if refined_model is not None:
-        written.append(_write_refined(graph.model, kept, refined_model))
+        fp32_kept = [p for p in kept if p not in QDQ_PASSES]
+        written.append(_write_refined(graph.model, fp32_kept, refined_model))
     rows = []
     if report_integer_ops:
         from quantbench.ort_int8 import integer_op_report
@@ -239,6 +254,62 @@ def quantize(
     return QuantizeOutcome(
         result, cal_table, written, rows, flags, auto, high_precision, precisions, refined
     )
+
+
+def check_two_stage(passes: tuple[str, ...], max_added_macs: float | None, dwconv2d: bool) -> None:
+    """``--refine two-stage`` and ``--max-added-macs`` fit together and with the rest (one line)."""
+    check_max_added_macs(max_added_macs)
+    if max_added_macs is not None and TWO_STAGE not in passes:
+        raise QuantbenchError(
+            "--max-added-macs caps the two-stage pass's added work: give --refine two-stage "
+            "(or all) with it, or drop it"
+        )
+    if TWO_STAGE in passes and dwconv2d:
+        raise QuantbenchError(
+            "--refine two-stage with --dwconv2d: the DWConv2D plugin's INT8 form has no second "
+            "stage; drop one of the two"
+        )
+
+
+def _two_stage(
+    result: QuantizeResult,
+    original: Graph,
+    table: CalibrationTable,
+    refined: RefineOutcome | None,
+    data: object,
+    num_samples: int,
+    holdout_data: object | None,
+    batch_size: int | None,
+    preset: str | None,
+    provider: str | None,
+    max_added_macs: float | None,
+    show_progress: bool,
+) -> RefineOutcome:
+    """The two-stage pass on the finished Q/DQ model (judged against the ``original`` FP32
+    model), checked before anything is written; its trial joins the refinement record."""
+    staged = two_stage_judged(
+        result.model, original, data, num_samples=num_samples, holdout_data=holdout_data,
+        batch_size=batch_size, preset=preset, provider=provider,
+        max_added_macs=max_added_macs, show_progress=show_progress,
+    )  # fmt: skip
+    if refined is None:
+        refined = RefineOutcome(original, table, [], [], staged.base_db, staged.holdout)
+    refined.trials.append(staged.trial)
+    if staged.tensors:
+        try:
+            twins = verify_two_stage(staged.model, staged.tensors)
+        except ValueError as e:
+            raise InternalError(f"two-stage model malformed: {e}") from e
+        result.model = staged.model
+        result.qdq_pairs += len(staged.tensors)
+        result.second_stages = len(staged.tensors)
+        refined.kept.append(TWO_STAGE)
+        info(
+            f"refine: {TWO_STAGE}: {len(staged.tensors)} tensors, {twins} linear readers run "
+            "twice, each second stage checked: symmetric INT8 at the first stage's scale / "
+            f"{RATIO:g}, the reader's own INT8 weights"
+        )
+    return refined
 
 
 def _verify_rounding(refined: RefineOutcome, model: onnx.ModelProto, qdq: onnx.ModelProto) -> None:
@@ -295,7 +366,14 @@ def extract_table(
     """The activation scales of a Q/DQ model as a TensorRT cache / JSON / flatbuffers table."""
     check_output_path(output)
     check_not_an_input(output, model)
-    table = table_from_qdq(model)
+    scales = read_qdq_scales(model)
+    table = scales.table
+    if scales.second_stages:
+        warn(
+            f"{model}: {len(scales.second_stages)} second-stage quantizers (two-stage "
+            "activations) skipped: a calibration cache holds one scale a tensor, so an engine "
+            "built from it quantizes those tensors once; only the Q/DQ model keeps both stages"
+        )
     if not len(table):
         raise QuantbenchError(f"{model}: has no per-tensor activation QuantizeLinear nodes to read")
     path = write_table(table, output, fmt or format_for_path(output), trt_version=trt_version)
@@ -331,9 +409,11 @@ def rewrite(
     if not changed:  # an unchanged copy would pass for the rewritten model
         what = "no DWConv2D node to rewrite into Conv"
         if to == "dwconv2d":
-            what = "no convolution with runtime weights (TensorRT's ConvMultiInput)" + (
-                " and no 2-D grouped Conv" if depthwise else " (--depthwise: grouped Convs too)"
-            ) + " to rewrite into DWConv2D"
+            what = (
+                "no convolution with runtime weights (TensorRT's ConvMultiInput)"
+                + (" and no 2-D grouped Conv" if depthwise else " (--depthwise: grouped Convs too)")
+                + " to rewrite into DWConv2D"
+            )
         raise QuantbenchError(f"{model}: {what}; nothing written")
     return changed, save_model(new, output)
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quantbench.refine.twostage import choose_greedy, two_stage
+from quantbench.refine.twostage import candidates, choose_greedy, only, two_stage, verify
 
 
-def _qdq_conv() -> onnx.ModelProto:
-    """x -> Q/DQ -> Conv(+bias) -> y, and x's dequantized form also read by an Add."""
+def _qdq_conv(int8_weight: bool = False) -> onnx.ModelProto:
+    """x -> Q/DQ -> Conv(+bias) -> y, and x's dequantized form also read by an Add;
+    ``int8_weight``: the weight through a Q/DQ pair too (as quantize writes it)."""
     rng = np.random.default_rng(0)
     w = rng.normal(size=(4, 3, 3, 3)).astype(np.float32)
     b = rng.normal(size=4).astype(np.float32)
@@ -27,6 +29,13 @@ def _qdq_conv() -> onnx.ModelProto:
         helper.make_node("Conv", ["xd", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
         helper.make_node("Add", ["xd", "xd"], ["twice"]),
     ]
+    if int8_weight:
+        inits.append(numpy_helper.from_array(np.float32(np.abs(w).max() / 127), "sw"))
+        nodes[2].input[1] = "wd"
+        nodes[:0] = [
+            helper.make_node("QuantizeLinear", ["w", "sw", "z"], ["wq"]),
+            helper.make_node("DequantizeLinear", ["wq", "sw", "z"], ["wd"]),
+        ]
     graph = helper.make_graph(
         nodes, "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
@@ -34,7 +43,9 @@ def _qdq_conv() -> onnx.ModelProto:
          helper.make_tensor_value_info("twice", TensorProto.FLOAT, [1, 3, 8, 8])],
         inits,
     )  # fmt: skip
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8  # what every onnxruntime this project supports loads
+    return model
 
 
 def _run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
@@ -66,9 +77,114 @@ def test_two_stage_is_the_reader_on_both_stages() -> None:
 
 
 def test_choose_greedy_keeps_only_gains() -> None:
-    model = _qdq_conv()
     scores = iter([10.0, 12.0])
-    choice = choose_greedy(model, ["x"], lambda m: next(scores))
+    choice = choose_greedy(["x"], lambda tensors: next(scores))
     assert choice.tensors == ["x"] and choice.score_db == 12.0
     scores = iter([10.0, 10.005])
-    assert choose_greedy(model, ["x"], lambda m: next(scores)).tensors == []
+    assert choose_greedy(["x"], lambda tensors: next(scores)).tensors == []
+
+
+def test_choose_greedy_keeps_within_the_cost() -> None:
+    """A set costing more than ``max_cost`` is never scored; the cheaper tensor is kept."""
+    scored: list[list[str]] = []
+
+    def score(tensors) -> float:
+        scored.append(list(tensors))
+        return 10.0 + len(tensors)
+
+    cost = {"a": 0.3, "b": 0.1}
+    choice = choose_greedy(["a", "b"], score, cost=lambda ts: sum(cost[t] for t in ts),
+                           max_cost=0.25)  # fmt: skip
+    assert choice.tensors == ["b"] and ["a"] not in scored
+
+
+def _qdq_matmul() -> onnx.ModelProto:
+    """Both MatMul operands runtime tensors, each through its own Q/DQ (attention's Q @ K^T)."""
+    inits = [
+        numpy_helper.from_array(np.float32(1.0 / 127), "sa"),
+        numpy_helper.from_array(np.float32(3.0 / 127), "sb"),
+        numpy_helper.from_array(np.int8(0), "z"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["a", "sa", "z"], ["aq"]),
+        helper.make_node("DequantizeLinear", ["aq", "sa", "z"], ["ad"]),
+        helper.make_node("QuantizeLinear", ["b", "sb", "z"], ["bq"]),
+        helper.make_node("DequantizeLinear", ["bq", "sb", "z"], ["bd"]),
+        helper.make_node("MatMul", ["ad", "bd"], ["y"], name="mm"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 5, 6]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 6, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 4])],
+        inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8  # what every onnxruntime this project supports loads
+    return model
+
+
+def _stages(x: np.ndarray, s: float) -> tuple[np.ndarray, np.ndarray]:
+    """x1, x2 by hand: round half to even, saturate to int8 (ONNX QuantizeLinear)."""
+    s1 = np.float32(s)
+    x1 = np.clip(np.round(x / s1), -128, 127).astype(np.float32) * s1
+    s2 = np.float32(s1 / np.float32(64))
+    x2 = np.clip(np.round((x - x1) / s2), -128, 127).astype(np.float32) * s2
+    return x1, x2
+
+
+def test_both_matmul_operands_in_two_stages_are_the_product_of_the_sums() -> None:
+    """A runtime operand in slot 1 gets its own twin (the MatMul stays INT8 on both inputs,
+    never reading an FP sum); with both operands treated the product runs four times."""
+    rng = np.random.default_rng(2)
+    a = rng.uniform(-1, 1, (2, 5, 6)).astype(np.float32)
+    b = rng.uniform(-3, 3, (2, 6, 4)).astype(np.float32)
+    model = _qdq_matmul()
+    assert candidates(model) == ["a", "b"]
+    out = two_stage(model, ["a", "b"])
+    onnx.checker.check_model(out)
+    assert verify(out, ["a", "b"]) == 3  # the three runs reading a second stage
+    assert sum(n.op_type == "MatMul" for n in out.graph.node) == 4
+    a1, a2 = _stages(a, 1.0 / 127)
+    b1, b2 = _stages(b, 3.0 / 127)
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"a": a, "b": b})
+    np.testing.assert_allclose(y, (a1 + a2) @ (b1 + b2), rtol=1e-5, atol=1e-5)
+
+
+def test_verify_refuses_a_broken_second_stage() -> None:
+    with pytest.raises(ValueError, match="input 1 is not INT8"):
+        verify(two_stage(_qdq_conv(), ["x"]), ["x"])  # an FP32 weight
+    model = two_stage(_qdq_conv(int8_weight=True), ["x"])
+    assert verify(model, ["x"]) == 1
+    for init in model.graph.initializer:  # a second-stage scale off by one ulp
+        if init.name.endswith("_scale") and "stage2" in init.name:
+            value = numpy_helper.to_array(init)
+            init.CopyFrom(numpy_helper.from_array(np.nextafter(value, np.float32(1)), init.name))
+    with pytest.raises(ValueError, match="second-stage scale"):
+        verify(model, ["x"])
+    model = two_stage(_qdq_conv(int8_weight=True), ["x"])
+    twin = next(n for n in model.graph.node if n.op_type == "Conv" and len(n.input) == 2)
+    twin.input.append("b")  # the bias added twice
+    with pytest.raises(ValueError, match="bias a second time"):
+        verify(model, ["x"])
+
+
+def test_only_keeps_one_activation_quantized() -> None:
+    """The ranking's model: every other pair (weights too) bypassed, by name."""
+    rng = np.random.default_rng(3)
+    a = rng.uniform(-1, 1, (2, 5, 6)).astype(np.float32)
+    b = rng.uniform(-3, 3, (2, 6, 4)).astype(np.float32)
+    alone = only(_qdq_matmul(), "b")
+    assert [n.op_type for n in alone.graph.node].count("QuantizeLinear") == 1
+    session = ort.InferenceSession(alone.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"a": a, "b": b})
+    b1, _ = _stages(b, 3.0 / 127)
+    np.testing.assert_allclose(y, a @ b1, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tensor_read_by_a_nonlinear_op_is_no_candidate() -> None:
+    """Its reader would read the FP sum and leave INT8."""
+    model = _qdq_conv()
+    model.graph.node.append(helper.make_node("MaxPool", ["xd"], ["pooled"], kernel_shape=[2, 2]))
+    assert candidates(model) == []

@@ -66,7 +66,8 @@ def main() -> None:
         t_rank = time.perf_counter() - t0
         ref_slice = lab.run(key, fp32, slice_)
 
-        def judged(m: onnx.ModelProto) -> float:
+        def judged(tensors) -> float:
+            m = two_stage(qdq, list(tensors)) if tensors else qdq
             return worst(ref_slice, lab.run(key, m, slice_))
 
         other = None
@@ -75,12 +76,13 @@ def main() -> None:
             from cost import reader_macs
 
             first = {k: v[:1] for k, v in fit.items()}
-            limits.update(cost=reader_macs(qdq, first)[0], max_cost=a.max_macs)
+            each = reader_macs(qdq, first)[0]
+            limits.update(cost=lambda ts: sum(each.get(t, 0.0) for t in ts), max_cost=a.max_macs)
         if a.strategy == "best":
-            choice, other = choose(qdq, ranked, judged, **limits)
+            choice, other = choose(ranked, judged, **limits)
         else:
             prefixes = PREFIXES if a.strategy == "prefix" else ()
-            choice = choose_greedy(qdq, ranked, judged, prefixes=prefixes, **limits)
+            choice = choose_greedy(ranked, judged, prefixes=prefixes, **limits)
         chosen = choice.tensors
         if other is not None:
             print(

@@ -46,9 +46,12 @@ RESULTS = OUT / "results.json"
 METHODS = ("entropy", "entropy:pytorch", "entropy:ort", "minmax", "percentile:99.99", "mse")
 AUTO = "auto"  # --method auto, no refinement pass: the default before issue 38
 DEFAULT = "default"  # quantize with no option: auto and the cheap refinement passes, judged
-REFINED = "refine all"  # --refine all: every pass (weight rounding too), each judged
+REFINED = "refine all"  # --refine all: every pass (weight rounding, two-stage too), each judged
+#: --refine cheap,two-stage: the default's passes, then two-stage activations within the
+#: default added-MACs budget (25 %)
+TWO_STAGE = "default + two-stage"
 #: the job groups --jobs picks from
-JOB_GROUPS = ("methods", "auto", "default", "refine", "ort", "peers")
+JOB_GROUPS = ("methods", "auto", "default", "two-stage", "refine", "ort", "peers")
 ORT = ("MinMax", "Entropy")
 #: the peers group's candidates (peers.py), each a column next to "ort MinMax"
 PEERS = ("ort SmoothQuant", "quark MinMax", "quark AdaRound")
@@ -176,6 +179,7 @@ def measure(
             if status == "ok":
                 candidates[method] = path
     quantize_jobs = (("auto", AUTO, AUTO, "none"), ("default", DEFAULT, None, None),
+                     ("two-stage", TWO_STAGE, None, "cheap,two-stage"),
                      ("refine", REFINED, None, "all"))  # fmt: skip
     for group, name, method, refine in quantize_jobs:
         if group not in groups:
@@ -262,7 +266,7 @@ def _errors(jobs: dict[str, Outcome], scores: dict[str, Any]) -> dict[str, str]:
             out[method] = methods_job.error or "failed"
         else:
             out[method] = methods_job.details["models"].get(method, "not built")
-    for name in (AUTO, DEFAULT, REFINED):
+    for name in (AUTO, DEFAULT, TWO_STAGE, REFINED):
         job = jobs.get(f"qb {name}")
         if name not in scores and job is not None and not job.ok:
             out[name] = job.error or "failed"
@@ -285,7 +289,7 @@ def tolerance(scores: dict[str, Any]) -> dict[str, Any]:
     margin = max(TOLERANCE_POINTS, TOLERANCE_RELATIVE * abs(best))
     ours = {
         m: scores[m]["metric"]
-        for m in (*METHODS, AUTO, DEFAULT, REFINED)
+        for m in (*METHODS, AUTO, DEFAULT, TWO_STAGE, REFINED)
         if "metric" in scores.get(m, {})
     }
     return {
@@ -301,7 +305,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per method over the measured models: how often within tolerance, the worst shortfall."""
     measured = [r for r in rows if r.get("status") == "measured" and r.get("tolerance")]
     per_method: dict[str, Any] = {}
-    for method in (*METHODS, AUTO, DEFAULT, REFINED):
+    for method in (*METHODS, AUTO, DEFAULT, TWO_STAGE, REFINED):
         shortfalls = {r["model"]: r["tolerance"]["shortfall"].get(method) for r in measured}
         known = {k: v for k, v in shortfalls.items() if v is not None}
         per_method[method] = {
@@ -327,7 +331,7 @@ def fp32_shortfall(rows: list[dict[str, Any]]) -> dict[str, Any]:
     default (auto without refinement), the default with the cheap passes, every pass asked for,
     and the other tools (onnxruntime, the peers) next to them."""
     found: dict[str, Any] = {}
-    for name in (AUTO, DEFAULT, REFINED, *OTHERS):
+    for name in (AUTO, DEFAULT, TWO_STAGE, REFINED, *OTHERS):
         per = {
             r["model"]: round(r["scores"]["fp32"]["metric"] - r["scores"][name]["metric"], 3)
             for r in rows
@@ -361,7 +365,7 @@ def render(console: Console, rows: list[dict[str, Any]], summ: dict[str, Any]) -
         "(green: within 0.5 pt / 1 % of the best built-in method)"
     )
     for column in ("model", "exporter", "opset", "metric", "FP32", *METHODS, AUTO, DEFAULT,
-                   REFINED, *OTHERS):  # fmt: skip
+                   TWO_STAGE, REFINED, *OTHERS):  # fmt: skip
         table.add_column(column.replace("percentile:", "pct:"), justify="left" if column in
                          ("model", "exporter", "metric") else "right")  # fmt: skip
     for r in rows:
@@ -374,12 +378,12 @@ def render(console: Console, rows: list[dict[str, Any]], summ: dict[str, Any]) -
         s, tol = r["scores"], r["tolerance"]
         table.add_row(
             r["model"], exp, str(r["opset"]), r["metric"], f"{s['fp32']['metric']:.1f}",
-            *[cell(s, m, tol) for m in (*METHODS, AUTO, DEFAULT, REFINED)],
+            *[cell(s, m, tol) for m in (*METHODS, AUTO, DEFAULT, TWO_STAGE, REFINED)],
             *[cell(s, m, {}, r.get("not_applicable", {})) for m in OTHERS],
         )  # fmt: skip
     console.print(table)
     costs = Table(title="Calibration + Q/DQ build: wall time / peak RSS (each job its own process)")
-    names = ("qb 6 methods", "qb auto", "qb default", f"qb {REFINED}", *OTHERS)
+    names = ("qb 6 methods", "qb auto", "qb default", f"qb {TWO_STAGE}", f"qb {REFINED}", *OTHERS)
     for column in ("model", "calib samples", *names):
         costs.add_column(column, justify="left" if column == "model" else "right")
     for r in rows:
@@ -517,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "machine": machine_info(),
         "wall_seconds": round(time.perf_counter() - start, 1),
-        "methods": [*METHODS, AUTO, DEFAULT, REFINED, *OTHERS],
+        "methods": [*METHODS, AUTO, DEFAULT, TWO_STAGE, REFINED, *OTHERS],
         "adaround_iterations": args.adaround_iterations if "peers" in groups else None,
         "tolerance": {"points": TOLERANCE_POINTS, "relative": TOLERANCE_RELATIVE},
         "models": rows,

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from quantbench import calibrators as registry
 from quantbench.backends.onnxruntime import (
@@ -109,6 +110,9 @@ HOLDOUT_ELEMENTS = 1 << 21
 #: near-duplicates of ``entropy`` that cost a full entropy search each and rarely differ from it.
 SLOW_METHODS = frozenset({"entropy:slides", "entropy:pytorch"})
 _RUNTIME_ROLES = (ACTIVATION, RESIDUAL, RUNTIME_WEIGHT)
+#: what the output pass judges: a table (its Q/DQ model is built from the FP32 graph) or a
+#: ready Q/DQ model of that graph (a two-stage rewrite: :mod:`quantbench.choose.twostaged`)
+Candidate = CalibrationTable | onnx.ModelProto
 
 
 @dataclass
@@ -892,7 +896,7 @@ def output_sqnr(
 
 def output_sqnrs(
     graph: Graph,
-    tables: dict[str, CalibrationTable],
+    tables: dict[str, Candidate],
     held_out: DataSource,
     provider: str | None = None,
     threads: int | None = None,
@@ -904,8 +908,10 @@ def output_sqnrs(
     budget: JudgingBudget | None = None,
     stopped: dict[str, int] | None = None,
     exempt: Collection[str] = (),
+    kept: list[tuple[Feed, dict[str, np.ndarray]]] | None = None,
 ) -> dict[str, float]:
-    """Candidate -> SQNR (dB) of its full Q/DQ model against FP32 over ``held_out``: its worst
+    """Candidate -> SQNR (dB) of its full Q/DQ model (built from its table, or given)
+    against FP32 over ``held_out``: its worst
     output's, an output joining kinds of values (a detector's boxes and scores,
     :func:`quantbench.evaluate.outputaxes.concat_parts`) judged over its parts
     (:func:`_judged_sqnr`;
@@ -922,18 +928,22 @@ def output_sqnrs(
     stop and set no bar). Without ``stopped`` every score is exact: no candidate stops.
     ``reference_graph``: the FP32 model judged against, when not ``graph`` itself (a refined
     model's INT8 form is judged against the model it was refined from). ``budget``: the
-    samples it may read, and a deadline (not with ``reference``)."""
+    samples it may read, and a deadline (not with ``reference``). ``kept``: the slice's parts
+    with their FP32 outputs as :func:`slice_reference` gave them, for callers judging many
+    candidates one call at a time (the refinement passes): FP32 then runs once, not a call."""
     layout = OutputLayout.of(graph.model, held_out.unbatched)
     outputs, extra = layout.judged_tensors()
     accs = {name: OutputsAccumulator(outputs, False, layout) for name in tables}
     ended: dict[str, tuple[int, float]] = {}
 
-    def runner_of(table: CalibrationTable) -> OnnxRuntimeRunner:
+    def runner_of(candidate: Candidate) -> OnnxRuntimeRunner:
         """A candidate's session, without an arena (it holds only what one run needs)."""
-        qdq = quantize_model(graph, table, allow_partial=True, checked=False).model
-        loadable = serialized_for_session(
-            with_outputs(qdq, extra, graph.elem_types, in_place=True)
-        )
+        if isinstance(candidate, onnx.ModelProto):
+            qdq = onnx.ModelProto()
+            qdq.CopyFrom(candidate)  # with_outputs edits it
+        else:
+            qdq = quantize_model(graph, candidate, allow_partial=True, checked=False).model
+        loadable = serialized_for_session(with_outputs(qdq, extra, graph.elem_types, in_place=True))
         del qdq  # the proto goes before onnxruntime parses the bytes
         return OnnxRuntimeRunner(
             loadable,
@@ -951,14 +961,18 @@ def output_sqnrs(
         )  # fmt: skip
     else:
         against = reference_graph or graph
-        fp32 = OnnxRuntimeRunner(
-            with_outputs(against.model, extra, against.elem_types), provider, threads, arena=False
-        )
-        kept = None if budget is not None else _kept_reference(
-            fp32, held_out, graph.inputs, outputs, activation_bytes
-        )  # fmt: skip
+        fp32 = None
+        if kept is None:
+            fp32 = OnnxRuntimeRunner(
+                with_outputs(against.model, extra, against.elem_types), provider, threads,
+                arena=False,
+            )  # fmt: skip
+            kept = None if budget is not None else _kept_reference(
+                fp32, held_out, graph.inputs, outputs, activation_bytes
+            )  # fmt: skip
         if kept is not None:
-            fp32.close()
+            if fp32 is not None:
+                fp32.close()
             ended = _score_in_turn(
                 tables, accs, runner_of, lambda: kept, outputs, graph.inputs, exempt,
                 stop_early=stopped is not None,
@@ -1001,6 +1015,26 @@ def _kept_reference(
     return kept
 
 
+def slice_reference(
+    graph: Graph,
+    held_out: DataSource,
+    provider: str | None = None,
+    threads: int | None = None,
+    activation_bytes: int = 0,
+) -> list[tuple[Feed, dict[str, np.ndarray]]] | None:
+    """The parts of ``held_out`` that :func:`output_sqnrs` would run, each with the FP32
+    outputs of ``graph``, computed once to judge many candidates (``output_sqnrs(kept=)``);
+    None once they outgrow :data:`KEPT_REFERENCE_BUDGET` (each call then runs FP32 itself)."""
+    outputs, extra = OutputLayout.of(graph.model, held_out.unbatched).judged_tensors()
+    fp32 = OnnxRuntimeRunner(
+        with_outputs(graph.model, extra, graph.elem_types), provider, threads, arena=False
+    )
+    try:
+        return _kept_reference(fp32, held_out, graph.inputs, outputs, activation_bytes)
+    finally:
+        fp32.close()
+
+
 def _size_parts(
     per_sample: list[int], part: Feed, ref: dict[str, np.ndarray], inputs: list[Any]
 ) -> None:
@@ -1012,9 +1046,9 @@ def _size_parts(
 
 
 def _score_in_turn(
-    tables: dict[str, CalibrationTable],
+    tables: dict[str, Candidate],
     accs: dict[str, OutputsAccumulator],
-    runner_of: Callable[[CalibrationTable], OnnxRuntimeRunner],
+    runner_of: Callable[[Candidate], OnnxRuntimeRunner],
     pairs: Callable[[], Iterable[tuple[Feed, dict[str, np.ndarray]]]],
     outputs: list[str],
     inputs: list[Any],
@@ -1065,9 +1099,9 @@ def _with_last(items: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
 
 
 def _score_together(
-    tables: dict[str, CalibrationTable],
+    tables: dict[str, Candidate],
     accs: dict[str, OutputsAccumulator],
-    runner_of: Callable[[CalibrationTable], OnnxRuntimeRunner],
+    runner_of: Callable[[Candidate], OnnxRuntimeRunner],
     fp32: OnnxRuntimeRunner,
     held_out: DataSource,
     inputs: list[Any],
@@ -1096,9 +1130,7 @@ def _judging(candidates: int, held_out: DataSource) -> str:
     return f"auto: judging {candidates} candidates on {on}"
 
 
-def _judged_sqnr(
-    acc: OutputsAccumulator, sqnr_of: Callable[[str], float] | None = None
-) -> float:
+def _judged_sqnr(acc: OutputsAccumulator, sqnr_of: Callable[[str], float] | None = None) -> float:
     """A candidate's score: its worst output's SQNR, where an output joining kinds of values
     counts as the SQNR it would have with each part scaled to the same power (the mean of the
     parts' noise-to-signal ratios). One ruined part drags that down; a near-tie in one part

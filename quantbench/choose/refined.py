@@ -32,6 +32,7 @@ from quantbench.choose.autocalib import (
     held_back_count,
     holdout_source,
     output_sqnrs,
+    slice_reference,
 )
 from quantbench.collect.statspass import collect_stats
 from quantbench.data.sources import DataSource, open_data
@@ -44,6 +45,7 @@ from quantbench.refine import (
     CHEAP,
     EQUALIZE,
     PASSES,
+    QDQ_PASSES,
     RANGE_CHANGING,
     ROUNDING,
     SMOOTH,
@@ -66,7 +68,8 @@ EQUALIZE_ALPHA = 0.5
 
 def parse_refine(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
     """``--refine``: None (the default: the cheap passes where ``auto`` judges), ``none``,
-    ``cheap``, ``all`` or a comma list of pass names; one line naming a wrong one."""
+    ``all`` or a comma list of pass names and ``cheap`` (the cheap ones: ``cheap,two-stage``);
+    one line naming a wrong one."""
     if text is None:
         return None
     words = text.split(",") if isinstance(text, str) else list(text)
@@ -75,15 +78,14 @@ def parse_refine(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
         return ()
     if names == ["all"]:
         return PASSES
-    if names == ["cheap"]:
-        return CHEAP
-    wrong = [n for n in names if n not in PASSES]
+    wrong = [n for n in names if n not in PASSES and n != "cheap"]
     if wrong:
         raise QuantbenchError(
             f"--refine: unknown pass {', '.join(map(repr, wrong))}; choose from "
             f"{', '.join(PASSES)}, or cheap, all, none"
         )
-    return tuple(p for p in PASSES if p in names)
+    asked = set(names) | (set(CHEAP) if "cheap" in names else set())
+    return tuple(p for p in PASSES if p in asked)
 
 
 def passes_to_try(
@@ -189,11 +191,15 @@ def refine_judged(
         samples=held or DEFAULT_HOLDOUT_SAMPLES,
     )  # fmt: skip
     fit, holdout_note = _fit_source(graph, data, held, num_samples, batch_size, preset)
+
+    fp32_parts = slice_reference(graph, held_out, provider, threads)
+
     def score(g: Graph, t: CalibrationTable) -> float:
-        """The INT8 form of ``g`` against the original FP32 model, FP32 run beside it in
-        bounded parts (no slice's worth of outputs is held)."""
+        """The INT8 form of ``g`` against the original FP32 model: its outputs on the slice
+        computed once where they fit (:func:`slice_reference`), else FP32 run beside each
+        trial in bounded parts."""
         found = output_sqnrs(g, {"candidate": t}, held_out, provider, threads,
-                             reference_graph=graph)  # fmt: skip
+                             reference_graph=graph, kept=fp32_parts)  # fmt: skip
         return found["candidate"]
 
     state = _State(graph, table, score(graph, table))
@@ -202,7 +208,7 @@ def refine_judged(
     trials: list[RefineTrial] = []
     kept: list[str] = []
     for name in PASSES:
-        if name not in passes:
+        if name not in passes or name in QDQ_PASSES:  # those rewrite the Q/DQ model, later
             continue
         best: tuple[RefineTrial, _State] | None = None
         tried: list[RefineTrial] = []

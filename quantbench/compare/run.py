@@ -49,6 +49,7 @@ from quantbench.fp16 import FP16, FP16_EMULATED, has_fp16_qdq
 from quantbench.jsonsafe import from_json_float, json_float
 from quantbench.model.graph import QDQ_OPS, Graph, node_labels
 from quantbench.progress import progress_bar, warn
+from quantbench.qdq.extract import second_stage_quantizers
 from quantbench.refine import refine_record
 
 SIDES = ("A", "B")
@@ -144,15 +145,17 @@ def _quantized_inputs(
 ) -> dict[str, tuple[str, float]]:
     """op output -> (its first Q/DQ'd data input as the reference names it, amax) for every
     quantized op (Casts an FP16 conversion put before a Q are looked through; the model's own
-    Casts, e.g. bool -> float, are not)."""
+    Casts, e.g. bool -> float, are not); the second stage of a two-stage activation, which
+    quantizes a residual the reference lacks, is left out."""
     producer = {o: n for n in model.graph.node for o in n.output}
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    second = {q.output[0] for q in second_stage_quantizers(model)}  # no tensor of the reference
     out: dict[str, tuple[str, float]] = {}
     for n in model.graph.node:
         if n.op_type in QDQ_OPS or not n.input:
             continue
         dq = producer.get(n.input[0])
-        if dq is None or dq.op_type != "DequantizeLinear":
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] in second:
             continue
         q = producer.get(dq.input[0])
         scale = inits.get(dq.input[1]) if len(dq.input) > 1 else None

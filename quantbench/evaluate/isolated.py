@@ -25,6 +25,7 @@ from onnx import TensorProto, helper
 from quantbench.memo import memo_scope
 from quantbench.model.graph import QDQ_OPS, node_labels
 from quantbench.model.opsetconvert import convert_version
+from quantbench.qdq.extract import second_stage_quantizers
 
 SUFFIX = "::isolated"
 _PREFIX = "qb_iso/"
@@ -94,6 +95,7 @@ class _Builder:
             | {o for n in reference.graph.node for o in n.output}
         )
         self.ref_producer = {o: n for n in reference.graph.node for o in n.output}
+        self._two_stages(candidate)
         self.nodes: list[onnx.NodeProto] = []
         #: op copies built here: (their key in ``shared.ops``, their twin's name here)
         self.built_ops: list[tuple[tuple[str, ...], str]] = []
@@ -156,6 +158,7 @@ class _Builder:
             return self.rebuilt[tensor]
         dq = self.cand_producer[tensor]
         q = self.cand_producer.get(dq.input[0])
+        src = None
         if q is not None and q.op_type == "QuantizeLinear":
             src = self.source(q.input[0])
             if src is None:
@@ -172,11 +175,29 @@ class _Builder:
         if None in dq_inputs:
             return None
         out = self._emit(dq, dq_inputs, self.prefix + dq.output[0])
+        if tensor in self.second_of and src is not None:
+            out = self._with_second_stage(tensor, src, out)
         self.rebuilt[tensor] = out
         return out
 
+    def _with_second_stage(self, tensor: str, src: str, x1: str) -> str | None:
+        """``x1 + x2``: the candidate's second stage of ``tensor`` rebuilt on ``src - x1``."""
+        dq2 = self.second_of[tensor]
+        q2 = self.cand_producer[dq2.input[0]]
+        sub = self.cand_producer[q2.input[0]]
+        residual = self._emit(sub, [src, x1], self.prefix + sub.output[0])
+        q_inputs = [residual] + [self.constant(i) for i in q2.input[1:]]
+        dq_rest = [self.constant(i) for i in dq2.input[1:]]
+        if None in q_inputs or None in dq_rest:
+            return None
+        q_out = self._emit(q2, q_inputs, self.prefix + q2.output[0])
+        x2 = self._emit(dq2, [q_out, *dq_rest], self.prefix + dq2.output[0])
+        both = helper.make_node("Add", [x1, x2], [tensor + "_both"], name=tensor + "_both")
+        return self._emit(both, [x1, x2], self.prefix + tensor + "_both")
+
     def _emit(self, node: onnx.NodeProto, inputs: list[str], output: str) -> str:
-        """Append a copy of ``node`` (a Q or DQ) reading ``inputs``; returns its output, or an
+        """Append a copy of ``node`` (a Q or DQ, or a two-stage Sub or Add) reading ``inputs``;
+        returns its output, or an
         earlier candidate's where it built the same node on the same inputs."""
         key = (node.op_type, _attributes(node), *inputs)
         if self.shared is not None and key in self.shared.nodes:
@@ -186,9 +207,39 @@ class _Builder:
             self.shared.nodes[key] = output
         return output
 
+    def _two_stages(self, candidate: onnx.ModelProto) -> None:
+        """Two-stage activations (:mod:`quantbench.refine.twostage`): each first stage's DQ
+        output -> its second stage's; and each first-stage reader's output -> the reference
+        tensor the Adds joining its runs give back. Its isolated copy is the reader on
+        ``x1 + x2`` (the sum of its runs), named for that tensor; the runs reading a second
+        stage are inside it and get no copy of their own."""
+        readers: dict[str, list[onnx.NodeProto]] = {}
+        for n in candidate.graph.node:
+            for i in set(n.input):
+                readers.setdefault(i, []).append(n)
+        self.second_of: dict[str, onnx.NodeProto] = {}
+        for q2 in second_stage_quantizers(candidate):
+            first = self.cand_producer[q2.input[0]].input[1]
+            for dq2 in readers.get(q2.output[0], []):
+                self.second_of[first] = dq2
+        self.second_stages = {dq2.output[0] for dq2 in self.second_of.values()}
+        self.joined: dict[str, str] = {}
+        for n in candidate.graph.node:
+            out = n.output[0] if n.output else ""
+            if out in self.ref_producer or not self.second_of:
+                continue
+            name, after = out, readers.get(out, [])
+            while name not in self.ref_producer and len(after) == 1 and after[0].op_type == "Add":
+                name = after[0].output[0]
+                after = readers.get(name, [])
+            if name in self.ref_producer:
+                self.joined[out] = name
+
     def isolate(self, node: onnx.NodeProto) -> str | None:
         """Append the isolated copy of one quantized op; returns its reference output."""
-        out = node.output[0]
+        if any(i in self.second_stages for i in node.input):
+            return None  # a second-stage run: inside its first stage's copy
+        out = self.joined.get(node.output[0], node.output[0])
         ref = self.ref_producer.get(out)
         if ref is None or ref.op_type != node.op_type:
             return None
@@ -209,7 +260,7 @@ class _Builder:
         if self.shared is not None and key in self.shared.ops:
             self.reused[out] = self.shared.ops[key]
             return out
-        outputs = [o + SUFFIX if o else "" for o in node.output]
+        outputs = [o + SUFFIX if o else "" for o in [out, *node.output[1:]]]
         self.nodes.append(_clone(node, inputs, outputs, self.prefix))
         self.built_ops.append((key, outputs[0]))
         return out

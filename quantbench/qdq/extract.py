@@ -3,7 +3,8 @@
 Each per-tensor QuantizeLinear on a runtime tensor gives that tensor an entry with
 ``amax = scale * 127``; the table codecs then write it as a TensorRT cache or JSON. Weight
 quantizers (constant input) and per-channel quantizers have no place in a per-tensor table and
-are counted, not converted.
+are counted, not converted; so are the second stages of two-stage activations
+(:mod:`quantbench.refine.twostage`), which quantize a residual no FP32 model holds.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class QdqScales:
     asymmetric: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     non_constant_scales: list[str] = field(default_factory=list)
+    second_stages: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         parts = [f"{len(self.table)} activation scales"]
@@ -41,6 +43,7 @@ class QdqScales:
             ("asymmetric quantizers converted to symmetric amax", self.asymmetric),
             ("tensors with conflicting scales (first kept)", self.conflicts),
             ("quantizers with runtime scales skipped", self.non_constant_scales),
+            ("second-stage (two-stage) quantizers skipped", self.second_stages),
         ):
             if names:
                 parts.append(f"{len(names)} {label}")
@@ -56,11 +59,15 @@ def read_qdq_scales(model: onnx.ModelProto | str | Path) -> QdqScales:
     if embedded is not None:
         table.algorithm, table.provenance = embedded.algorithm, embedded.provenance
     result = QdqScales(table)
+    second = {n.output[0] for n in second_stage_quantizers(proto)}
     for node in proto.graph.node:
         if node.op_type != "QuantizeLinear":
             continue
         label = node.name or node.output[0]
         tensor = node.input[0]
+        if node.output[0] in second:
+            result.second_stages.append(label)
+            continue
         if tensor in constants:
             result.weight_quantizers.append(label)
             continue
@@ -81,6 +88,25 @@ def read_qdq_scales(model: onnx.ModelProto | str | Path) -> QdqScales:
             continue
         table.entries[tensor] = entry
     return result
+
+
+def second_stage_quantizers(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The QuantizeLinear nodes of second stages: each reads ``Sub(x, DQ(Q(x)))``, the first
+    stage's rounding error (:mod:`quantbench.refine.twostage`). A TensorRT calibration cache
+    cannot express them: the residual is no tensor of the FP32 model."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    found = []
+    for n in model.graph.node:
+        sub = producer.get(n.input[0]) if n.op_type == "QuantizeLinear" else None
+        if sub is None or sub.op_type != "Sub" or len(sub.input) != 2:
+            continue
+        dq = producer.get(sub.input[1])
+        if dq is None or dq.op_type != "DequantizeLinear":
+            continue
+        q = producer.get(dq.input[0])
+        if q is not None and q.op_type == "QuantizeLinear" and q.input[0] == sub.input[0]:
+            found.append(n)
+    return found
 
 
 def table_from_qdq(model: onnx.ModelProto | str | Path) -> CalibrationTable:

@@ -82,6 +82,8 @@ class QuantizeResult:
     opset_to: int = 0
     per_channel: bool = True
     qdq_pairs: int = 0
+    #: of those pairs, the second stages of two-stage activations (quantbench.refine.twostage)
+    second_stages: int = 0
     #: weighted ops TensorRT's INT8 Q/DQ does not quantize (recurrent layers), by op type:
     #: they stay in FP32/FP16 whatever the table says, and are said so
     not_quantizable: dict[str, int] = field(default_factory=dict)
@@ -124,7 +126,9 @@ class QuantizeResult:
         return (
             f"{len(self.quantized)} ops quantized{split}, {len(self.skipped)} left in high "
             "precision, "
-            f"{self.qdq_pairs} Q/DQ pairs, {weights} weights, {opset}"
+            f"{self.qdq_pairs} Q/DQ pairs"
+            + (f" ({self.second_stages} of them second stages)" if self.second_stages else "")
+            + f", {weights} weights, {opset}"
             + (f", {kept} not quantizable (they stay in FP32/FP16)" if kept else "")
             + (f", {len(self.warnings)} warnings" if self.warnings else "")
         )
@@ -138,5 +142,6 @@ class QuantizeResult:
             "opset_to": self.opset_to,
             "per_channel": self.per_channel,
             "qdq_pairs": self.qdq_pairs,
+            "second_stages": self.second_stages,
             "not_quantizable": dict(self.not_quantizable),
         }

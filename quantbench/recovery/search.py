@@ -51,7 +51,7 @@ from quantbench.recovery.evaluation import (
     parse_target,
 )
 from quantbench.recovery.sensitivity import parallel_job, rank_ops
-from quantbench.refine import BIAS
+from quantbench.refine import BIAS, TWO_STAGE
 
 #: what each step's metric was measured on, per high precision
 VERIFIED_ON = {
@@ -313,14 +313,22 @@ def recover(
 def _recover_passes(refine: str | list[str] | None, method: str) -> tuple[str, ...]:
     """:func:`passes_to_try` without bias correction: it folds the mean shift of a layer's
     INT8 weights into its bias, a wrong shift once recover keeps that layer in FP32/FP16
-    (on a test model it turned a recoverable -11 dB into -4.5 dB with every op kept)."""
+    (on a test model it turned a recoverable -11 dB into -4.5 dB with every op kept); and
+    without two-stage activations, a rewrite of one finished Q/DQ model where recover plans
+    many (each op it keeps in high precision changes which activations are INT8)."""
     passes = passes_to_try(refine, method)
-    if BIAS in passes and parse_refine(refine) is not None:
+    asked = parse_refine(refine) is not None
+    if BIAS in passes and asked:
         warn(
             "--refine bias: recover does not use bias correction (a layer it keeps in high "
             "precision would carry the INT8 weights' shift); quantize --refine bias does"
         )
-    return tuple(p for p in passes if p != BIAS)
+    if TWO_STAGE in passes and asked:
+        warn(
+            "--refine: recover does not try two-stage activations (a rewrite of one finished "
+            "Q/DQ model, where recover plans many); quantize --refine two-stage does"
+        )
+    return tuple(p for p in passes if p not in (BIAS, TWO_STAGE))
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

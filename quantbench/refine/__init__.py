@@ -12,9 +12,13 @@ refinement pass rewrites the FP32 model itself so that its INT8 form loses less:
 * :mod:`~quantbench.refine.rounding` — adaptive weight rounding against each layer's FP32
   outputs on the calibration data; the weights are written back exactly on the INT8 grid of
   their per-channel scale, the per-channel max element kept, so TensorRT's own weight scale
-  (max|w| / 127, implicit path) and the Q/DQ path give the same integers.
+  (max|w| / 127, implicit path) and the Q/DQ path give the same integers;
+* :mod:`~quantbench.refine.twostage` — two-stage activations: a few sensitive activations
+  of the Q/DQ model quantized twice (the second INT8 stage on the first's rounding error),
+  their linear readers run twice in INT8. It rewrites the Q/DQ model, not the FP32 one, so
+  it comes after quantization and only the Q/DQ path can express it.
 
-Every pass takes an FP32 ``onnx.ModelProto`` and returns a :class:`Refined`: a new FP32 model
+Every other pass takes an FP32 ``onnx.ModelProto`` and returns a :class:`Refined`: a new FP32 model
 with the same inputs and outputs, exactly valid for both TensorRT paths, and a record of what
 changed per layer. Passes never mutate their input model.
 """
@@ -30,12 +34,16 @@ import onnx
 
 #: the passes, in the order they are applied when several are asked for: the exact rewrites
 #: first (they change activation ranges), then the weight-side passes that read activations;
-#: bias correction last, so that it corrects the shift of the weights as they end up
+#: bias correction last, so that it corrects the shift of the weights as they end up; then the
+#: Q/DQ rewrite of the model they make
 EQUALIZE = "equalize"
 SMOOTH = "smooth"
 BIAS = "bias"
 ROUNDING = "rounding"
-PASSES = (EQUALIZE, SMOOTH, ROUNDING, BIAS)
+TWO_STAGE = "two-stage"
+PASSES = (EQUALIZE, SMOOTH, ROUNDING, BIAS, TWO_STAGE)
+#: passes that rewrite the Q/DQ model after quantization (a calibration cache cannot hold them)
+QDQ_PASSES = frozenset({TWO_STAGE})
 #: passes whose rewrite keeps the FP32 function but moves activation ranges: a table must be
 #: calibrated on the refined model, never carried over from the original
 RANGE_CHANGING = frozenset({EQUALIZE, SMOOTH})

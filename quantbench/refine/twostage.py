@@ -10,10 +10,12 @@ range recovers it. Two INT8 stages do, with every op still INT8 and TensorRT's r
     x2 = DQ(Q(x - x1, s / RATIO))    its rounding error, quantized on a grid RATIO times finer
     y  = Conv(x1, W, b) + Conv(x2, W)
 
-Each reader that is linear in that input (Conv, ConvTranspose, MatMul, Gemm: input 0) runs
-twice in INT8, the second time on the residual without its bias, and the two outputs are added
-(an elementwise Add TensorRT fuses into the second conv's epilogue); any other reader reads
-``x1 + x2``. The residual's error is that of a ~15-bit grid inside [-amax, amax] (the values
+Each reader that is linear in that input (Conv, ConvTranspose, MatMul, Gemm: input 0, or
+input 1 where it is a runtime kernel or operand) runs twice in INT8, the second time on the
+residual without its bias, and the two outputs are added (an elementwise Add TensorRT fuses
+into the second conv's epilogue); a residual Add reads ``x1 + x2``. A tensor read by any
+other op is no candidate (:func:`candidates`): that op would lose its INT8 input. The
+residual's error is that of a ~15-bit grid inside [-amax, amax] (the values
 the first stage clips stay clipped beyond 2 * s / RATIO * 127). The cost: one extra INT8 pass
 of each reader of each chosen tensor, a Sub and a Q/DQ pair.
 
@@ -34,13 +36,23 @@ from onnx import helper, numpy_helper
 
 from quantbench.model.graph import toposorted
 from quantbench.model.names import tensor_names, unique
+from quantbench.qdq.extract import second_stage_quantizers
 
 #: the residual's scale is the first stage's divided by this (a power of two: the residual of
 #: a first-stage rounding lies in [-s/2, s/2], which the finer grid covers 64 / 2 = 32 times
 #: over before it clips: room for what the first stage clipped)
 RATIO = 64.0
-#: readers run twice (input 0 linear in the tensor, the bias dropped the second time)
+#: readers run twice, linear in input 0 and in input 1 (a runtime kernel or MatMul operand)
+#: with the other fixed: op -> the bias slot, dropped the second time
 LINEAR_READERS = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2, "MatMul": None}
+
+
+def linear_slot(node: onnx.NodeProto, x1: str) -> int | None:
+    """The input slot (0 or 1) in which ``node`` is linear in ``x1`` alone, or None."""
+    if node.op_type not in LINEAR_READERS or list(node.input).count(x1) != 1:
+        return None
+    slot = list(node.input).index(x1)
+    return slot if slot in (0, 1) else None
 
 
 def qdq_pair(model: onnx.ModelProto, tensor: str) -> tuple[onnx.NodeProto, onnx.NodeProto]:
@@ -94,12 +106,13 @@ def _two_stage_one(model: onnx.ModelProto, tensor: str, ratio: float) -> None:
     for node in list(graph.node):
         if node in added or x1 not in node.input:
             continue
-        bias_slot = LINEAR_READERS.get(node.op_type, -1)
-        if bias_slot != -1 and list(node.input).count(x1) == 1 and node.input[0] == x1:
+        slot = linear_slot(node, x1)
+        if slot is not None:
+            bias_slot = LINEAR_READERS[node.op_type]
             twin = onnx.NodeProto()
             twin.CopyFrom(node)
             twin.name = unique(taken, f"{node.name or node.op_type}_stage2")
-            twin.input[0] = x2
+            twin.input[slot] = x2
             if bias_slot is not None and len(twin.input) > bias_slot:
                 del twin.input[bias_slot:]  # the bias once, in the first stage's reader
             if node.op_type == "Gemm":
@@ -140,32 +153,32 @@ class Choice:
 
 
 def choose_greedy(
-    model: onnx.ModelProto,
     ranked: Sequence[str],
-    score: Callable[[onnx.ModelProto], float],
+    score: Callable[[Sequence[str]], float],
     *,
     budget: int = 16,
     min_gain_db: float = 0.01,
     prefixes: Sequence[int] = (),
-    cost: Mapping[str, float] | None = None,
+    cost: Callable[[Sequence[str]], float] | None = None,
     max_cost: float = float("inf"),
 ) -> Choice:
     """Pick tensors of ``ranked`` (most sensitive first) to quantize in two stages, judged by
-    ``score`` (output SQNR, dB, higher is better): first the best of the ranking's prefixes
-    of ``prefixes`` sizes, each tried as one set (neighbouring tensors' rounding errors can
+    ``score`` of a set of tensors (the output SQNR, dB, of the model with those tensors in two
+    stages: higher is better; ``[]`` is the model as it is): first the best of the ranking's
+    prefixes of ``prefixes`` sizes, each tried as one set (neighbouring tensors' rounding errors can
     cancel at the outputs, so that one of them alone in two stages loses: measured on a YOLOX
     stem), kept only where it gains ``min_gain_db``; then the other tensors in rank order, each
     kept on top of the others where it gains ``min_gain_db``; at most ``budget`` tensors and,
-    with ``cost`` (a tensor's added work, e.g. its linear readers' MACs as a fraction of the
-    model's), at most ``max_cost`` of it in all."""
-    spent = (lambda names: sum(cost.get(n, 0.0) for n in names)) if cost else (lambda _: 0.0)
-    base = best = score(model)
+    with ``cost`` (the added work of a set of tensors in two stages, e.g. the MACs of their
+    linear readers' second runs as a fraction of the model's), at most ``max_cost`` of it."""
+    spent = cost or (lambda _: 0.0)
+    base = best = score([])
     kept: list[str] = []
     trials = []
     for size in sorted({k for k in prefixes if 1 < k <= min(budget, len(ranked))}):
         if spent(ranked[:size]) > max_cost:
             break
-        found = score(two_stage(model, ranked[:size]))
+        found = score(list(ranked[:size]))
         trials.append((f"first {size}", found, False))
         if found >= best + min_gain_db:
             best, kept = found, list(ranked[:size])
@@ -176,7 +189,7 @@ def choose_greedy(
             break
         if tensor in kept or spent([*kept, tensor]) > max_cost:
             continue
-        found = score(two_stage(model, [*kept, tensor]))
+        found = score([*kept, tensor])
         gain = found >= best + min_gain_db
         trials.append((tensor, found, gain))
         if gain:
@@ -190,19 +203,178 @@ PREFIXES = (2, 4, 8, 12, 16)
 
 
 def choose(
-    model: onnx.ModelProto,
     ranked: Sequence[str],
-    score: Callable[[onnx.ModelProto], float],
+    score: Callable[[Sequence[str]], float],
     *,
     budget: int = 16,
     min_gain_db: float = 0.01,
-    cost: Mapping[str, float] | None = None,
+    cost: Callable[[Sequence[str]], float] | None = None,
     max_cost: float = float("inf"),
 ) -> tuple[Choice, Choice]:
     """Both searches of :func:`choose_greedy`, one tensor at a time and from the best prefix
     first (judged on the calibration slice, one at a time won on two corpus models of four,
-    the prefix on one, the fourth a tie): (the one with the higher score, the other)."""
+    the prefix on one, the fourth a tie): (the one with the higher score, the other). Both
+    start from the same model and try the same sets: ``score`` may remember its answers."""
     common = {"budget": budget, "min_gain_db": min_gain_db, "cost": cost, "max_cost": max_cost}
-    one = choose_greedy(model, ranked, score, **common)
-    sets = choose_greedy(model, ranked, score, prefixes=PREFIXES, **common)
+    one = choose_greedy(ranked, score, **common)
+    sets = choose_greedy(ranked, score, prefixes=PREFIXES, **common)
     return (sets, one) if sets.score_db > one.score_db else (one, sets)
+
+
+def qdq_pairs(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx.NodeProto]]:
+    """Every QuantizeLinear read by exactly one node, a DequantizeLinear, with that reader."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    found = []
+    for n in model.graph.node:
+        if n.op_type == "QuantizeLinear":
+            after = readers.get(n.output[0], [])
+            if len(after) == 1 and after[0].op_type == "DequantizeLinear":
+                found.append((n, after[0]))
+    return found
+
+
+def candidates(model: onnx.ModelProto) -> list[str]:
+    """The activations of the Q/DQ ``model`` that :func:`two_stage` can treat: runtime tensors
+    with a per-tensor Q/DQ pair whose dequantized form is no graph output and is read only by
+    ops linear in it (:func:`linear_slot`) or by residual Adds, not already a second stage,
+    in graph order."""
+    inits = {i.name: i for i in model.graph.initializer}
+    constants = set(inits) | {o for n in model.graph.node if n.op_type == "Constant"
+                              for o in n.output}  # fmt: skip
+    outputs = {o.name for o in model.graph.output}
+    second = {q.output[0] for q in second_stage_quantizers(model)}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in set(n.input):
+            readers.setdefault(i, []).append(n)
+    found = []
+    for q, dq in qdq_pairs(model):
+        scale = inits.get(q.input[1])
+        if q.input[0] in constants or q.output[0] in second or dq.output[0] in outputs:
+            continue
+        x1 = dq.output[0]
+        if any(linear_slot(r, x1) is None and r.op_type != "Add" for r in readers.get(x1, [])):
+            continue  # an op that is neither linear in it nor a residual Add would go FP
+        if scale is not None and numpy_helper.to_array(scale).size == 1:
+            found.append(q.input[0])
+    return list(dict.fromkeys(found))
+
+
+def only(model: onnx.ModelProto, tensor: str) -> onnx.ModelProto:
+    """A copy of the Q/DQ ``model`` with every Q/DQ pair bypassed but ``tensor``'s, weights
+    included: what quantizing that one activation alone costs at the outputs (the ranking of
+    :mod:`quantbench.choose.twostaged`)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    bypass: dict[str, str] = {}
+    dropped: set[str] = set()  # the pairs' output names (a node's Python wrapper is no key)
+    for q, dq in qdq_pairs(out):
+        if q.input[0] != tensor:
+            bypass[dq.output[0]] = q.input[0]
+            dropped.update((q.output[0], dq.output[0]))
+    nodes = []
+    for n in model.graph.node:
+        if n.output and n.output[0] in dropped:
+            continue
+        kept = onnx.NodeProto()
+        kept.CopyFrom(n)
+        for k, name in enumerate(kept.input):
+            if name in bypass:
+                kept.input[k] = bypass[name]
+        nodes.append(kept)
+    for o in out.graph.output:
+        if o.name in bypass:  # a dequantized graph output keeps its name
+            nodes.append(helper.make_node("Identity", [bypass[o.name]], [o.name]))
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
+def linear_readers(model: onnx.ModelProto, tensor: str) -> list[onnx.NodeProto]:
+    """The nodes :func:`two_stage` would run twice for ``tensor``: its linear readers."""
+    _, dq = qdq_pair(model, tensor)
+    x1 = dq.output[0]
+    return [n for n in model.graph.node if linear_slot(n, x1) is not None]
+
+
+def node_macs(node: onnx.NodeProto, shapes: Mapping[str, Sequence[int]]) -> float:
+    """Multiply-accumulates of one linear node for the shapes of its inputs and output
+    (``shapes``: tensor -> shape, as a run gave them); 0 for a shape it lacks."""
+    need = [*node.input[:2], node.output[0]]
+    if not all(name in shapes for name in need):
+        return 0.0
+    a, w, y = (list(shapes[name]) for name in need)
+    if node.op_type == "Conv":
+        return float(np.prod(y)) * float(np.prod(w[1:]))
+    if node.op_type == "ConvTranspose":
+        return float(np.prod(a)) * float(np.prod(w[1:]))
+    if node.op_type == "Gemm":
+        trans_a = any(at.name == "transA" and at.i for at in node.attribute)
+        return float(np.prod(y)) * float(a[0] if trans_a else a[-1])
+    if node.op_type == "MatMul":
+        return float(np.prod(y)) * float(a[-1])
+    return 0.0
+
+
+def verify(model: onnx.ModelProto, tensors: Sequence[str], ratio: float = RATIO) -> int:
+    """The bug guard on a two-stage model, before it is written: each of ``tensors`` has a
+    second stage, a symmetric INT8 per-tensor quantizer (zero point 0) at exactly the first
+    stage's scale / ``ratio`` on ``tensor - x1``; every node reading a second stage is a
+    residual Add or a linear op without its bias whose output an Add joins to the first
+    stage's and whose every multiplied input is INT8 (a DequantizeLinear output). That the
+    sum is the reader on ``x1 + x2`` is the transform's own test (tests/test_refine_twostage).
+    Returns the twins checked; raises ValueError naming what is wrong."""
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    by_input: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in set(n.input):
+            by_input.setdefault(i, []).append(n)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    first_of: dict[str, str] = {}  # second stage's DQ output -> the first stage's
+    for q2 in second_stage_quantizers(model):
+        sub = producer[q2.input[0]]
+        for dq2 in by_input.get(q2.output[0], []):
+            first_of[dq2.output[0]] = sub.input[1]
+    for tensor in tensors:
+        q, dq = qdq_pair(model, tensor)
+        found = [x2 for x2, x1 in first_of.items() if x1 == dq.output[0]]
+        if len(found) != 1:
+            raise ValueError(f"{tensor}: no second stage on its rounding error")
+        dq2 = producer[found[0]]
+        q2 = producer[dq2.input[0]]
+        s1, s2 = inits[q.input[1]], inits[q2.input[1]]
+        zero = inits[q2.input[2]] if len(q2.input) > 2 else None
+        if s2.size != 1 or np.float32(s2) != np.float32(s1.reshape(()) / ratio):
+            raise ValueError(f"{tensor}: second-stage scale {s2} is not {s1} / {ratio:g}")
+        if zero is None or zero.dtype != np.int8 or zero.any() or dq2.input[1:] != q2.input[1:]:
+            raise ValueError(f"{tensor}: second stage not symmetric INT8 (zero point 0)")
+    twins: set[str] = set()  # by output: a run reading two second stages is one run
+    for x2 in first_of:
+        for twin in by_input.get(x2, []):
+            if twin.op_type in LINEAR_READERS:
+                _check_twin(twin, by_input, producer)
+                twins.add(twin.output[0])
+            elif twin.op_type != "Add":
+                raise ValueError(f"{twin.name} ({twin.op_type}) reads a second stage")
+    return len(twins)
+
+
+def _check_twin(
+    twin: onnx.NodeProto,
+    by_input: Mapping[str, list[onnx.NodeProto]],
+    producer: Mapping[str, onnx.NodeProto],
+) -> None:
+    """One linear node reading a second stage: see :func:`verify`."""
+    joined = by_input.get(twin.output[0], [])
+    if len(joined) != 1 or joined[0].op_type != "Add":
+        raise ValueError(f"{twin.name}: its output is not added to its first stage's")
+    bias = LINEAR_READERS[twin.op_type]
+    if bias is not None and len(twin.input) > bias:
+        raise ValueError(f"{twin.name}: a second-stage reader adds the bias a second time")
+    for k in (0, 1):
+        made_by = producer.get(twin.input[k])
+        if made_by is None or made_by.op_type != "DequantizeLinear":
+            raise ValueError(f"{twin.name}: input {k} is not INT8 (no Q/DQ)")
