@@ -91,3 +91,17 @@ def require_example() -> Path:
     if not (EXAMPLE / "tinycnn.onnx").is_file():
         pytest.skip("bundled example examples/tinycnn/ not generated")
     return EXAMPLE
+
+
+def exact_session(model: str | Path | bytes):
+    """An onnxruntime CPU session running ``model`` as written: basic graph optimizations only,
+    so no Q/DQ pair is fused into onnxruntime's integer kernels. On x86 without VNNI those
+    saturate int16 sums (an AVX2-only AMD EPYC scored a CNN's INT8 model cosine 0.90 to FP32
+    fused, 0.9999 as written) and would be a wrong reference; quantbench's own sessions turn
+    that fusion off on such CPUs (quantbench.backends.onnxruntime.saturating_int8_kernels)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    source = str(model) if isinstance(model, Path) else model
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])

@@ -535,10 +535,11 @@ def test_bundled_example_metric_script_drives_recover(run_cli, tmp_path) -> None
     x = np.load(example / "eval.npz")
     feeds = x[next(iter(x.keys()))][:200]
     labels = np.load(example / "eval_labels.npy")[:200]
-    import onnxruntime as ort
+
+    from conftest import exact_session
 
     def predictions(model: Path) -> np.ndarray:
-        s = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        s = exact_session(model)
         name = s.get_inputs()[0].name
         return np.array([s.run(None, {name: feeds[i : i + 1]})[0].argmax() for i in range(200)])
 

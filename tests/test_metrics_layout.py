@@ -498,7 +498,6 @@ def test_a_classifier_without_a_batch_axis_is_judged_per_sample(run_cli, tmp_pat
     Each run is one sample's class scores."""
     import json
 
-    import onnxruntime as ort
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.normal(size=(8, 5)).astype(np.float32), "w")
@@ -533,8 +532,9 @@ def test_a_classifier_without_a_batch_axis_is_judged_per_sample(run_cli, tmp_pat
     # the reference: the same INT8 model written by quantize, run by onnxruntime, numpy's argmax
     q = tmp_path / "q.onnx"
     assert run_cli("quantize", path, "--data", tmp_path / "d.npz", "-m", "minmax", "-o", q)[0] == 0
-    fp32 = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    int8 = ort.InferenceSession(str(q), providers=["CPUExecutionProvider"])
+    from conftest import exact_session
+
+    fp32, int8 = exact_session(path), exact_session(q)
     a = np.array([int(np.argmax(fp32.run(None, {"x": s})[0])) for s in x])
     b = np.array([int(np.argmax(int8.run(None, {"x": s})[0])) for s in x])
     assert row["agreement"] == pytest.approx(float(np.mean(a == b)))

@@ -10,7 +10,6 @@ import json
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -79,8 +78,10 @@ def _decoded(path: np.ndarray, blank: int) -> list[int]:
 
 
 def _text_agreement(fp32: str, candidate: str, x: np.ndarray) -> float:
-    a = ort.InferenceSession(fp32).run(None, {"x": x})[0].argmax(-1)
-    b = ort.InferenceSession(candidate).run(None, {"x": x})[0].argmax(-1)
+    from conftest import exact_session
+
+    a = exact_session(fp32).run(None, {"x": x})[0].argmax(-1)
+    b = exact_session(candidate).run(None, {"x": x})[0].argmax(-1)
     blank = int(np.bincount(a.ravel()).argmax())  # the class FP32's frames pick most often
     return float(np.mean([_decoded(p, blank) == _decoded(q, blank) for p, q in zip(a, b)]))
 

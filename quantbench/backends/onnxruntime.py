@@ -11,6 +11,8 @@ import contextlib
 import functools
 import io
 import os
+import platform
+import re
 import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -69,6 +71,36 @@ def resolve_provider(provider: str | None) -> str:
 #: makes serves one pass, so cuDNN's heuristics beat timing each convolution's algorithms
 #: (onnxruntime's default) on its first run.
 CUDA_PROVIDER_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "HEURISTIC"}
+
+
+#: onnxruntime's graph transformer that fuses DequantizeLinear -> op -> QuantizeLinear into its
+#: integer CPU kernels (QLinearConv, MatMulIntegerToFloat, ...)
+QDQ_FUSION = "QDQSelectorActionTransformer"
+
+
+@functools.cache
+def saturating_int8_kernels() -> bool:
+    """Whether onnxruntime's integer CPU kernels may saturate on this machine. On x86 without
+    VNNI, MLAS multiplies u8 x s8 pairs and adds them into int16 with saturation (vpmaddubsw), so
+    a fused INT8 conv or MatMul whose activations and weights are both large comes out wrong:
+    on an AVX2-only AMD EPYC, tests/test_qdq.py's CNN scored cosine 0.90 to FP32 fused and
+    0.9999 unfused (onnxruntime 1.30-1.32 alike). TensorRT's INT8 accumulates in int32 and never
+    does this, so an INT8 drift measured through those kernels would not be TensorRT's."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "x86", "i386", "i686"):
+        return False
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return True  # an x86 whose features cannot be read: assume the worst
+    return not re.search(r"\b(avx512_vnni|avx_vnni|amx_int8)\b", cpuinfo)
+
+
+def disabled_optimizers() -> list[str]:
+    """The ``disabled_optimizers`` of every session quantbench runs: the Q/DQ fusion where its
+    kernels may saturate (:func:`saturating_int8_kernels`), so that a Q/DQ model computes what
+    it says (its dequantized values through the float op, as TensorRT's exact integer sums
+    do); none elsewhere."""
+    return [QDQ_FUSION] if saturating_int8_kernels() else []
 
 
 def session_providers(provider: str) -> list[str | tuple[str, dict[str, str]]]:
@@ -282,7 +314,10 @@ def _session(
         plan.register(opts)
     with loadable(source) as loaded:
         session = ort.InferenceSession(
-            loaded, sess_options=opts, providers=session_providers(provider)
+            loaded,
+            sess_options=opts,
+            providers=session_providers(provider),
+            disabled_optimizers=disabled_optimizers(),
         )
     return session, (plan.how if plan is not None else {})
 

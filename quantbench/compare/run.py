@@ -47,9 +47,8 @@ from quantbench.evaluate.metrics import (
 from quantbench.evaluate.task_metrics import MetricScript, MetricSession
 from quantbench.fp16 import FP16, FP16_EMULATED, has_fp16_qdq
 from quantbench.jsonsafe import from_json_float, json_float
-from quantbench.model.graph import QDQ_OPS, Graph, node_labels
+from quantbench.model.graph import QDQ_OPS, Graph, node_labels, second_stage_quantizers
 from quantbench.progress import progress_bar, warn
-from quantbench.qdq.extract import second_stage_quantizers
 from quantbench.refine import refine_record
 
 SIDES = ("A", "B")

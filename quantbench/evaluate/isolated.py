@@ -23,9 +23,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from quantbench.memo import memo_scope
-from quantbench.model.graph import QDQ_OPS, node_labels
+from quantbench.model.graph import QDQ_OPS, node_labels, second_stage_quantizers
 from quantbench.model.opsetconvert import convert_version
-from quantbench.qdq.extract import second_stage_quantizers
 
 SUFFIX = "::isolated"
 _PREFIX = "qb_iso/"

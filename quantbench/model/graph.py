@@ -779,3 +779,22 @@ def toposorted(model: onnx.ModelProto) -> onnx.ModelProto:
     del out.opset_import[:]
     out.opset_import.extend(model.opset_import)
     return out
+
+
+def second_stage_quantizers(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The QuantizeLinear nodes of second stages: each reads ``Sub(x, DQ(Q(x)))``, the first
+    stage's rounding error (:mod:`quantbench.refine.twostage`). A TensorRT calibration cache
+    cannot express them: the residual is no tensor of the FP32 model."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    found = []
+    for n in model.graph.node:
+        sub = producer.get(n.input[0]) if n.op_type == "QuantizeLinear" else None
+        if sub is None or sub.op_type != "Sub" or len(sub.input) != 2:
+            continue
+        dq = producer.get(sub.input[1])
+        if dq is None or dq.op_type != "DequantizeLinear":
+            continue
+        q = producer.get(dq.input[0])
+        if q is not None and q.op_type == "QuantizeLinear" and q.input[0] == sub.input[0]:
+            found.append(n)
+    return found

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from quantbench.model.graph import constant_tensors, load_model
+from quantbench.model.graph import constant_tensors, load_model, second_stage_quantizers
 from quantbench.qdq.embedded import embedded_table
 from quantbench.table import CalibrationTable, TableEntry, scale_from_amax
 
@@ -88,25 +88,6 @@ def read_qdq_scales(model: onnx.ModelProto | str | Path) -> QdqScales:
             continue
         table.entries[tensor] = entry
     return result
-
-
-def second_stage_quantizers(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The QuantizeLinear nodes of second stages: each reads ``Sub(x, DQ(Q(x)))``, the first
-    stage's rounding error (:mod:`quantbench.refine.twostage`). A TensorRT calibration cache
-    cannot express them: the residual is no tensor of the FP32 model."""
-    producer = {o: n for n in model.graph.node for o in n.output}
-    found = []
-    for n in model.graph.node:
-        sub = producer.get(n.input[0]) if n.op_type == "QuantizeLinear" else None
-        if sub is None or sub.op_type != "Sub" or len(sub.input) != 2:
-            continue
-        dq = producer.get(sub.input[1])
-        if dq is None or dq.op_type != "DequantizeLinear":
-            continue
-        q = producer.get(dq.input[0])
-        if q is not None and q.op_type == "QuantizeLinear" and q.input[0] == sub.input[0]:
-            found.append(n)
-    return found
 
 
 def table_from_qdq(model: onnx.ModelProto | str | Path) -> CalibrationTable:

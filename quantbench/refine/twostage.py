@@ -34,9 +34,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from quantbench.model.graph import toposorted
+from quantbench.model.graph import second_stage_quantizers, toposorted
 from quantbench.model.names import tensor_names, unique
-from quantbench.qdq.extract import second_stage_quantizers
 
 #: the residual's scale is the first stage's divided by this (a power of two: the residual of
 #: a first-stage rounding lies in [-s/2, s/2], which the finer grid covers 64 / 2 = 32 times
