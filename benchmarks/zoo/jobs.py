@@ -185,10 +185,15 @@ def evaluate(
     labels = np.load(labels_path) if labels_path.is_file() else None
     run = spec.run or run_samples
 
+    from quantbench.backends.onnxruntime import disabled_optimizers
+
     def outputs(path: str) -> list[list[np.ndarray]]:
         options = ort.SessionOptions()
         options.log_severity_level = 3  # exporters' stale output shapes warn on every run
-        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        # a Q/DQ model as written, as TensorRT computes it: where onnxruntime's fused integer
+        # kernels saturate (x86 without VNNI) the fusion is off, as in quantbench's sessions
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"],
+                                       disabled_optimizers=disabled_optimizers())  # fmt: skip
         return run(session, arrays, layout)
 
     reference = outputs(model)
