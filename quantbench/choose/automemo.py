@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from quantbench import __version__
+from quantbench.backends.onnxruntime import disabled_optimizers
 from quantbench.collect.statspass import stats_cache_dir
 from quantbench.data.sources import open_data
 from quantbench.errors import QuantbenchError
@@ -60,6 +61,10 @@ def judgement_key(
         "preset": str(preset) if preset is not None else None,
         "provider": provider,
         "methods": methods,
+        # the scores are onnxruntime's arithmetic: a new release, or the integer kernels turned
+        # off (saturating_int8_kernels), judges anew
+        "onnxruntime": _onnxruntime_version(),
+        "disabled_optimizers": disabled_optimizers(),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
@@ -81,6 +86,12 @@ def store_judgement(key: str, judgement: dict[str, Any]) -> None:
         write_text_atomic(_path(key), json.dumps({**judgement, "key": key}))
     except (OSError, QuantbenchError):
         pass
+
+
+def _onnxruntime_version() -> str:
+    import onnxruntime
+
+    return str(onnxruntime.__version__)
 
 
 @functools.cache
