@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from quantbench.refine.twostage import qdq_pairs
+
 ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
 sys.path[:0] = [str(ZOO_DIR), str(ZOO_DIR.parent)]
 
@@ -51,18 +53,7 @@ def data(key: str, which: str, count: int | None = None) -> dict[str, np.ndarray
 def pairs(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx.NodeProto, bool]]:
     """(Q, DQ, is_weight) for every QuantizeLinear whose output one DequantizeLinear reads."""
     inits = {i.name for i in model.graph.initializer}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
-    out = []
-    for n in model.graph.node:
-        if n.op_type != "QuantizeLinear":
-            continue
-        r = readers.get(n.output[0], [])
-        if len(r) == 1 and r[0].op_type == "DequantizeLinear":
-            out.append((n, r[0], n.input[0] in inits))
-    return out
+    return [(q, dq, q.input[0] in inits) for q, dq in qdq_pairs(model)]
 
 
 def activations(model: onnx.ModelProto) -> list[str]:

@@ -963,10 +963,7 @@ def output_sqnrs(
         against = reference_graph or graph
         fp32 = None
         if kept is None:
-            fp32 = OnnxRuntimeRunner(
-                with_outputs(against.model, extra, against.elem_types), provider, threads,
-                arena=False,
-            )  # fmt: skip
+            fp32 = _fp32_runner(against, extra, provider, threads)
             kept = None if budget is not None else _kept_reference(
                 fp32, held_out, graph.inputs, outputs, activation_bytes
             )  # fmt: skip
@@ -1026,13 +1023,21 @@ def slice_reference(
     outputs of ``graph``, computed once to judge many candidates (``output_sqnrs(kept=)``);
     None once they outgrow :data:`KEPT_REFERENCE_BUDGET` (each call then runs FP32 itself)."""
     outputs, extra = OutputLayout.of(graph.model, held_out.unbatched).judged_tensors()
-    fp32 = OnnxRuntimeRunner(
-        with_outputs(graph.model, extra, graph.elem_types), provider, threads, arena=False
-    )
+    fp32 = _fp32_runner(graph, extra, provider, threads)
     try:
         return _kept_reference(fp32, held_out, graph.inputs, outputs, activation_bytes)
     finally:
         fp32.close()
+
+
+def _fp32_runner(
+    graph: Graph, extra: list[str], provider: str | None, threads: int | None
+) -> OnnxRuntimeRunner:
+    """The FP32 side of the output pass: ``graph`` also giving the ``extra`` tensors judged in
+    an NMS/NonZero output's place, without an arena."""
+    return OnnxRuntimeRunner(
+        with_outputs(graph.model, extra, graph.elem_types), provider, threads, arena=False
+    )
 
 
 def _size_parts(

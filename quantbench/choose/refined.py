@@ -368,14 +368,35 @@ def _fit_source(
     """The data the passes read: the calibration samples after the held-back ones when the
     data is a file or folder that can be cut there; else all of it (and the record says the
     slice was seen)."""
-    if held and isinstance(data, (str, Path)):
-        try:
-            source = open_data(data, graph.inputs, batch_size=batch_size, preset=preset,
-                               sample_range=(held, num_samples))  # fmt: skip
-            source.on_nonfinite = None
-            return source, f"first {held} calibration samples held back from the passes"
-        except QuantbenchError:
-            pass
-    source = open_data(data, graph.inputs, batch_size=batch_size, preset=preset)
-    source.on_nonfinite = None
+    cut = None
+    if held:
+        cut = calibration_source(graph, data, batch_size, preset, sample_range=(held, num_samples))
+    if cut is not None:
+        return cut, f"first {held} calibration samples held back from the passes"
+    source = calibration_source(graph, data, batch_size, preset)
     return source, "the passes read every calibration sample, the judging slice included"
+
+
+def calibration_source(
+    graph: Graph,
+    data: object,
+    batch_size: int | None,
+    preset: str | None,
+    *,
+    sample_range: tuple[int, int] | None = None,
+    max_samples: int | None = None,
+) -> DataSource | None:
+    """``data`` opened again after the statistics pass (which reported its non-finite values
+    once); with ``sample_range``, None where the data cannot be cut there (not a file or
+    folder, or a range it cannot give)."""
+    if sample_range is not None and not isinstance(data, (str, Path)):
+        return None
+    try:
+        source = open_data(data, graph.inputs, batch_size=batch_size, preset=preset,
+                           sample_range=sample_range, max_samples=max_samples)  # fmt: skip
+    except QuantbenchError:
+        if sample_range is None:
+            raise
+        return None
+    source.on_nonfinite = None
+    return source

@@ -25,7 +25,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -38,8 +37,8 @@ from quantbench.choose.autocalib import (
     output_sqnrs,
     slice_reference,
 )
-from quantbench.choose.refined import MIN_GAIN_DB, RefineTrial
-from quantbench.data.sources import DataSource, open_data
+from quantbench.choose.refined import MIN_GAIN_DB, RefineTrial, calibration_source
+from quantbench.data.sources import DataSource
 from quantbench.errors import QuantbenchError
 from quantbench.model.graph import Graph
 from quantbench.progress import info, progress_bar
@@ -177,17 +176,12 @@ def _rank_source(
     """The samples that rank the tensors: the first :data:`RANK_SAMPLES` after the held-back
     ones where the data can be cut there; else the data's first (which the slice shares)."""
     stop = min(num_samples, held + RANK_SAMPLES)
-    if isinstance(data, (str, Path)) and stop > held:
-        try:
-            source = open_data(data, graph.inputs, batch_size=batch_size, preset=preset,
-                               sample_range=(held, stop))  # fmt: skip
-            source.on_nonfinite = None
-            return source, "tensors ranked on calibration samples outside the judging slice"
-        except QuantbenchError:
-            pass
-    source = open_data(data, graph.inputs, batch_size=batch_size, preset=preset,
-                       max_samples=RANK_SAMPLES)  # fmt: skip
-    source.on_nonfinite = None
+    cut = None
+    if stop > held:
+        cut = calibration_source(graph, data, batch_size, preset, sample_range=(held, stop))
+    if cut is not None:
+        return cut, "tensors ranked on calibration samples outside the judging slice"
+    source = calibration_source(graph, data, batch_size, preset, max_samples=RANK_SAMPLES)
     return source, "tensors ranked on the judging slice's first samples"
 
 

@@ -56,15 +56,9 @@ def linear_slot(node: onnx.NodeProto, x1: str) -> int | None:
 
 def qdq_pair(model: onnx.ModelProto, tensor: str) -> tuple[onnx.NodeProto, onnx.NodeProto]:
     """The QuantizeLinear reading ``tensor`` and the one DequantizeLinear reading it."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
-    for n in model.graph.node:
-        if n.op_type == "QuantizeLinear" and n.input[0] == tensor:
-            found = readers.get(n.output[0], [])
-            if len(found) == 1 and found[0].op_type == "DequantizeLinear":
-                return n, found[0]
+    for q, dq in qdq_pairs(model):
+        if q.input[0] == tensor:
+            return q, dq
     raise KeyError(f"no Q/DQ pair quantizes {tensor!r}")
 
 
