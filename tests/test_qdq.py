@@ -252,15 +252,10 @@ def minmax_table(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> 
 
 
 def run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """The model as written: basic graph optimizations only, so no Q/DQ pair is fused into
-    onnxruntime's integer kernels (on x86 without VNNI they saturate int16 sums: a wrong
-    reference there; quantbench's own sessions turn that fusion off on such CPUs)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    return session.run(None, feed)
+    """The model as written (conftest.exact_session: no Q/DQ fused into integer kernels)."""
+    from conftest import exact_session
+
+    return exact_session(model.SerializeToString()).run(None, feed)
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

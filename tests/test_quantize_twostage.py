@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
+from test_refine_judged import _save, _sqnr
 
 from quantbench.quantize import quantize
 from quantbench.refine import TWO_STAGE, refine_record, refined_passes
@@ -44,22 +44,7 @@ def _model(path: Path) -> Path:
         numpy_helper.from_array(rng.normal(0, 0.5, (4, 8, 3, 3)).astype(np.float32), "w2"),
         numpy_helper.from_array(np.zeros(4, np.float32), "b2"),
     ]
-    graph = helper.make_graph(
-        nodes, "spiky",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4, 16, 16])],
-        inits,
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
-
-
-def _sqnr(model: Path, reference: Path, x: np.ndarray) -> float:
-    got = ort.InferenceSession(str(model)).run(None, {"x": x})[0].astype(np.float64)
-    want = ort.InferenceSession(str(reference)).run(None, {"x": x})[0].astype(np.float64)
-    return float(10 * np.log10((want**2).sum() / ((got - want) ** 2).sum()))
+    return _save(path, nodes, inits, ("x", ["n", 2, 16, 16]), ("y", ["n", 4, 16, 16]))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -58,8 +57,11 @@ def _save(path: Path, nodes: list, inits: list, x: tuple, y: tuple) -> Path:
 
 
 def _sqnr(model: Path, reference: Path, x: np.ndarray, name: str = "x") -> float:
-    got = ort.InferenceSession(str(model)).run(None, {name: x})[0].astype(np.float64)
-    want = ort.InferenceSession(str(reference)).run(None, {name: x})[0].astype(np.float64)
+    """SQNR (dB) of ``model``'s first output against ``reference``'s, each run as written."""
+    from conftest import exact_session
+
+    got = exact_session(model).run(None, {name: x})[0].astype(np.float64)
+    want = exact_session(reference).run(None, {name: x})[0].astype(np.float64)
     return float(10 * np.log10((want**2).sum() / ((got - want) ** 2).sum()))
 
 
