@@ -211,7 +211,7 @@ def write_artefacts(
     """Write the four files into ``out_dir`` (created if missing); returns kind -> path."""
     out = check_artefact_target(out_dir, trt_version)
     out.mkdir(exist_ok=True)
-    name = result.context.graph.name
+    name = result.context.name
     paths = {
         "model": out / f"{name}.recovered.onnx",
         "cache": out / f"{name}.recovered.cache",

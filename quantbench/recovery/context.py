@@ -55,6 +55,12 @@ class RecoveryContext:
     #: kept, :attr:`graph` is the refined model (the evaluator still judges against the
     #: original FP32 model)
     refine: RefineOutcome | None = None
+    #: the user's model's name (its file's stem), which names the artefacts: a refined
+    #: :attr:`graph` has no file, and its ONNX graph name ("main_graph") named them before
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.graph.name
 
     @property
     def refined(self) -> bool:
