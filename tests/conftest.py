@@ -98,10 +98,12 @@ def exact_session(model: str | Path | bytes):
     so no Q/DQ pair is fused into onnxruntime's integer kernels. On x86 without VNNI those
     saturate int16 sums (an AVX2-only AMD EPYC scored a CNN's INT8 model cosine 0.90 to FP32
     fused, 0.9999 as written) and would be a wrong reference; quantbench's own sessions turn
-    that fusion off on such CPUs (quantbench.backends.onnxruntime.saturating_int8_kernels)."""
+    that fusion off on such CPUs (quantbench.backends.onnxruntime.saturating_int8_kernels).
+    onnxruntime's other Q/DQ rewrites are off too (they round an FP32 bias to int32)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
     source = str(model) if isinstance(model, Path) else model
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])

@@ -1177,3 +1177,47 @@ def test_quantbench_sessions_run_a_qdq_model_as_written():
         assert cosine(got, run(fp32, feed)[0]) > 0.99
     runner.close()
     assert (QDQ_FUSION in disabled_optimizers()) == saturating_int8_kernels()
+
+
+def _biased_qdq_conv() -> onnx.ModelProto:
+    """x -> Q/DQ (scale 1) -> Conv 1x1 with an int8 weight 1 (DQ scale 1) and an FP32 bias ->
+    Q/DQ (scale 1/8, so that the bias's 3/8 is kept)."""
+    one = numpy_helper.from_array(np.array(1.0, np.float32), "one")
+    eighth = numpy_helper.from_array(np.array(0.125, np.float32), "eighth")
+    zero = numpy_helper.from_array(np.array(0, np.int8), "zero")
+    w = numpy_helper.from_array(np.ones((1, 1, 1, 1), np.int8), "w_q")
+    b = numpy_helper.from_array(np.array([0.375], np.float32), "b")
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "one", "zero"], ["x_q"]),
+        helper.make_node("DequantizeLinear", ["x_q", "one", "zero"], ["x_dq"]),
+        helper.make_node("DequantizeLinear", ["w_q", "one", "zero"], ["w_dq"]),
+        helper.make_node("Conv", ["x_dq", "w_dq", "b"], ["conv"]),
+        helper.make_node("QuantizeLinear", ["conv", "eighth", "zero"], ["y_q"]),
+        helper.make_node("DequantizeLinear", ["y_q", "eighth", "zero"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "biased",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 2, 2])],
+        [one, eighth, zero, w, b],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_quantbench_sessions_add_an_fp32_bias_in_fp32():
+    """Where quantbench turns onnxruntime's Q/DQ fusion off, its other Q/DQ rewrites are off
+    too: one of them rounds a Q/DQ conv's FP32 bias to int32 at input scale x weight scale,
+    which TensorRT does not (it adds the bias in FP32). With both scales 1, onnxruntime's
+    default session adds 0 for a bias of 0.375; the model says round(x) + 0.375."""
+    from quantbench.backends.onnxruntime import OnnxRuntimeRunner, saturating_int8_kernels
+
+    if not saturating_int8_kernels():
+        pytest.skip("the fused integer kernels stay on here (VNNI): their bias is int32")
+    x = np.array([[[[1.2, 2.0], [3.0, -4.4]]]], np.float32)
+    expected = np.array([[[[1.375, 2.375], [3.375, -3.625]]]], np.float32)  # by hand
+    runner = OnnxRuntimeRunner(_biased_qdq_conv(), "cpu")
+    np.testing.assert_array_equal(runner.infer({"x": x})["y"], expected)
+    runner.close()

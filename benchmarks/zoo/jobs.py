@@ -185,11 +185,13 @@ def evaluate(
     labels = np.load(labels_path) if labels_path.is_file() else None
     run = spec.run or run_samples
 
-    from quantbench.backends.onnxruntime import disabled_optimizers
+    from quantbench.backends.onnxruntime import disabled_optimizers, session_config
 
     def outputs(path: str) -> list[list[np.ndarray]]:
         options = ort.SessionOptions()
         options.log_severity_level = 3  # exporters' stale output shapes warn on every run
+        for key, value in session_config().items():
+            options.add_session_config_entry(key, value)
         # a Q/DQ model as written, as TensorRT computes it: where onnxruntime's fused integer
         # kernels saturate (x86 without VNNI) the fusion is off, as in quantbench's sessions
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"],

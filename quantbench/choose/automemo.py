@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from quantbench import __version__
-from quantbench.backends.onnxruntime import disabled_optimizers
+from quantbench.backends.onnxruntime import disabled_optimizers, session_config
 from quantbench.collect.statspass import stats_cache_dir
 from quantbench.data.sources import open_data
 from quantbench.errors import QuantbenchError
@@ -65,6 +65,7 @@ def judgement_key(
         # off (saturating_int8_kernels), judges anew
         "onnxruntime": _onnxruntime_version(),
         "disabled_optimizers": disabled_optimizers(),
+        "session_config": session_config(),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
