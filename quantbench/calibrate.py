@@ -552,6 +552,11 @@ def summarize(result: CalibrationResult) -> None:
                         for k, n in auto.stopped.items()
                     )
                 )
+            if auto.isolated_samples:
+                info(
+                    f"auto: the mix's per-tensor scores stood on the first "
+                    f"{auto.isolated_samples} held-back samples (read until two checks agreed)"
+                )
         else:
             info(f"auto: {auto.chosen} ({auto.judged_by})")
         if auto.reused:

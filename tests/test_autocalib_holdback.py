@@ -335,3 +335,61 @@ def test_compare_int8_auto_reads_the_held_back_slice_once(cnn_path, cnn_data, mo
                   latency=False, show_progress=False)  # fmt: skip
     assert passes == []
     assert doc["calibration"]["auto"]["holdout"].startswith("first 20 of 40 calibration samples")
+
+
+def _spec(name: str, batch: object):
+    from quantbench.model.graph import TensorSpec
+
+    return TensorSpec(name, np.dtype(np.float32), [batch, 3])
+
+
+def test_checkpointed_cuts_parts_at_8_16_32():
+    """Parts of a dynamic batch are cut so that one ends after 8, 16 and 32 samples (by hand:
+    12 -> 8 + 4, 12 -> 4 + 8, 12 -> 8 + 4)."""
+    from quantbench.data.sources import Batch
+
+    inputs = [_spec("x", "n")]
+    parts = [Batch({"x": np.full((12, 3), i, np.float32)}, 12) for i in range(3)]
+    got = [(len(p["x"]), int(p["x"][0, 0]), check)
+           for p, check in autocalib._checkpointed(parts, inputs, 8)]  # fmt: skip
+    assert got == [(8, 0, True), (4, 0, False), (4, 1, True), (8, 1, False), (8, 2, True),
+                   (4, 2, False)]  # fmt: skip
+
+
+def test_checkpointed_keeps_a_fixed_batch_whole():
+    """A fixed batch of 12 cannot be cut: each part ends at the first checkpoint it passes."""
+    from quantbench.data.sources import Batch
+
+    inputs = [_spec("x", 12)]
+    parts = [Batch({"x": np.zeros((12, 3), np.float32)}, 12) for _ in range(3)]
+    got = [(len(p["x"]), check) for p, check in autocalib._checkpointed(parts, inputs, 8)]
+    assert got == [(12, True), (12, True), (12, True)]  # read 12 >= 8, 24 >= 16, 36 >= 32
+
+
+def test_isolated_pass_stops_once_two_checks_agree(cnn_path, tmp_path):
+    """With a settle test that agrees from its second check, the pass reads 16 of 40 samples;
+    one that never agrees reads all 40 and scores as the whole-slice pass does."""
+    from quantbench.collect.statspass import collect_stats
+    from quantbench.data.sources import open_data
+    from quantbench.model.graph import calibration_tensors
+
+    graph = open_graph(cnn_path)
+    np.savez(tmp_path / "d.npz", input=synthetic.images(40))
+    source = open_data(tmp_path / "d.npz", graph.inputs, batch_size=16)
+    stats = collect_stats(graph, source, calibration_tensors(graph, "all"), show_progress=False)
+    tables = {m: build_table(stats, m) for m in ("minmax", "mse")}
+    asked: list[int] = []
+
+    def agrees_second(scores):
+        asked.append(len(asked))
+        return len(asked) >= 2
+
+    early = autocalib._isolated_pass(graph, tables, source, None, None, settled=agrees_second)
+    assert (early.samples, len(asked)) == (16, 2)
+    never = autocalib._isolated_pass(graph, tables, source, None, None, settled=lambda s: False)
+    whole = autocalib._isolated_pass(graph, tables, source, None, None)
+    assert never.samples == whole.samples == 40
+    for m in tables:  # the same sums, cut into other parts: float32 rounding only
+        for node, db in whole.scores[m].items():
+            assert never.scores[m][node] == pytest.approx(db, rel=1e-7)
+            assert early.scores[m][node] != pytest.approx(db, rel=1e-7)  # 16 are not 40

@@ -2,9 +2,12 @@
 
 Step 1, per tensor. For each candidate method: its table, its Q/DQ model, and the isolated model
 of :mod:`quantbench.evaluate.isolated` (every quantized op re-run beside FP32 on FP32 inputs), run
-once over the judging slice. That gives, per method and op, the SQNR the op loses by itself.
+over the judging slice. That gives, per method and op, the SQNR the op loses by itself.
 Each activation tensor takes the method that maximises the *worst* isolated SQNR among the
-quantized ops reading it (a tensor shared by several ops has one scale): the *mix*.
+quantized ops reading it (a tensor shared by several ops has one scale): the *mix*. The pass
+stops once the mix has settled: it checks the mix after :data:`ISOLATED_FIRST_CHECK` samples and
+at every doubling, and stops when two checks in a row give the same mix (an op's isolated SQNR
+is a ratio of sums over every value it outputs, which a few samples fix on most models).
 
 Step 2, whole model. Isolated errors do not add up exactly, so the mix and every single method's
 full table are each run end to end on the same slice and judged by their output SQNR against
@@ -73,7 +76,9 @@ from quantbench.data.sources import (
     dynamic_batch,
     feed_num_samples,
     feed_parts,
+    feed_slice,
     open_data,
+    samples_first,
 )
 from quantbench.errors import QuantbenchError, first_line
 from quantbench.evaluate.isolated import build_isolated_many, shared_upgrades
@@ -228,6 +233,8 @@ class AutoTable:
     #: candidates whose output pass stopped once they could no longer win: samples they read
     #: (their :attr:`output_sqnr_db` is the most they could still have reached)
     stopped: dict[str, int] = field(default_factory=dict)
+    #: samples of the slice the isolated scores (the mix) stood on, where judged here
+    isolated_samples: int | None = None
 
     @property
     def judged(self) -> bool:
@@ -248,6 +255,7 @@ class AutoTable:
             "budget_cut": self.cut,
             "output_sqnr_db": {k: json_float(v) for k, v in self.output_sqnr_db.items()},
             "stopped_early": dict(self.stopped),
+            "isolated_samples": self.isolated_samples,
             "chosen": self.chosen,
             "fallback": self.fallback,
             "tensors": [{"tensor": t, **c} for t, c in self.choices.items()],
@@ -273,7 +281,30 @@ class AutoTable:
             str(d["judged_by"]),
             reused=True,
             stopped={str(k): int(v) for k, v in d.get("stopped_early", {}).items()},
+            isolated_samples=d.get("isolated_samples"),
         )
+
+
+def _checkpointed(
+    parts: Iterable[Feed], inputs: list[Any], first: int
+) -> Iterator[tuple[Feed, bool]]:
+    """``parts``, each with whether it ends at a checkpoint: after ``first`` samples and at
+    every doubling. A part is cut at a checkpoint where it can be (a fixed batch, or a feed
+    without a batch axis, ends at the first checkpoint it passes)."""
+    read, check = 0, first
+    for part in parts:
+        n = max(1, feed_num_samples(part, inputs))
+        cuttable = n > 1 and dynamic_batch(inputs) and samples_first(part, n)
+        start = 0
+        while start < n:
+            stop = min(n, start + check - read) if cuttable else n
+            piece = part if start == 0 and stop == n else feed_slice(part, start, stop)
+            read += stop - start
+            reached = read >= check
+            while check <= read:
+                check *= 2
+            yield piece, reached
+            start = stop
 
 
 def held_back_count(num_samples: int) -> int:
@@ -606,18 +637,18 @@ def auto_table(
             )
             judged_scores = dict(zip(judged, found))
         else:
+            settled = _mix_settled(readers, same_as, method_list)
             with shared_upgrades():  # the candidates share one reference: upgraded once
-                judged_scores, activations = _isolated_scores(
+                judged_scores, activations, isolated_read = _isolated_scores(
                     graph, {m: tables[m] for m in judged}, held_out, provider, threads, advance,
-                    budget, _twin_bytes(graph, stats, readers),
+                    budget, _twin_bytes(graph, stats, readers), settled,
                 )  # fmt: skip
         scores = {m: judged_scores[same_as[m]] for m in method_list}
         mixed = _relabelled(tables[base_name], base_name)
         choices: dict[str, dict[str, Any]] = {}
         for tensor, nodes in readers.items():
-            worst = {m: min(scores[m].get(n, -math.inf) for n in nodes) for m in method_list}
-            # ties go to the earliest method in the list, i.e. base first
-            best = max(method_list, key=lambda m: (worst[m], -method_list.index(m)))
+            worst = _worst_readers(nodes, scores, method_list)
+            best = _best_method(worst, method_list)
             if tensor in tables[best]:
                 mixed.set(tensor, tables[best].amax(tensor), best)
             choices[tensor] = {
@@ -683,8 +714,46 @@ def auto_table(
             if name not in choices:
                 table.set(name, entry.amax, single)
     return AutoTable(
-        table, method_list, choices, output, chosen, judged_by=unjudged, stopped=stopped_early
+        table,
+        method_list,
+        choices,
+        output,
+        chosen,
+        judged_by=unjudged,
+        stopped=stopped_early,
+        isolated_samples=None if parallel else isolated_read,
     )
+
+
+def _worst_readers(
+    nodes: list[str], scores: dict[str, dict[str, float]], method_list: list[str]
+) -> dict[str, float]:
+    """Method -> the worst isolated SQNR among a tensor's quantized readers ``nodes``."""
+    return {m: min(scores[m].get(n, -math.inf) for n in nodes) for m in method_list}
+
+
+def _best_method(worst: dict[str, float], method_list: list[str]) -> str:
+    """The mix's method for a tensor: the best worst reader; ties go to the earliest method in
+    the list, i.e. the base first."""
+    return max(method_list, key=lambda m: (worst[m], -method_list.index(m)))
+
+
+def _mix_settled(
+    readers: dict[str, list[str]], same_as: dict[str, str], method_list: list[str]
+) -> Callable[[dict[str, dict[str, float]]], bool]:
+    """For the isolated pass: given the distinct tables' scores so far, whether the mix they
+    make (each tensor's method) is the one the previous check made."""
+    last: list[dict[str, str]] = []
+
+    def settled(judged_scores: dict[str, dict[str, float]]) -> bool:
+        scores = {m: judged_scores[same_as[m]] for m in method_list}
+        mix = {t: _best_method(_worst_readers(n, scores, method_list), method_list)
+               for t, n in readers.items()}  # fmt: skip
+        same = bool(last) and last[0] == mix
+        last[:] = [mix]
+        return same
+
+    return settled
 
 
 def _nothing_to_judge(
@@ -752,7 +821,7 @@ def isolated_sqnr(
     threads: int | None = None,
 ) -> dict[str, float]:
     """Node name -> SQNR (dB) of that op quantized alone with FP32 inputs, over ``held_out``."""
-    return _isolated_pass(graph, {"table": table}, held_out, provider, threads)[0]["table"]
+    return _isolated_pass(graph, {"table": table}, held_out, provider, threads).scores["table"]
 
 
 def isolated_sqnrs(
@@ -781,29 +850,31 @@ def _isolated_scores(
     advance: Callable[[int], None] | None = None,
     budget: JudgingBudget | None = None,
     twin_bytes: int | None = None,
-) -> tuple[dict[str, dict[str, float]], int]:
-    """:func:`isolated_sqnrs`, and the bytes a sample's FP32 activations (those quantized ops
-    read) take, which size the output pass's parts. ``twin_bytes``: a sample's twins of one
-    table, where known beforehand: every table in one pass where all fit the budget."""
+    settled: Callable[[dict[str, dict[str, float]]], bool] | None = None,
+) -> tuple[dict[str, dict[str, float]], int, int]:
+    """:func:`isolated_sqnrs`, the bytes a sample's FP32 activations (those quantized ops
+    read) take, which size the output pass's parts, and the samples the scores stood on.
+    ``twin_bytes``: a sample's twins of one table, where known beforehand: every table in one
+    pass where all fit the budget. ``settled``: where every table is in that one pass, it may
+    stop at a checkpoint once ``settled(scores so far)`` (:func:`_mix_settled`)."""
     names = list(tables)
     if not names:
-        return {}, 0
+        return {}, 0, 0
     step = advance or (lambda n: None)
     fits = twin_bytes is not None and twin_bytes * len(names) <= ISOLATED_TWIN_BUDGET
     if budget is None and len(names) > 1 and fits:  # every table's twins in one pass
-        scores, _, activations = _isolated_pass(graph, tables, held_out, provider, threads)
+        one = _isolated_pass(graph, tables, held_out, provider, threads, settled=settled)
         step(len(names))
-        return scores, activations
-    scores, per_table, activations = _isolated_pass(
-        graph, {names[0]: tables[names[0]]}, held_out, provider, threads, budget
-    )
+        return one.scores, one.activations, one.samples
+    first = _isolated_pass(graph, {names[0]: tables[names[0]]}, held_out, provider, threads, budget)
+    scores = first.scores
     step(1)
-    group = max(1, ISOLATED_TWIN_BUDGET // max(per_table, 1))
+    group = max(1, ISOLATED_TWIN_BUDGET // max(first.per_table, 1))
     for start in range(1, len(names), group):
         chunk = {n: tables[n] for n in names[start : start + group]}
-        scores.update(_isolated_pass(graph, chunk, held_out, provider, threads, budget)[0])
+        scores.update(_isolated_pass(graph, chunk, held_out, provider, threads, budget).scores)
         step(len(chunk))
-    return scores, activations
+    return scores, first.activations, first.samples
 
 
 #: bytes of a sample's isolated twins (INT8 ops' outputs) auto's combined isolated pass may
@@ -811,6 +882,12 @@ def _isolated_scores(
 #: 96 MiB: orinet's three distinct tables at 320x320 (about 30 MiB of twins a sample each) in
 #: one pass, not three: isolated scoring 4.8 -> 3.9 s, peak RSS unchanged (500 MiB)
 ISOLATED_TWIN_BUDGET = 96 << 20
+#: samples of the slice after which ``auto``'s isolated pass first checks whether its mix has
+#: settled (then at every doubling: 8, 16, 32, ...; it stops when two checks agree). On the
+#: real-model corpus the isolated pass (FP32 plus a twin per table and quantized op over the
+#: whole slice) was 40-50 % of the default's time; a fixed 8 samples gave the same mix on 9 of
+#: 11 models, and a worse one on captcha-crnn (832 tensors, 2.5 dB lost at the outputs)
+ISOLATED_FIRST_CHECK = 8
 #: bytes of activations one run of a judging pass may return (the isolated pass's FP32 tensors
 #: and twins) or, for an output pass, hold (the FP32 activations of the samples it runs): the
 #: slice's batches are run in parts of at most this, so that judging holds a bounded amount
@@ -826,12 +903,14 @@ def _isolated_pass(
     provider: str | None,
     threads: int | None,
     budget: JudgingBudget | None = None,
-) -> tuple[dict[str, dict[str, float]], int, int]:
+    *,
+    settled: Callable[[dict[str, dict[str, float]]], bool] | None = None,
+) -> IsolatedPass:
     """One pass over ``held_out`` scoring every table's isolated ops (their twins renamed apart
-    in one reference graph), the bytes a sample's twins of one table take, and the bytes a
-    sample's FP32 tensors read by quantized ops take. Each batch runs in parts of at most
-    :data:`JUDGE_BUDGET` bytes of returned tensors (measured on a first one-sample part); the
-    first part also sizes a ``budget``'s slice."""
+    in one reference graph). Each batch runs in parts of at most :data:`JUDGE_BUDGET` bytes of
+    returned tensors (measured on a first one-sample part); the first part also sizes a
+    ``budget``'s slice. ``settled``: asked with the scores so far at each checkpoint
+    (:func:`_checkpointed`); the pass stops where it says so."""
     qdq_models = (  # one at a time: each is let go once its twins are built
         (f"t{index}", quantize_model(graph, table, allow_partial=True, checked=False).model)
         for index, table in enumerate(tables.values())
@@ -857,11 +936,21 @@ def _isolated_pass(
     del loadable
     # one accumulator per distinct twin: tables that quantize an op's inputs alike share it
     accs = {(t, w): SqnrAccumulator() for tw in twins_of.values() for t, w in tw.items()}
-    per_table, per_sample, activations = 0, [0], 0
-    for part in _slice_parts(held_out, graph.inputs, per_sample, budget):
+    per_table, per_sample, activations, read = 0, [0], 0, 0
+
+    def scores_now() -> dict[str, dict[str, float]]:
+        return {
+            name: {ops_of[name][t]: _ranked(accs[t, w].sqnr_db()) for t, w in twins.items()}
+            for name, twins in twins_of.items()
+        }
+
+    parts = _slice_parts(held_out, graph.inputs, per_sample, budget)
+    checked = _checkpointed(parts, graph.inputs, ISOLATED_FIRST_CHECK) if settled else None
+    for part, check in checked or ((p, False) for p in parts):
         start = time.perf_counter()
         got = runner.infer(part, fetch)
         samples = max(1, feed_num_samples(part, graph.inputs))
+        read += samples
         first = not per_sample[0]
         if first:
             per_sample[0] = max(1, sum(np.asarray(v).nbytes for v in got.values()) // samples)
@@ -875,12 +964,24 @@ def _isolated_pass(
         del got
         if first and budget is not None and budget.samples is None:
             budget.estimate(samples, time.perf_counter() - start, per_table)
+        if check and settled is not None and settled(scores_now()):
+            break
     runner.close()
-    scores = {
-        name: {ops_of[name][t]: _ranked(accs[t, w].sqnr_db()) for t, w in twins.items()}
-        for name, twins in twins_of.items()
-    }
-    return scores, per_table, activations
+    return IsolatedPass(scores_now(), per_table, activations, read)
+
+
+@dataclass
+class IsolatedPass:
+    """What :func:`_isolated_pass` found."""
+
+    #: table -> op -> isolated SQNR (dB)
+    scores: dict[str, dict[str, float]]
+    #: bytes a sample's twins of one table take
+    per_table: int
+    #: bytes a sample's FP32 tensors read by quantized ops take
+    activations: int
+    #: samples the scores stood on
+    samples: int
 
 
 def output_sqnr(
