@@ -513,6 +513,17 @@ def _print_quantize(outcome: object) -> None:
                 str(r["execution"]),
             )
         console.print(t)
+        from quantbench.backends.onnxruntime import saturating_int8_kernels
+        from quantbench.ort_int8 import INTEGER
+        from quantbench.progress import warn
+
+        if saturating_int8_kernels() and counts.get(INTEGER):
+            warn(
+                "this CPU has no VNNI: onnxruntime's integer kernels above add int8 products "
+                "into int16 with saturation here, so quantbench's own sessions (compare, auto) "
+                "run the Q/DQ model as written instead, in float (README: INT8 arithmetic on "
+                "x86 without VNNI)"
+            )
     for p in outcome.written:  # type: ignore[attr-defined]
         console.print(f"wrote {p}")
 
