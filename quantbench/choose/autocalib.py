@@ -32,9 +32,10 @@ slice's statistics come from the calibration pass itself (:attr:`StatsFile.head`
 it reaches them), not a second pass. One isolated pass scores every distinct table where their
 twins fit :data:`ISOLATED_TWIN_BUDGET` (else a few passes), keeping only each pair's SQNR sums;
 then the slice runs FP32 once and every candidate, one candidate session at a time where the
-slice's FP32 outputs fit :data:`KEPT_REFERENCE_BUDGET`. With ``--executor`` each method's
-isolated pass and each candidate's output pass is one task on the workers (the slice's FP32
-outputs computed once here and sent along); the scores are the same.
+slice's FP32 outputs fit :data:`KEPT_REFERENCE_BUDGET`. With ``--executor`` the isolated
+scoring (every table, settling as here) is one task and each candidate's output pass another
+on the workers (the slice's FP32 outputs computed once here and sent along); the scores are the
+same.
 
 Memory: every pass streams the slice and accumulates its sums (:class:`SqnrAccumulator`,
 :class:`OutputsAccumulator`), and each batch runs in parts of at most :data:`JUDGE_BUDGET` of
@@ -599,8 +600,8 @@ def auto_table(
     every candidate calibrated on ``stats``.
 
     When the mix wins, tensors no quantized op reads (a TensorRT cache still lists them) take
-    the values of the best single method at the outputs. With ``executor`` and ``job``, each
-    method's isolated scoring and each candidate's output scoring is one task (the FP32 outputs
+    the values of the best single method at the outputs. With ``executor`` and ``job``, the
+    isolated scoring is one task and each candidate's output scoring another (the FP32 outputs
     of the slice computed once, here, and sent with the job); the scores, and so the choice,
     are the same.
     """
@@ -626,23 +627,24 @@ def auto_table(
                 progress_bar(_judging(len(judged) + 1, held_out), total=2 * len(judged) + 1,
                              unit="scores")
             )  # fmt: skip
-        if parallel:
-            found = run_tasks(
+        isolated = _IsolatedTask(
+            {m: tables[m] for m in judged}, _twin_bytes(graph, stats, readers), readers,
+            same_as, method_list,
+        )  # fmt: skip
+        if parallel:  # one task, as the local pass: the mix settles on every table's scores
+            ((judged_scores, isolated_read),) = run_tasks(
                 executor,
                 _isolated_task,
-                [tables[m] for m in judged],
+                [isolated],
                 shared=job,
-                describe=lambda t: f"--method auto: isolated scoring of {t.method}",
+                describe=lambda t: "--method auto: isolated scoring",
                 description="auto: per-tensor scores",
             )
-            judged_scores = dict(zip(judged, found))
         else:
-            settled = _mix_settled(readers, same_as, method_list)
             with shared_upgrades():  # the candidates share one reference: upgraded once
-                judged_scores, activations, isolated_read = _isolated_scores(
-                    graph, {m: tables[m] for m in judged}, held_out, provider, threads, advance,
-                    budget, _twin_bytes(graph, stats, readers), settled,
-                )  # fmt: skip
+                judged_scores, activations, isolated_read = isolated.run(
+                    graph, held_out, provider, threads, advance, budget
+                )
         scores = {m: judged_scores[same_as[m]] for m in method_list}
         mixed = _relabelled(tables[base_name], base_name)
         choices: dict[str, dict[str, Any]] = {}
@@ -721,7 +723,7 @@ def auto_table(
         chosen,
         judged_by=unjudged,
         stopped=stopped_early,
-        isolated_samples=None if parallel else isolated_read,
+        isolated_samples=isolated_read,
     )
 
 
@@ -1313,9 +1315,38 @@ def _job_graph_and_slice(job: AutoJob) -> tuple[Graph, DataSource]:
     return job.input.graph(), job.input.source()
 
 
-def _isolated_task(job: AutoJob, table: CalibrationTable) -> dict[str, float]:
+@dataclass
+class _IsolatedTask:
+    """``auto``'s isolated scoring of its distinct tables (:func:`_isolated_scores`, settling
+    with :func:`_mix_settled`), here or as one task on a worker."""
+
+    tables: dict[str, CalibrationTable]
+    twin_bytes: int | None
+    readers: dict[str, list[str]]
+    same_as: dict[str, str]
+    methods: list[str]
+
+    def run(
+        self,
+        graph: Graph,
+        held_out: DataSource,
+        provider: str | None,
+        threads: int | None,
+        advance: Callable[[int], None] | None = None,
+        budget: JudgingBudget | None = None,
+    ) -> tuple[dict[str, dict[str, float]], int, int]:
+        settled = _mix_settled(self.readers, self.same_as, self.methods)
+        return _isolated_scores(
+            graph, self.tables, held_out, provider, threads, advance, budget, self.twin_bytes,
+            settled,
+        )  # fmt: skip
+
+
+def _isolated_task(job: AutoJob, task: _IsolatedTask) -> tuple[dict[str, dict[str, float]], int]:
     graph, source = _job_graph_and_slice(job)
-    return isolated_sqnr(graph, table, source, job.input.provider, job.input.threads)
+    with shared_upgrades():
+        scores, _, read = task.run(graph, source, job.input.provider, job.input.threads)
+    return scores, read
 
 
 def _output_task(job: AutoJob, candidate: tuple[str, CalibrationTable]) -> float:
