@@ -13,7 +13,9 @@ RSS and CPU seconds from ``os.wait4``, both taken by a small launcher process (`
   the best median of them;
 * ``quantbench calibrate MODEL --data CALIB.npz --no-cache -o OUT --method minmax``;
 * the same with ``--method all`` (``-o`` a folder: one table per method);
-* the same with no ``--method`` (the default, ``auto``).
+* the same with no ``--method`` (the default, ``auto``);
+* with ``--before EXECUTABLE``, the default once more through that quantbench ("default
+  before", e.g. a frozen checkout of main): an A/B of the same rounds and floor.
 
 quantbench reads the corpus' calib.npz as run_zoo.py gives it (its sample-first layout rule
 sees "concat" and "stack" data alike), without ``--batch-size``: what a user's command does.
@@ -82,6 +84,9 @@ CALIBRATE_JOBS: dict[str, list[str]] = {
     "all": ["--method", "all"],
     "default": [],
 }
+
+#: the A/B job of ``--before``: the default through another quantbench executable
+BEFORE = "default before"
 
 #: the floor: plain onnxruntime over the calibration samples, argv = model data layout batch
 FLOOR_SCRIPT = """\
@@ -299,7 +304,9 @@ def quantbench_command(explicit: str | None) -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "quantbench"]
 
 
-def make_jobs(subject: Subject, batches: list[int], qb: list[str]) -> list[Job]:
+def make_jobs(
+    subject: Subject, batches: list[int], qb: list[str], before: list[str] | None = None
+) -> list[Job]:
     assert subject.model is not None and subject.data is not None
     model, data = str(subject.model), str(subject.data)
     jobs = [
@@ -311,6 +318,9 @@ def make_jobs(subject: Subject, batches: list[int], qb: list[str]) -> list[Job]:
         output = "tables" if name == "all" else f"{name}.cache"
         command = [*qb, "calibrate", model, "--data", data, "--no-cache", *flags, "-o", "{OUT}"]
         jobs.append(Job(name, command, output))
+    if before:
+        command = [*before, "calibrate", model, "--data", data, "--no-cache", "-o", "{OUT}"]
+        jobs.append(Job(BEFORE, command, "default.cache"))
     return jobs
 
 
@@ -361,7 +371,13 @@ def judge(row: dict[str, Any]) -> dict[str, bool | None]:
 
 
 def measure(
-    subject: Subject, repeat: int, floor_batch: int, qb: list[str], timeout: float, console: Any
+    subject: Subject,
+    repeat: int,
+    floor_batch: int,
+    qb: list[str],
+    timeout: float,
+    console: Any,
+    before: list[str] | None = None,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"model": subject.key, "layout": subject.layout}
     if subject.missing:
@@ -377,7 +393,7 @@ def measure(
         f"{', '.join(map(str, batches))} ({why}); load average before "
         + " ".join(f"{x:.2f}" for x in load_before)
     )
-    jobs = make_jobs(subject, batches, qb)
+    jobs = make_jobs(subject, batches, qb, before)
     start = time.perf_counter()
     run_rounds(jobs, repeat, timeout)
     load_after = os.getloadavg()
@@ -394,7 +410,7 @@ def measure(
         row["floor_job"] = best.name
         row["floor_seconds"] = round(best.seconds or 0.0, 3)
         row["floor_peak_rss_mib"] = round((best.peak_rss_kib or 0) / MIB_KIB, 1)
-        for name in CALIBRATE_JOBS:
+        for name in [*CALIBRATE_JOBS, *([BEFORE] if before else [])]:
             seconds = row["jobs"][name]["median_seconds"]
             row["jobs"][name]["ratio_to_floor"] = (
                 None if seconds is None else round(seconds / best.seconds, 3)
@@ -456,9 +472,10 @@ def render(console: Any, rows: list[dict[str, Any]], repeat: int) -> None:
         title=f"calibrate as whole processes vs plain FP32 onnxruntime (medians of {repeat}; "
         "ratio to the floor of the same run)"
     )
+    ab = any(BEFORE in r.get("jobs", {}) for r in rows)
     columns = (
-        "model", "samples", "floor (batch)", "minmax", "all", "default",
-        "peak RSS default vs minmax", "default<=2x", "minmax<=1.5x", "RSS<=+256",
+        "model", "samples", "floor (batch)", "minmax", "all", *([BEFORE] if ab else []),
+        "default", "peak RSS default vs minmax", "default<=2x", "minmax<=1.5x", "RSS<=+256",
     )  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column == "model" else "right")
@@ -466,7 +483,7 @@ def render(console: Any, rows: list[dict[str, Any]], repeat: int) -> None:
         if "floor_seconds" not in r:
             status = r.get("status", "?").upper()
             table.add_row(r["model"], str(r.get("samples", "")), f"[red]{status}[/red]",
-                          *[""] * 7)  # fmt: skip
+                          *[""] * (len(columns) - 3))  # fmt: skip
             continue
         jobs = r["jobs"]
         rss_d = jobs["default"]["median_peak_rss_mib"]
@@ -482,6 +499,7 @@ def render(console: Any, rows: list[dict[str, Any]], repeat: int) -> None:
             f"{r['floor_seconds']:.1f} s / {r['floor_peak_rss_mib']:,.0f} MiB ({batch})",
             _timed(r, "minmax"),
             _timed(r, "all"),
+            *([_timed(r, BEFORE)] if ab else []),
             _timed(r, "default"),
             rss,
             _verdict(targets["default"]),
@@ -515,6 +533,7 @@ def run(
     samples: int = RESNET_SAMPLES,
     floor_batch: int = DEFAULT_FLOOR_BATCH,
     quantbench: str | None = None,
+    before: str | None = None,
     timeout: float = JOB_TIMEOUT_S,
     json_path: Path = RESULTS,
 ) -> dict[str, Any]:
@@ -531,6 +550,7 @@ def run(
         + f"; {repeat} round(s); corpus from {zoo_work}"
     )
     qb = quantbench_command(quantbench)
+    before_qb = quantbench_command(before) if before else None
     WORK.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     rows = []
@@ -541,7 +561,7 @@ def run(
                 subject = resnet_subject(samples)
             else:
                 subject = corpus_subject(next(s for s in specs if s.key == key), zoo_work)
-            row = measure(subject, repeat, floor_batch, qb, timeout, console)
+            row = measure(subject, repeat, floor_batch, qb, timeout, console, before_qb)
         except Exception as exc:  # noqa: BLE001 - one broken model must not stop the others
             row = {"model": key, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
             console.print(f"  [red]harness error[/red]: {row['error']}")
@@ -553,6 +573,7 @@ def run(
         "machine": machine,
         "repeat": repeat,
         "quantbench": qb,
+        "before": before_qb,
         "zoo_work": str(zoo_work),
         "floor_batch": floor_batch,
         "targets": {
@@ -594,6 +615,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the floor's large batch on a dynamic-batch model (also at batch 1; best counts)",
     )
     parser.add_argument("--quantbench", help="the quantbench executable (default: the venv's)")
+    parser.add_argument(
+        "--before",
+        help="another quantbench executable whose default runs in the same rounds "
+        f"('{BEFORE}': an A/B against the same floor)",
+    )
     parser.add_argument("--timeout", type=float, default=JOB_TIMEOUT_S, help="seconds per process")
     parser.add_argument("--json", type=Path, default=RESULTS, help="where the results go")
     args = parser.parse_args(argv)
@@ -616,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         samples=args.samples,
         floor_batch=args.floor_batch,
         quantbench=args.quantbench,
+        before=args.before,
         timeout=args.timeout,
         json_path=args.json,
     )
