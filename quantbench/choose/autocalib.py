@@ -234,7 +234,7 @@ class AutoTable:
     #: candidates whose output pass stopped once they could no longer win: samples they read
     #: (their :attr:`output_sqnr_db` is the most they could still have reached)
     stopped: dict[str, int] = field(default_factory=dict)
-    #: samples of the slice the isolated scores (the mix) stood on, where judged here
+    #: samples of the slice the isolated scores (the mix) stood on (None: an older record)
     isolated_samples: int | None = None
 
     @property
