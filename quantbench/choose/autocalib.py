@@ -642,9 +642,8 @@ def auto_table(
             )
         else:
             with shared_upgrades():  # the candidates share one reference: upgraded once
-                judged_scores, activations, isolated_read = isolated.run(
-                    graph, held_out, provider, threads, advance, budget
-                )
+                one = isolated.run(graph, held_out, provider, threads, advance, budget)
+            judged_scores, activations, isolated_read = one.scores, one.activations, one.samples
         scores = {m: judged_scores[same_as[m]] for m in method_list}
         mixed = _relabelled(tables[base_name], base_name)
         choices: dict[str, dict[str, Any]] = {}
@@ -840,7 +839,22 @@ def isolated_sqnrs(
     a feed; the others go :data:`ISOLATED_TWIN_BUDGET` worth at a time (auto, which knows that
     size from the statistics, runs all tables in one pass where they fit). ``advance(n)``: n
     tables scored (after each pass)."""
-    return _isolated_scores(graph, tables, held_out, provider, threads, advance)[0]
+    return _isolated_scores(graph, tables, held_out, provider, threads, advance).scores
+
+
+@dataclass
+class IsolatedPass:
+    """What an isolated scoring found (:func:`_isolated_pass`, :func:`_isolated_scores`)."""
+
+    #: table -> op -> isolated SQNR (dB)
+    scores: dict[str, dict[str, float]]
+    #: bytes a sample's twins of one table take
+    per_table: int
+    #: bytes a sample's FP32 tensors read by quantized ops take (they size the output pass's
+    #: parts)
+    activations: int
+    #: samples the scores stood on
+    samples: int
 
 
 def _isolated_scores(
@@ -853,30 +867,31 @@ def _isolated_scores(
     budget: JudgingBudget | None = None,
     twin_bytes: int | None = None,
     settled: Callable[[dict[str, dict[str, float]]], bool] | None = None,
-) -> tuple[dict[str, dict[str, float]], int, int]:
-    """:func:`isolated_sqnrs`, the bytes a sample's FP32 activations (those quantized ops
-    read) take, which size the output pass's parts, and the samples the scores stood on.
-    ``twin_bytes``: a sample's twins of one table, where known beforehand: every table in one
-    pass where all fit the budget. ``settled``: where every table is in that one pass, it may
-    stop at a checkpoint once ``settled(scores so far)`` (:func:`_mix_settled`)."""
+) -> IsolatedPass:
+    """:func:`isolated_sqnrs`, with what else the pass measured (the first pass's, where the
+    tables took several). ``twin_bytes``: a sample's twins of one table, where known
+    beforehand: every table in one pass where all fit the budget. ``settled``: where every
+    table is in that one pass, it may stop at a checkpoint once ``settled(scores so far)``
+    (:func:`_mix_settled`)."""
     names = list(tables)
     if not names:
-        return {}, 0, 0
+        return IsolatedPass({}, 0, 0, 0)
     step = advance or (lambda n: None)
     fits = twin_bytes is not None and twin_bytes * len(names) <= ISOLATED_TWIN_BUDGET
     if budget is None and len(names) > 1 and fits:  # every table's twins in one pass
         one = _isolated_pass(graph, tables, held_out, provider, threads, settled=settled)
         step(len(names))
-        return one.scores, one.activations, one.samples
+        return one
     first = _isolated_pass(graph, {names[0]: tables[names[0]]}, held_out, provider, threads, budget)
-    scores = first.scores
     step(1)
     group = max(1, ISOLATED_TWIN_BUDGET // max(first.per_table, 1))
     for start in range(1, len(names), group):
         chunk = {n: tables[n] for n in names[start : start + group]}
-        scores.update(_isolated_pass(graph, chunk, held_out, provider, threads, budget).scores)
+        first.scores.update(
+            _isolated_pass(graph, chunk, held_out, provider, threads, budget).scores
+        )
         step(len(chunk))
-    return scores, first.activations, first.samples
+    return first
 
 
 #: bytes of a sample's isolated twins (INT8 ops' outputs) auto's combined isolated pass may
@@ -970,20 +985,6 @@ def _isolated_pass(
             break
     runner.close()
     return IsolatedPass(scores_now(), per_table, activations, read)
-
-
-@dataclass
-class IsolatedPass:
-    """What :func:`_isolated_pass` found."""
-
-    #: table -> op -> isolated SQNR (dB)
-    scores: dict[str, dict[str, float]]
-    #: bytes a sample's twins of one table take
-    per_table: int
-    #: bytes a sample's FP32 tensors read by quantized ops take
-    activations: int
-    #: samples the scores stood on
-    samples: int
 
 
 def output_sqnr(
@@ -1334,7 +1335,7 @@ class _IsolatedTask:
         threads: int | None,
         advance: Callable[[int], None] | None = None,
         budget: JudgingBudget | None = None,
-    ) -> tuple[dict[str, dict[str, float]], int, int]:
+    ) -> IsolatedPass:
         settled = _mix_settled(self.readers, self.same_as, self.methods)
         return _isolated_scores(
             graph, self.tables, held_out, provider, threads, advance, budget, self.twin_bytes,
@@ -1345,8 +1346,8 @@ class _IsolatedTask:
 def _isolated_task(job: AutoJob, task: _IsolatedTask) -> tuple[dict[str, dict[str, float]], int]:
     graph, source = _job_graph_and_slice(job)
     with shared_upgrades():
-        scores, _, read = task.run(graph, source, job.input.provider, job.input.threads)
-    return scores, read
+        done = task.run(graph, source, job.input.provider, job.input.threads)
+    return done.scores, done.samples
 
 
 def _output_task(job: AutoJob, candidate: tuple[str, CalibrationTable]) -> float:
