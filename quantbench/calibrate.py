@@ -15,7 +15,13 @@ from pathlib import Path
 
 from quantbench import calibrators as registry
 from quantbench.backends.onnxruntime import start_provider
-from quantbench.choose.autocalib import AUTO, AutoTable, choose_auto, held_back_samples
+from quantbench.choose.autocalib import (
+    AUTO,
+    ISOLATED_FIRST_CHECK,
+    AutoTable,
+    choose_auto,
+    held_back_samples,
+)
 from quantbench.choose.clipguard import (
     DEFAULT_CLIP_WARN,
     ClipFlag,
@@ -555,7 +561,9 @@ def summarize(result: CalibrationResult) -> None:
             if auto.isolated_samples:
                 info(
                     f"auto: the mix's per-tensor scores stood on the first "
-                    f"{auto.isolated_samples} held-back samples (read until two checks agreed)"
+                    f"{auto.isolated_samples} held-back samples (checked after "
+                    f"{ISOLATED_FIRST_CHECK} and at each doubling: read on until two checks "
+                    "agreed or the slice ended)"
                 )
         else:
             info(f"auto: {auto.chosen} ({auto.judged_by})")

@@ -104,6 +104,8 @@ def exact_session(model: str | Path | bytes):
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    from quantbench.backends.onnxruntime import NO_QDQ_REWRITES
+
+    options.add_session_config_entry(NO_QDQ_REWRITES, "1")
     source = str(model) if isinstance(model, Path) else model
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])

@@ -110,9 +110,9 @@ NO_QDQ_REWRITES = "session.disable_quant_qdq"
 def session_config() -> dict[str, str]:
     """Config entries of every session quantbench runs. Where the fusion is off
     (:func:`disabled_optimizers`), onnxruntime's other Q/DQ rewrites are turned off too
-    (:data:`NO_QDQ_REWRITES`): they serve the fusion, and two change a model's values (an FP32
+    (:data:`NO_QDQ_REWRITES`): they serve the fusion, and one changes a model's values (an FP32
     bias rounded to int32 at the input scale times the weight scale, which TensorRT adds in
-    FP32; a Q copied across MaxPool). With them off, onnxruntime folds each weight's
+    FP32). With them off, onnxruntime folds each weight's
     DequantizeLinear into a float constant at load (it keeps them while the rewrites may want
     the pattern), so a Q/DQ model runs at 1.05-1.1x its FP32 model's time, not 1.3-1.45x
     (orinet, dddd-ocr at batch 1): every judging pass of ``auto`` and of the refinements."""
