@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from fractions import Fraction
 from pathlib import Path
 
@@ -17,6 +18,14 @@ from quantbench.data.sources import open_data
 from quantbench.model.graph import calibration_tensors, open_graph
 from quantbench.stats import binning
 from quantbench.stats.tensorstats import TensorStats, exponent_for
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compiled_loaded() -> None:
+    """The compiled kernels loaded, as a large statistics pass loads them: scan and
+    finite_counts below take the compiled path (numba is a dependency)."""
+    binning.warm_up()
+    assert binning.backend() == "numba"
 
 
 def _exact_bins(values: np.ndarray, exponent: int) -> np.ndarray:
@@ -441,3 +450,91 @@ def test_many_small_pieces_of_two_dtypes_count_as_their_concatenation() -> None:
     a, b = binning.scan(pieces, e), binning.numpy_scan(whole, e)
     assert (a.lo, a.hi, a.finite) == (b.lo, b.hi, b.finite)
     assert np.array_equal(a.counts, b.counts)
+
+
+_FRESH_PROCESS = """
+import sys
+import numpy as np
+from quantbench.stats import binning
+x = np.random.default_rng(1).standard_normal(1 << 20).astype(np.float32)
+first = binning.scan(x, -10)
+print(binning.backend(), "numba" in sys.modules)
+binning.warm_up()
+again = binning.scan(x, -10)
+print(binning.backend(), bool(np.array_equal(first.counts, again.counts)))
+"""
+
+
+def test_numba_is_loaded_only_by_warm_up() -> None:
+    """A process that bins before warm_up bins with numpy and never imports numba (its load is
+    most of a second); after warm_up it bins with numba, the same counts."""
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, env=env, check=True
+    )
+    assert done.stdout.split() == ["numpy", "False", "numba", "True"]
+
+
+def test_the_pass_expects_its_first_parts_times_the_samples() -> None:
+    """Hand-derived: 2 parts of 4 samples, 1,000 values each, out of 100 samples: 25,000
+    values expected; a source that does not say its samples: the 2,000 binned so far."""
+    load = collect._CompiledLoad(None, 100)  # type: ignore[arg-type]  # no load at these sizes
+    load.binning(1_000, 4)
+    load.binning(1_000, 4)
+    assert load.expected() == 25_000 and load.loading is None
+    unknown = collect._CompiledLoad(None, None)  # type: ignore[arg-type]
+    unknown.binning(1_000, 4)
+    unknown.binning(1_000, 4)
+    assert unknown.expected() == 2_000
+
+
+_PASS_PROCESS = """
+import sys
+from pathlib import Path
+import numpy as np
+from synthetic import images, save, small_cnn
+from quantbench.collect import statspass
+from quantbench.data.sources import open_data
+from quantbench.model.graph import calibration_tensors, open_graph
+from quantbench.stats import binning
+
+tmp, threshold = Path(sys.argv[1]), int(sys.argv[2])
+statspass.COMPILED_MIN_VALUES = threshold
+graph = open_graph(save(small_cnn(), tmp / "m.onnx"))
+np.savez(tmp / "d.npz", input=images(16, seed=7))
+names = calibration_tensors(graph, "all")
+stats = statspass.collect_stats(
+    graph, open_data(tmp / "d.npz", graph.inputs, batch_size=2), names, show_progress=False
+)
+np.savez(tmp / f"counts{threshold}.npz", **{n: stats[n].counts for n in names})
+print(binning.backend(), "numba" in sys.modules)
+"""
+
+
+def test_a_small_pass_never_loads_numba_and_a_large_one_switches_exactly(tmp_path: Path) -> None:
+    """A pass expected to bin fewer values than COMPILED_MIN_VALUES never imports numba; one
+    over it (a threshold of 1 value) loads it on a worker after its first part and switches
+    mid-pass: the same counts for every tensor."""
+    import subprocess
+    import sys
+
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    runs = {}
+    for threshold in (1 << 40, 1):
+        done = subprocess.run(
+            [sys.executable, "-c", _PASS_PROCESS, str(tmp_path), str(threshold)],
+            capture_output=True, text=True, env=env, check=True,
+        )  # fmt: skip
+        runs[threshold] = done.stdout.split()
+    assert runs[1 << 40] == ["numpy", "False"]
+    assert runs[1][1] == "True"  # loaded (whether it finished before the last part is timing)
+    small, large = np.load(tmp_path / f"counts{1 << 40}.npz"), np.load(tmp_path / "counts1.npz")
+    assert small.files == large.files
+    for name in small.files:
+        assert np.array_equal(small[name], large[name]), name

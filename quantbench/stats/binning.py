@@ -10,13 +10,15 @@ grid it returns the range only; the caller widens the grid and calls :func:`fini
 Two implementations give identical results:
 
 * ``numba`` (a dependency, with a fallback): compiled once and cached on disk, releasing the GIL
-  so several tensors are binned on several cores at once. Counts go to four interleaved int32
-  sub-histograms so runs of equal values (the zero spike of ReLU outputs) do not serialise on
-  one counter (a few values go straight to the counts), block by block while each block of
-  values is in cache; many small pooled pieces are joined first (per-call costs, not values,
-  dominated a model with hundreds of small tensors).
-* ``numpy``: the same arithmetic as vectorised numpy calls. Used when numba is missing or
-  ``QUANTBENCH_BINNING=numpy``.
+  so several tensors are binned on several cores at once. Used once :func:`warm_up` has loaded
+  it: the load costs most of a second of one core and ~110 MiB, which only a pass binning
+  hundreds of millions of values repays (the statistics pass decides, from its first part).
+  Counts go to four interleaved int32 sub-histograms so runs of equal values (the zero spike
+  of ReLU outputs) do not serialise on one counter (a few values go straight to the counts),
+  block by block while each block of values is in cache; many small pooled pieces are joined
+  first (per-call costs, not values, dominated a model with hundreds of small tensors).
+* ``numpy``: the same arithmetic as vectorised numpy calls. Used until the compiled kernels
+  are loaded, where numba is missing, or with ``QUANTBENCH_BINNING=numpy``.
 
 Bin of a finite value ``v`` at exponent ``e``: ``HALF_BINS + floor(v / 2**e)`` (``v * 2**-e`` is
 exact in float64); ``v`` is on the grid when ``|v| < HALF_BINS * 2**e``.
@@ -264,26 +266,36 @@ def _joined(pieces: list[np.ndarray]) -> np.ndarray:
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
+#: set once :func:`warm_up` has loaded the compiled kernels; until then every scan takes the
+#: numpy path (the same bins), so a process that bins little never pays numba's load
+_LOADED = threading.Event()
+
+
+def _compiled() -> ModuleType | None:
+    """The compiled kernels where loaded (:func:`warm_up`), else None (the numpy path)."""
+    return _kernels() if _LOADED.is_set() else None
+
+
 def backend() -> str:
-    """Which implementation :func:`scan` and :func:`finite_counts` use: "numba" or "numpy"."""
-    return "numpy" if _kernels() is None else "numba"
+    """Which implementation :func:`scan` and :func:`finite_counts` use now: "numba" (once
+    :func:`warm_up` has loaded it) or "numpy"."""
+    return "numpy" if _compiled() is None else "numba"
 
 
 def _scan(pieces: list[np.ndarray], exponent: int) -> Scan:
-    k = _kernels()
+    k = _compiled()
     return _numpy_scan(_joined(pieces), exponent) if k is None else _numba_scan(k, pieces, exponent)
 
 
 def _finite_counts(pieces: list[np.ndarray], exponent: int) -> np.ndarray:
-    k = _kernels()
+    k = _compiled()
     if k is None:
         return _numpy_finite_counts(_joined(pieces), exponent)
     return _numba_finite_counts(k, pieces, exponent)
 
 
-#: arrays this small take the numpy path (the same bins): a few values checked before any
-#: inference (a method's dry run) must not pay numba's first call, which :func:`warm_up` pays
-#: in a worker thread while onnxruntime runs.
+#: arrays this small take the numpy path (the same bins) even once the compiled kernels are
+#: loaded: a kernel call's fixed costs exceed their binning
 SMALL = 1 << 12
 
 #: an array, or pieces (a list of arrays) standing for their concatenation, not copied
@@ -319,13 +331,18 @@ def finite_counts(x: Values, exponent: int) -> np.ndarray:
 
 
 def warm_up() -> None:
-    """Load the compiled kernels ahead of the first batch: numba's first call in a process
-    (its registries, a BLAS probe) takes most of a second, which a caller can overlap."""
+    """Load the compiled kernels and use them from now on (numba's import and first calls
+    take most of a second: a caller runs this on a worker while binning goes on with numpy).
+    A no-op where numba is missing or ``QUANTBENCH_BINNING=numpy``."""
+    k = _kernels()
+    if k is None or _LOADED.is_set():
+        return
     x = np.zeros(SMALL, np.float32)
-    _scan([x], 0)
+    _numba_scan(k, [x], 0)
     x[0] = np.nan  # the fused kernel, for data with NaN/Inf
-    _scan([x], 0)
-    _finite_counts([x], 0)
+    _numba_scan(k, [x], 0)
+    _numba_finite_counts(k, [x], 0)
+    _LOADED.set()
 
 
 def merge_scans(parts: list[Scan]) -> Scan:
