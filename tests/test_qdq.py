@@ -1221,3 +1221,44 @@ def test_quantbench_sessions_add_an_fp32_bias_in_fp32():
     runner = OnnxRuntimeRunner(_biased_qdq_conv(), "cpu")
     np.testing.assert_array_equal(runner.infer({"x": x})["y"], expected)
     runner.close()
+
+
+# --------------------------------------------------------------------------- reused edits
+
+
+def _scaled(table: CalibrationTable, factor: float) -> CalibrationTable:
+    out = CalibrationTable(method=f"x{factor}", algorithm=table.algorithm)
+    for name, entry in table.entries.items():
+        out.set(name, entry.amax * factor)
+    return out
+
+
+@pytest.mark.parametrize("make", [cnn, fan_out_model, shared_weight_model, constant_node_weights])
+def test_a_graph_quantized_again_with_other_scales_is_the_fresh_model_bit_for_bit(make) -> None:
+    """One Graph quantized with table A, then B (the last Q/DQ edit rescaled): B's model
+    serialises to exactly the bytes of B quantized on a fresh graph, and changing what was
+    returned changes no later result."""
+    model = make()
+    table = minmax_table(model, random_feeds(model))
+    graph = open_graph(model)
+    first = quantize_model(graph, table).model
+    first.graph.initializer[0].name = "changed by the caller"
+    for factor in (0.5, 3.0):
+        other = _scaled(table, factor)
+        again = quantize_model(graph, other).model
+        fresh = quantize_model(open_graph(model), other).model
+        assert again.SerializeToString() == fresh.SerializeToString(), factor
+        assert any(again.graph.initializer) and again is not fresh
+
+
+def test_a_placement_with_another_layout_is_edited_anew() -> None:
+    """Excluding a node changes the graph, not only its scales: the result equals a fresh
+    quantization with that exclusion (no stale edit reused)."""
+    model = fan_out_model()
+    table = minmax_table(model, random_feeds(model))
+    graph = open_graph(model)
+    quantize_model(graph, table)
+    again = quantize_model(graph, table, exclude=["conv_b"]).model
+    fresh = quantize_model(open_graph(model), table, exclude=["conv_b"]).model
+    assert again.SerializeToString() == fresh.SerializeToString()
+    assert producer(again, node(again, "conv_b").input[0]) is None  # x itself

@@ -9,6 +9,8 @@ the original tensor, so graph outputs and high-precision branches are unchanged.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -21,22 +23,84 @@ def insert_qdq(
     model: onnx.ModelProto, quantized: list[QuantizedNode], folds: dict[str, np.ndarray]
 ) -> tuple[onnx.ModelProto, int]:
     """The model with Q/DQ inserted, and how many Q/DQ pairs that took."""
-    graph = gs.import_onnx(model)
-    names = UniqueNames(graph)
-    tensors = graph.tensors()
-    for tensor_name, values in folds.items():
-        fold_to_constant(tensors[tensor_name], values, names)
-    nodes = {node.name: node for node in graph.nodes}
-    pairs: dict[tuple[str, int | None, bytes], gs.Variable] = {}
+    edit = QdqEdit.made(model, quantized, folds)
+    return edit.model, len(edit.scale_names)
+
+
+def _pair_key(qdq: QdqInput) -> tuple[str, int | None, bytes]:
+    """Inputs of one tensor with the same axis and scale share a Q/DQ pair."""
+    return qdq.tensor, qdq.axis, qdq.scale.tobytes()
+
+
+def _pairs(quantized: list[QuantizedNode]) -> dict[tuple[str, int | None, bytes], QdqInput]:
+    """Each pair's first input, in the order the pairs are made."""
+    pairs: dict[tuple[str, int | None, bytes], QdqInput] = {}
     for planned in quantized:
-        node = nodes[planned.node]
         for qdq in planned.inputs:
-            key = (qdq.tensor, qdq.axis, qdq.scale.tobytes())
-            if key not in pairs:
-                pairs[key] = add_qdq_pair(graph, tensors[qdq.tensor], qdq, names)
-            node.inputs[qdq.index] = pairs[key]
-    graph.cleanup().toposort()
-    return export_like(graph, model), len(pairs)
+            pairs.setdefault(_pair_key(qdq), qdq)
+    return pairs
+
+
+def _layout(quantized: list[QuantizedNode], folds: dict[str, np.ndarray]) -> tuple:
+    """Everything of a placement the edited graph depends on except the scales' values: the
+    inputs (index, tensor, axis, scale shape), which of them share a pair, and the folds."""
+    pair_of = {key: i for i, key in enumerate(_pairs(quantized))}
+    inputs = tuple(
+        (p.node, tuple((q.index, q.tensor, q.axis, q.scale.shape, pair_of[_pair_key(q)])
+                       for q in p.inputs))
+        for p in quantized
+    )  # fmt: skip
+    return inputs, tuple(folds)
+
+
+@dataclass
+class QdqEdit:
+    """A model with Q/DQ inserted, and its pairs' scale initializers in the order the pairs
+    were made. A placement with the same :func:`_layout` and other scales (``--method auto``'s
+    candidate tables, the recovery loop) gives the same graph with other scale values, so
+    :meth:`rescaled` writes them into a copy: graphsurgeon's import, edit and export cost
+    0.1-0.5 s a call, a copy tens of milliseconds."""
+
+    model: onnx.ModelProto
+    scale_names: list[str]
+    layout: tuple
+
+    @classmethod
+    def made(
+        cls, model: onnx.ModelProto, quantized: list[QuantizedNode], folds: dict[str, np.ndarray]
+    ) -> QdqEdit:
+        graph = gs.import_onnx(model)
+        names = UniqueNames(graph)
+        tensors = graph.tensors()
+        for tensor_name, values in folds.items():
+            fold_to_constant(tensors[tensor_name], values, names)
+        nodes = {node.name: node for node in graph.nodes}
+        pairs: dict[tuple[str, int | None, bytes], tuple[gs.Variable, str]] = {}
+        for planned in quantized:
+            node = nodes[planned.node]
+            for qdq in planned.inputs:
+                key = _pair_key(qdq)
+                if key not in pairs:
+                    pairs[key] = add_qdq_pair(graph, tensors[qdq.tensor], qdq, names)
+                node.inputs[qdq.index] = pairs[key][0]
+        graph.cleanup().toposort()
+        scale_names = [name for _, name in pairs.values()]
+        return cls(export_like(graph, model), scale_names, _layout(quantized, folds))
+
+    def rescaled(
+        self, quantized: list[QuantizedNode], folds: dict[str, np.ndarray]
+    ) -> onnx.ModelProto | None:
+        """A copy of this edit's model with ``quantized``'s scales, or None where its layout
+        differs (the graph itself would differ)."""
+        if _layout(quantized, folds) != self.layout:
+            return None
+        model = onnx.ModelProto()
+        model.CopyFrom(self.model)
+        slot = {t.name: i for i, t in enumerate(model.graph.initializer)}
+        for name, qdq in zip(self.scale_names, _pairs(quantized).values(), strict=True):
+            values = qdq.scale.astype(np.float32)
+            model.graph.initializer[slot[name]].CopyFrom(_scale_tensor(name, values))
+        return model
 
 
 def fold_to_constant(tensor: gs.Tensor, values: np.ndarray, names: UniqueNames) -> None:
@@ -51,10 +115,16 @@ def fold_to_constant(tensor: gs.Tensor, values: np.ndarray, names: UniqueNames) 
     tensor.to_constant(np.ascontiguousarray(values))
 
 
+def _scale_tensor(name: str, values: np.ndarray) -> onnx.TensorProto:
+    """A scale initializer as graphsurgeon exports a float32 Constant."""
+    return onnx.numpy_helper.from_array(values, name)
+
+
 def add_qdq_pair(
     graph: gs.Graph, source: gs.Tensor, qdq: QdqInput, names: UniqueNames
-) -> gs.Variable:
-    """``source -> QuantizeLinear -> DequantizeLinear``; returns the dequantized tensor."""
+) -> tuple[gs.Variable, str]:
+    """``source -> QuantizeLinear -> DequantizeLinear``; returns the dequantized tensor and the
+    scale's name."""
     base = source.name
     scale = gs.Constant(names.fresh(f"{base}_scale"), qdq.scale.astype(np.float32))
     zero_point = gs.Constant(
@@ -82,7 +152,7 @@ def add_qdq_pair(
             outputs=[dequantized],
         )
     )
-    return dequantized
+    return dequantized, scale.name
 
 
 def export_like(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:

@@ -22,7 +22,7 @@ from quantbench.model.customops import checkable
 from quantbench.model.graph import Graph, check_float_model, node_labels, open_graph
 from quantbench.model.protosize import check_model, save_model
 from quantbench.qdq.embedded import embed_table
-from quantbench.qdq.insert import insert_qdq
+from quantbench.qdq.insert import QdqEdit
 from quantbench.qdq.opset import OpsetDecision, ensure_qdq_opset
 from quantbench.qdq.placement import (
     DEFAULT_OP_TYPES,
@@ -83,7 +83,7 @@ def quantize_model(
     warnings += _check_coverage(g, table, placement, allow_partial, label)
     warnings += placement.warnings
 
-    quantized_model, pairs = insert_qdq(g.model, placement.quantized, placement.folds)
+    quantized_model, pairs = _inserted(ready, placement)
     embed_table(quantized_model, table, placement.needed_tensors())
     if checked:
         _check_output(quantized_model, label)
@@ -117,6 +117,27 @@ class _Ready:
     constants: dict[tuple[str, ...], ConstantInputs]
     renamed: list[str]
     stripped: bool
+    #: kept for later calls (the source is a Graph): the edit below is kept too
+    kept: bool = False
+    #: the last Q/DQ edit of this graph, which a placement differing only in scales reuses
+    edit: QdqEdit | None = None
+
+
+def _inserted(ready: _Ready, placement: Placement) -> tuple[onnx.ModelProto, int]:
+    """``ready``'s graph with ``placement``'s Q/DQ inserted and the number of pairs: the last
+    edit rescaled where only the scales differ (:class:`QdqEdit`), else a new edit."""
+    quantized, folds = placement.quantized, placement.folds
+    if ready.edit is not None:
+        model = ready.edit.rescaled(quantized, folds)
+        if model is not None:
+            return model, len(ready.edit.scale_names)
+    edit = QdqEdit.made(ready.graph.model, quantized, folds)
+    if not ready.kept:
+        return edit.model, len(edit.scale_names)
+    ready.edit = edit
+    model = onnx.ModelProto()
+    model.CopyFrom(edit.model)  # the edit is kept; what is returned is the caller's
+    return model, len(edit.scale_names)
 
 
 #: the last source graph's :class:`_Ready` form, with the source (weakly), its node and
@@ -152,7 +173,7 @@ def _qdq_ready(
     stripped = _strip_existing(model, requantize, label)
     decision = ensure_qdq_opset(stripped if stripped is not None else model, per_channel)
     g = open_graph(decision.model, require_fixed_rank=False)
-    ready = _Ready(decision, g, {}, renamed, stripped is not None)
+    ready = _Ready(decision, g, {}, renamed, stripped is not None, kept=cacheable)
     if cacheable:
         _READY[:] = [(weakref.ref(source), size, per_channel, requantize, ready)]
         weakref.finalize(source, _READY.clear)  # gone with its graph, not kept for the process
