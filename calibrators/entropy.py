@@ -439,11 +439,24 @@ def _ort_smooth(dist: np.ndarray) -> np.ndarray | None:
 
 def _ort_kl(p: np.ndarray, q: np.ndarray) -> np.float32:
     """onnxruntime's own float32 ``entropy(p, q)``."""
-    from scipy.special import rel_entr
-
     p = p / np.sum(p)
     q = q / np.sum(q)
-    return np.sum(rel_entr(p, q)).astype(np.float32)
+    return np.sum(rel_entr32(p, q)).astype(np.float32)
+
+
+def rel_entr32(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``scipy.special.rel_entr`` of float32 arrays without importing SciPy (0.4 s, a fifth
+    of a small model's whole ``calibrate``): like SciPy's float32 loop, ``x * log(x / y)`` in
+    float64 rounded to float32, 0 where ``x == 0 <= y``, Inf elsewhere, NaN from a NaN
+    (equal to SciPy's bit for bit on 6 M random pairs; tests/test_calibrators.py)."""
+    xd, yd = np.asarray(x, np.float32).astype(np.float64), np.asarray(y, np.float32).astype(
+        np.float64
+    )
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inner = xd * np.log(xd / yd)
+        out = np.where((xd > 0) & (yd > 0), inner, np.where((xd == 0) & (yd >= 0), 0.0, np.inf))
+        out[np.isnan(xd) | np.isnan(yd)] = np.nan
+        return out.astype(np.float32)
 
 
 def ort_entropy_threshold(
