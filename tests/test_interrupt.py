@@ -19,7 +19,7 @@ import numpy as np
 
 def load_data():
     Path({started!r}).write_text("started")
-    time.sleep(2)  # the signal comes while the pass waits for its first sample, however fast
+    time.sleep(40)  # the signal comes while the pass waits for its first sample, however fast
     for i in range(600):
         time.sleep(0.1)
         yield {{"input": np.full((1, 3, 16, 16), i % 7, np.float32)}}
@@ -27,6 +27,7 @@ def load_data():
 
 
 def test_ctrl_c_says_nothing_was_written(tmp_path):
+    """Exit 130 at once, without waiting for the loader's read in flight (40 s here)."""
     model = synthetic.save(synthetic.small_cnn(), tmp_path / "cnn.onnx")
     started, out = tmp_path / "started", tmp_path / "out.cache"
     loader = tmp_path / "loader.py"
@@ -43,11 +44,14 @@ def test_ctrl_c_says_nothing_was_written(tmp_path):
         assert started.exists(), proc.communicate(timeout=5)
         time.sleep(0.3)  # inside the pass
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        signalled = time.monotonic()
+        _, err = proc.communicate(timeout=90)
+        waited = time.monotonic() - signalled
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
+    assert waited < 20, f"exit took {waited:.1f} s: it waited for the loader's 40 s read"
     assert "interrupted: nothing was written" in " ".join(err.split())
     assert "Traceback" not in err
     assert not out.exists()
