@@ -183,15 +183,16 @@ def compare(
     check_clip_warn(clip_warn)
     check_sqnr_floor(sqnr_floor)
     check_mask_threshold(mask_threshold)
+    default_method = check_methods([method])[0]  # checked once, whoever uses it
     int8_methods = []  # the methods the int8 candidates calibrate with
     for spec in (a, b):  # every int8 method is checked before any inference
         if spec.lower().startswith("int8:") and spec.partition(":")[2].strip():
             int8_methods += check_methods([spec.partition(":")[2]])
         elif spec.lower() == "int8" and table is None:
-            int8_methods += check_methods([method])
+            int8_methods.append(default_method)
     check_auto_budget(auto_budget, int8_methods)
     ctx = CalibrationContext(
-        default_method=check_methods([method])[0],
+        default_method=default_method,
         exclude=list(exclude or []),
         calib_data=calib_data,
         holdout_data=holdout_data,
