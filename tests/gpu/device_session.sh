@@ -5,14 +5,16 @@
 # speed16: issue 37's ResNet-18-shaped row of bench_speed.py on the host's 16 cores; denseprobe:
 # tests/gpu/dense_bias_probe.py with each FP32 bias route ($QUANTBENCH_DWCONV_CUDNN_F32_POST=0
 # blend, 2 post, 1 both timed and the faster kept; each PROBE line and kernel table in its log);
-# sanitizecudnn: memcheck of the cuDNN path's bias pass.
+# sanitizecudnn: memcheck of the cuDNN path's bias pass; checkspost: the correctness grid again with
+# the FP32 post plans forced (QUANTBENCH_DWCONV_CUDNN_F32_POST=2; `checks` runs the default route),
+# into $OUT/post. pipefail: a step's "rc=" is its program's exit status, not that of the `tail` after it.
 # A library built here and carried (plugins/dwconv2d/build, newer than its sources) is not rebuilt.
 # Carry: .whl (onnxruntime-extensions cp312, onnx-graphsurgeon) and .dwreal (model + data).
 # onnxruntime-gpu (realcuda) is too large for one call: earlier calls leave the parts of an
 # xz'd tar of its unpacked wheel in /root/ortp (`cp .ortp/p*/ort.part* /root/ortp/`, one folder
 # .ortp/pNN carried a call, back to back); it is unpacked into /tmp/ortgpu, ahead of the device's
 # own CPU onnxruntime.
-set -u
+set -u -o pipefail
 OUT=${OUT:-/tmp/out}
 # unpacked only for a step that needs it (an earlier call may have left only some of the parts),
 # into a scratch folder first, so that a failed unpack leaves no half /tmp/ortgpu behind
@@ -50,6 +52,8 @@ for step in "${@:-optest real checks}"; do
               --calib .dwreal/calib.npz --eval .dwreal/eval.npz --device cuda --provider cuda --reps 30 \
               --work /tmp/dwrealcuda ;;
       checks) timeout 280 python3 tests/gpu/run_gpu_checks.py --out "$OUT" | tail -40 ;;
+      checkspost) QUANTBENCH_DWCONV_CUDNN_F32_POST=2 timeout 200 python3 tests/gpu/run_gpu_checks.py --skip-bench \
+              --out "$OUT/post" | tail -12 ;;
       bench) timeout 200 python3 tests/gpu/run_gpu_checks.py --skip-checks --out "$OUT" | tail -30 ;;
       speed16) printf '#!/bin/sh\nPYTHONPATH=%s:/tmp/site exec python3 -P -m quantbench "$@"\n' "$PWD" > /tmp/qb && chmod +x /tmp/qb
               timeout 400 python3 benchmarks/zoo/bench_speed.py --only resnet18 --repeat 3 --quantbench /tmp/qb \
