@@ -56,12 +56,14 @@ constexpr size_t kCudnnMaxWorkspace = size_t{256} << 20;
 // written into y, then our bias pass adds the bias in place (as torch runs a conv and then adds
 // its bias); the "blend" plans: the bias filled into y first, then the convolution with beta = 1.
 // The same two float roundings either way (the convolution rounded to float, then the sum).
-// 0: blends only; 1: both timed, with the fill or the pass each needs, the faster kept;
+// 0: blends only; 1: both timed, with the fill or the pass each needs, the faster kept (the
+// default since session 29: on the H100 the dense 3x3 C=128 shape took a post plan, 133.4 us
+// against 137.0 us with blends only, torch 136.8 / 137.4 us; see the README's "Session 29");
 // 2: post plans only (for measuring). Compile-time default -D DWCONV2D_CUDNN_F32_POST, overridden
 // at the first plan by $QUANTBENCH_DWCONV_CUDNN_F32_POST (0 / 1 / 2). For the dense 3x3 C=128
 // FP32 shortfall against torch (issue 39; tests/gpu/dense_bias_probe.py).
 #ifndef DWCONV2D_CUDNN_F32_POST
-#define DWCONV2D_CUDNN_F32_POST 0
+#define DWCONV2D_CUDNN_F32_POST 1
 #endif
 
 int cudnn_f32_post_mode()
