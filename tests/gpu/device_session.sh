@@ -60,7 +60,8 @@ for step in "${@:-optest real checks}"; do
                 --json "$OUT/speed16.json" | tail -12 ;;
       denseprobe) # the dense FP32 bias probe, one library, each FP32 bias route forced in turn:
               # blend (bias fill + beta = 1), post (conv, then the in-place bias pass), auto (the faster)
-              for tag in blend:0 post:2 auto:1; do
+              # ($DENSEPROBE_ROUTES: other NAME:VALUE pairs; an empty VALUE runs the library's default)
+              for tag in ${DENSEPROBE_ROUTES:-blend:0 post:2 auto:1}; do
                 name=${tag%%:*} v=${tag#*:}
                 echo "##### $name (QUANTBENCH_DWCONV_CUDNN_F32_POST=$v)" >> "$OUT/dense_probe.log"
                 env OUT= ${v:+QUANTBENCH_DWCONV_CUDNN_F32_POST=$v} QUANTBENCH_DWCONV_DEBUG=1 timeout 150 \
