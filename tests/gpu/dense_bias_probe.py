@@ -12,10 +12,12 @@ call with torch.profiler. One library per process (the plan cache is process-wid
 
     QUANTBENCH_DWCONV_LIB=.../libdwconv2d_kernels.so python3 tests/gpu/dense_bias_probe.py shipped
 
-A build with ``-DDWCONV2D_CUDNN_F32_POST=1`` (kernels/cudnn.cuh: the convolution with beta = 0
-then our bias pass, timed against the blends) is the candidate fix; tests/gpu/device_session.sh
-step ``denseprobe`` builds it and runs this on both. Prints one ``PROBE {json}`` line and writes
-``$OUT/dense_probe_TAG.json`` where ``$OUT`` is set.
+``$QUANTBENCH_DWCONV_CUDNN_F32_POST`` picks the FP32 bias route the plan may take
+(kernels/cudnn.cuh, read at the first plan): 0 the blends (bias filled into y, convolution with
+beta = 1), 2 the post plans (convolution with beta = 0 into y, then our bias pass in place, as
+torch), 1 both timed and the faster kept; tests/gpu/device_session.sh step ``denseprobe`` runs
+this once with each. Prints one ``PROBE {json}`` line and writes ``$OUT/dense_probe_TAG.json``
+where ``$OUT`` is set.
 """
 
 from __future__ import annotations

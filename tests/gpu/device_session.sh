@@ -3,13 +3,18 @@
 # the project into /tmp/site (skipped when a warm machine has them), build the kernel library,
 # then run the steps named in $@ (default: optest real checks), each under its own timeout;
 # speed16: issue 37's ResNet-18-shaped row of bench_speed.py on the host's 16 cores; denseprobe:
-# tests/gpu/dense_bias_probe.py on the shipped build and on a -DDWCONV2D_CUDNN_F32_POST=1 build.
+# tests/gpu/dense_bias_probe.py with each FP32 bias route ($QUANTBENCH_DWCONV_CUDNN_F32_POST=0
+# blend, 2 post, 1 both timed and the faster kept; each PROBE line and kernel table in its log);
+# sanitizecudnn: memcheck of the cuDNN path's bias pass; checkspost: the correctness grid again with
+# the FP32 post plans forced (QUANTBENCH_DWCONV_CUDNN_F32_POST=2; `checks` runs the default route),
+# into $OUT/post. pipefail: a step's "rc=" is its program's exit status, not that of the `tail` after it.
+# A library built here and carried (plugins/dwconv2d/build, newer than its sources) is not rebuilt.
 # Carry: .whl (onnxruntime-extensions cp312, onnx-graphsurgeon) and .dwreal (model + data).
 # onnxruntime-gpu (realcuda) is too large for one call: earlier calls leave the parts of an
 # xz'd tar of its unpacked wheel in /root/ortp (`cp .ortp/p*/ort.part* /root/ortp/`, one folder
 # .ortp/pNN carried a call, back to back); it is unpacked into /tmp/ortgpu, ahead of the device's
 # own CPU onnxruntime.
-set -u
+set -u -o pipefail
 OUT=${OUT:-/tmp/out}
 # unpacked only for a step that needs it (an earlier call may have left only some of the parts),
 # into a scratch folder first, so that a failed unpack leaves no half /tmp/ortgpu behind
@@ -47,18 +52,32 @@ for step in "${@:-optest real checks}"; do
               --calib .dwreal/calib.npz --eval .dwreal/eval.npz --device cuda --provider cuda --reps 30 \
               --work /tmp/dwrealcuda ;;
       checks) timeout 280 python3 tests/gpu/run_gpu_checks.py --out "$OUT" | tail -40 ;;
+      checkspost) QUANTBENCH_DWCONV_CUDNN_F32_POST=2 timeout 200 python3 tests/gpu/run_gpu_checks.py --skip-bench \
+              --out "$OUT/post" | tail -12 ;;
       bench) timeout 200 python3 tests/gpu/run_gpu_checks.py --skip-checks --out "$OUT" | tail -30 ;;
       speed16) printf '#!/bin/sh\nPYTHONPATH=%s:/tmp/site exec python3 -P -m quantbench "$@"\n' "$PWD" > /tmp/qb && chmod +x /tmp/qb
               timeout 400 python3 benchmarks/zoo/bench_speed.py --only resnet18 --repeat 3 --quantbench /tmp/qb \
                 --json "$OUT/speed16.json" | tail -12 ;;
-      denseprobe) # the dense FP32 bias probe on the shipped build and on the -DDWCONV2D_CUDNN_F32_POST=1 build
-              if make -s -C plugins/dwconv2d BUILD_DIR=/tmp/dwpost NVCC="nvcc -DDWCONV2D_CUDNN_F32_POST=1"; then
-                for lib in shipped:"$QUANTBENCH_DWCONV_LIB" post:/tmp/dwpost/libdwconv2d_kernels.so; do
-                  QUANTBENCH_DWCONV_LIB=${lib#*:} QUANTBENCH_DWCONV_DEBUG=1 timeout 150 python3 tests/gpu/dense_bias_probe.py \
-                    "${lib%%:*}" > "$OUT/dense_probe_${lib%%:*}.log" 2>&1
-                  grep -v "cuDNN backend\|cuDNN candidate" "$OUT/dense_probe_${lib%%:*}.log" | tail -40
-                done
-              else echo "the -DDWCONV2D_CUDNN_F32_POST=1 build failed"; fi ;;
+      denseprobe) # the dense FP32 bias probe, one library, each FP32 bias route forced in turn:
+              # blend (bias fill + beta = 1), post (conv, then the in-place bias pass), auto (the faster)
+              # ($DENSEPROBE_ROUTES: other NAME:VALUE pairs; an empty VALUE runs the library's default)
+              for tag in ${DENSEPROBE_ROUTES:-blend:0 post:2 auto:1}; do
+                name=${tag%%:*} v=${tag#*:}
+                echo "##### $name (QUANTBENCH_DWCONV_CUDNN_F32_POST=$v)" >> "$OUT/dense_probe.log"
+                env OUT= ${v:+QUANTBENCH_DWCONV_CUDNN_F32_POST=$v} QUANTBENCH_DWCONV_DEBUG=1 timeout 150 \
+                  python3 tests/gpu/dense_bias_probe.py "$name" > /tmp/dense_probe_$name.log 2>&1
+                cat /tmp/dense_probe_$name.log >> "$OUT/dense_probe.log"
+                grep "cuDNN plan\|^PROBE\|bias_pass\|elementwise" /tmp/dense_probe_$name.log | cut -c1-1500
+              done ;;
+      sanitizecudnn) # memcheck of the cuDNN path's bias pass (FP32 post plans in place, FP16 scratch), then the fill
+              # 16-byte vectors (784 / 256 outputs a plane), FP16 8-byte ones (196), V = 1 (99), per-batch bias
+              cases=dense_k3_p1,dense_pb_k3,g2_gemm_k3,g3_kg6_d2
+              QUANTBENCH_DWCONV_CUDNN_F32_POST=2 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
+                python3 tests/gpu/sanitize_dwconv.py --lib "$QUANTBENCH_DWCONV_LIB" --cudnn auto --modes f32,f16 --cases $cases | tail -22
+              echo "memcheck post/f16 rc=${PIPESTATUS[0]}"
+              QUANTBENCH_DWCONV_CUDNN_F32_POST=0 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 \
+                python3 tests/gpu/sanitize_dwconv.py --lib "$QUANTBENCH_DWCONV_LIB" --cudnn auto --modes f32 --cases $cases | tail -12
+              echo "memcheck blend rc=${PIPESTATUS[0]}" ;;
       sanitize) timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/gpu/sanitize_dwconv.py \
               --lib "$QUANTBENCH_DWCONV_LIB" --modes int8_i8,int8_f32,int8_tie,f32,f16 | tail -5 ;;
     esac

@@ -52,15 +52,32 @@ std::atomic<int> g_mma_mode{-1};   // DWCONV2D_MMA_OFF / _ON / _AUTO; -1: not ye
 
 constexpr size_t kCudnnMaxWorkspace = size_t{256} << 20;
 
-// Compile-time knob, off (0) in the shipped build: FP32 with a bias also times the convolution
-// alone (beta = 0) into a float buffer followed by our bias pass (kKindScratch, as torch runs a
-// conv and then adds its bias), and times the beta = 1 blends with the bias fill before them that
-// they need, the faster kept. The same two float roundings as the blend. For the dense 3x3 C=128
-// FP32 shortfall against torch (issue 39); not yet run on a device (tests/gpu/dense_bias_probe.py).
+// FP32 with a bias, the "post" plans (kKindScratch for FP32): the convolution alone (beta = 0)
+// written into y, then our bias pass adds the bias in place (as torch runs a conv and then adds
+// its bias); the "blend" plans: the bias filled into y first, then the convolution with beta = 1.
+// The same two float roundings either way (the convolution rounded to float, then the sum).
+// 0: blends only; 1: both timed, with the fill or the pass each needs, the faster kept (the
+// default since session 29: on the H100 the dense 3x3 C=128 shape took a post plan, 133.4 us
+// against 137.0 us with blends only, torch 136.8 / 137.4 us; see the README's "Session 29");
+// 2: post plans only (for measuring). Compile-time default -D DWCONV2D_CUDNN_F32_POST, overridden
+// at the first plan by $QUANTBENCH_DWCONV_CUDNN_F32_POST (0 / 1 / 2). For the dense 3x3 C=128
+// FP32 shortfall against torch (issue 39; tests/gpu/dense_bias_probe.py).
 #ifndef DWCONV2D_CUDNN_F32_POST
-#define DWCONV2D_CUDNN_F32_POST 0
+#define DWCONV2D_CUDNN_F32_POST 1
 #endif
-constexpr bool kCudnnF32PostBias = DWCONV2D_CUDNN_F32_POST != 0;
+
+int cudnn_f32_post_mode()
+{
+    static int const mode = [] {
+        char const* env = std::getenv("QUANTBENCH_DWCONV_CUDNN_F32_POST");
+        if (env != nullptr && (env[0] == '0' || env[0] == '1' || env[0] == '2') && env[1] == '\0')
+        {
+            return env[0] - '0';
+        }
+        return DWCONV2D_CUDNN_F32_POST;
+    }();
+    return mode;
+}
 
 namespace cudnn
 {
@@ -635,53 +652,147 @@ enum : int
     kKindScratch = 3,
 };
 
-__device__ inline void store_out(float* p, float v)
+// The bias pass: y = round(in + bias) per element, one rounding to T (in: the convolution in
+// float; in == y, in place, for T == float: the FP32 "post" plans), or y = bias where in ==
+// nullptr (the fill before a beta = 1 blend). Bandwidth-bound, so it is written as an in-place
+// add should be: V elements per vector (16-byte stores where the plane's length and the pointers
+// allow, else V = 1), U vectors per thread all requested before the first is used (U * V * 4
+// bytes of input in flight per thread), one pass of a grid that covers the tensor once. The
+// planes are contiguous, so vector i lies in plane i / vpp (vpp = hw / V vectors per plane; V
+// divides hw): each thread divides once for its first vector and steps the plane and the
+// bias index (plane % K, or the plane itself for per-batch biases) forward by the block's
+// width for the next, with no division per element. 32-bit indices: the cuDNN path only takes
+// tensors of at most INT32_MAX elements (cudnn_preferred), and launch_bias_pass refuses more.
+template <class T, int V>
+struct alignas(sizeof(T) * V) BiasPack
 {
-    *p = v;
+    T v[V];
+};
+
+__device__ inline float bias_round(float v, float const*)
+{
+    return v;
 }
 
-__device__ inline void store_out(__half* p, float v)
+__device__ inline __half bias_round(float v, __half const*)
 {
-    *p = __float2half_rn(v);
+    return __float2half_rn(v);
 }
 
-// scratch == nullptr: y[n, k, :, :] = bias (the convolution then adds its sum with beta = 1);
-// else y = round(scratch + bias), one rounding to T.
-template <class T>
-__global__ void bias_pass_kernel(T* __restrict__ y, T const* __restrict__ b, float const* __restrict__ scratch,
-    int32_t K, int32_t planes, int64_t hw, int32_t per_batch)
+constexpr int kBiasThreads = 256;
+
+template <int V>
+__host__ __device__ constexpr int bias_unroll()
 {
-    for (int32_t plane = static_cast<int32_t>(blockIdx.y); plane < planes; plane += static_cast<int32_t>(gridDim.y))
+    return V == 1 ? 8 : 4;
+}
+
+template <class T, int V, bool kAdd>
+__global__ void __launch_bounds__(kBiasThreads) bias_pass_kernel(T* y, T const* __restrict__ b, float const* in,
+    uint32_t nvec, uint32_t vpp, uint32_t bias_mod, uint32_t step_rem, uint32_t step_bias)
+{
+    constexpr int U = bias_unroll<V>();
+    uint32_t i = blockIdx.x * static_cast<uint32_t>(kBiasThreads * U) + threadIdx.x;
+    uint32_t const plane = i / vpp;
+    uint32_t rem = i - plane * vpp;
+    uint32_t bi = plane % bias_mod; // bias_mod: K, or 0xffffffff for per-batch biases (bi = plane)
+    uint32_t idx[U];
+    T bias[U];
+    float acc[U][V];
+#pragma unroll
+    for (int j = 0; j < U; ++j)
     {
-        T const bt = b[per_batch ? plane : plane % K];
-        float const bf = bias_to_float(bt);
-        T* const out = y + static_cast<int64_t>(plane) * hw;
-        float const* const in = scratch == nullptr ? nullptr : scratch + static_cast<int64_t>(plane) * hw;
-        for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < hw;
-             i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        idx[j] = i;
+        bool const live = i < nvec;
+        bias[j] = live ? b[bi] : T{};
+        if (kAdd && live)
         {
-            if (in == nullptr)
+            if constexpr (V == 1)
             {
-                out[i] = bt;
+                acc[j][0] = in[i];
             }
             else
             {
-                store_out(out + i, __fadd_rn(in[i], bf));
+#pragma unroll
+                for (int q = 0; q < V / 4; ++q)
+                {
+                    float4 const f = reinterpret_cast<float4 const*>(in + static_cast<size_t>(i) * V)[q];
+                    acc[j][4 * q] = f.x;
+                    acc[j][4 * q + 1] = f.y;
+                    acc[j][4 * q + 2] = f.z;
+                    acc[j][4 * q + 3] = f.w;
+                }
             }
         }
+        // the next vector of this thread, kBiasThreads further: kBiasThreads / vpp planes and
+        // step_rem = kBiasThreads % vpp vectors on, the bias index step_bias (+ 1 on a carry) on
+        i += kBiasThreads;
+        rem += step_rem;
+        uint32_t const carry = rem >= vpp ? 1U : 0U;
+        rem -= carry * vpp;
+        bi += step_bias + carry; // step_bias < bias_mod and bi < bias_mod: at most one wrap
+        bi -= bi >= bias_mod ? bias_mod : 0U;
+    }
+#pragma unroll
+    for (int j = 0; j < U; ++j)
+    {
+        if (idx[j] >= nvec)
+        {
+            continue;
+        }
+        float const bf = bias_to_float(bias[j]);
+        BiasPack<T, V> pk;
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+        {
+            pk.v[e] = kAdd ? bias_round(__fadd_rn(acc[j][e], bf), y) : bias[j];
+        }
+        reinterpret_cast<BiasPack<T, V>*>(y)[idx[j]] = pk;
     }
 }
 
+template <class T, int V>
+cudaError_t launch_bias_pass_v(T* y, T const* b, float const* in, uint32_t planes, uint32_t hw, uint32_t K, bool per_batch,
+    cudaStream_t stream)
+{
+    constexpr uint32_t U = bias_unroll<V>();
+    uint32_t const vpp = hw / V;
+    uint32_t const nvec = planes * vpp;
+    uint32_t const mod = per_batch ? 0xffffffffU : K;
+    uint32_t const step_planes = kBiasThreads / vpp;
+    uint32_t const blocks = (nvec + kBiasThreads * U - 1) / (kBiasThreads * U);
+    auto const kernel = in != nullptr ? bias_pass_kernel<T, V, true> : bias_pass_kernel<T, V, false>;
+    kernel<<<blocks, kBiasThreads, 0, stream>>>(
+        y, b, in, nvec, vpp, mod, kBiasThreads % vpp, per_batch ? step_planes : step_planes % K);
+    return cudaGetLastError();
+}
+
+// scratch == nullptr: y[n, k, :, :] = bias (the convolution then adds its sum with beta = 1);
+// else y = round(scratch + bias), one rounding to T (scratch == y: in place, T == float only).
 template <class T>
 cudaError_t launch_bias_pass(T* y, T const* b, float const* scratch, DWConv2DParams const& p, cudaStream_t stream)
 {
     int64_t const hw = static_cast<int64_t>(p.out_h) * p.out_w;
-    int32_t const planes = p.batch * p.out_channels;
-    unsigned const bx = static_cast<unsigned>(std::min<int64_t>((hw + 255) / 256, 64));
-    unsigned const by = static_cast<unsigned>(std::min<int32_t>(planes, 65535));
-    bias_pass_kernel<T><<<dim3(bx, by), 256, 0, stream>>>(
-        y, b, scratch, p.out_channels, planes, hw, p.bias_mode == DWCONV2D_BIAS_PER_BATCH ? 1 : 0);
-    return cudaGetLastError();
+    int64_t const planes = static_cast<int64_t>(p.batch) * p.out_channels;
+    if (planes * hw > INT32_MAX || planes * hw <= 0)
+    {
+        return planes * hw <= 0 ? cudaSuccess : cudaErrorInvalidValue; // cudnn_preferred keeps such tensors off
+    }
+    bool const per_batch = p.bias_mode == DWCONV2D_BIAS_PER_BATCH;
+    constexpr int kWide = 16 / static_cast<int>(sizeof(T)); // elements per 16-byte store: 4 floats, 8 halves
+    auto const aligned = [](void const* ptr) { return ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+    auto const P = static_cast<uint32_t>(planes);
+    auto const H = static_cast<uint32_t>(hw);
+    auto const K = static_cast<uint32_t>(p.out_channels);
+    if (hw % kWide == 0 && aligned(y) && aligned(scratch))
+    {
+        return launch_bias_pass_v<T, kWide>(y, b, scratch, P, H, K, per_batch, stream);
+    }
+    if (kWide > 4 && hw % 4 == 0 && reinterpret_cast<uintptr_t>(y) % (4 * sizeof(T)) == 0 && aligned(scratch))
+    {
+        return launch_bias_pass_v<T, 4>(y, b, scratch, P, H, K, per_batch, stream);
+    }
+    return launch_bias_pass_v<T, 1>(y, b, scratch, P, H, K, per_batch, stream);
 }
 
 size_t scratch_bytes(DWConv2DParams const& p)
@@ -726,7 +837,9 @@ std::vector<Plan> backend_plans(Desc handle, DWConv2DParams const& prm, bool hal
     }
     Desc const xt = B.tensor(1, dt, f.n, f.c, f.h, f.w, align, false);
     Desc const wt = B.tensor(2, dt, f.k, s.Cg, s.kH, s.kW, align, false);
-    Desc const yt = B.tensor(3, kind == kKindScratch ? kFloat : dt, f.n, f.k, f.ho, f.wo, kind == kKindScratch ? 16 : align, false);
+    // scratch kind: FP16 writes a float buffer of ours (16-byte aligned), FP32 y itself (post plans)
+    bool const own_buffer = kind == kKindScratch && half;
+    Desc const yt = B.tensor(3, kind == kKindScratch ? kFloat : dt, f.n, f.k, f.ho, f.wo, own_buffer ? 16 : align, false);
     Desc const ct = kind == kKindFused ? B.tensor(5, kFloat, f.n, f.k, f.ho, f.wo, 16, true) : nullptr;
     Desc const bt = kind == kKindFused ? B.tensor(4, dt, bn, bk, 1, 1, align, false) : nullptr;
     Desc const conv = B.make(kDescConvolution);
@@ -919,23 +1032,29 @@ Plan make_plan(Desc handle, int device, DWConv2DParams const& prm, int64_t align
         {
             cands.push_back(legacy);
         }
-        if (kCudnnF32PostBias && bias) // FP32 (FP16 with a bias is `split`)
+        int const post = bias ? cudnn_f32_post_mode() : 0; // FP32 here (FP16 with a bias is `split`)
+        if (post == 2)
+        {
+            cands.clear();
+        }
+        if (post != 0)
         {
             std::vector<Plan> more = backend_plans(handle, prm, half, kKindScratch, align);
             cands.insert(cands.end(), more.begin(), more.end());
         }
     }
     size_t ws_bytes = 0;
-    bool any_scratch = split;
+    bool const any_scratch = split; // FP32 post plans write y itself
     for (Plan const& c : cands)
     {
         ws_bytes = std::max(ws_bytes, c.workspace);
-        any_scratch = any_scratch || c.kind == kKindScratch;
     }
     size_t const total = round256(ws_bytes) + (any_scratch ? scratch_bytes(prm) : 0);
     auto* const base = static_cast<unsigned char*>(total > 0 ? thread_workspace(device, stream, total, true) : nullptr);
     void* const ws = ws_bytes > 0 ? base : nullptr;
-    float* const scratch = any_scratch && base != nullptr ? reinterpret_cast<float*>(base + round256(ws_bytes)) : nullptr;
+    float* const scratch = any_scratch && base != nullptr ? reinterpret_cast<float*>(base + round256(ws_bytes))
+        : half                                            ? nullptr
+                                                          : reinterpret_cast<float*>(y);
     cudaEvent_t start = nullptr, stop = nullptr;
     bool const events
         = (total == 0 || base != nullptr) && cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess;
@@ -943,9 +1062,9 @@ Plan make_plan(Desc handle, int device, DWConv2DParams const& prm, int64_t align
     for (size_t i = 0; events && i < cands.size(); ++i)
     {
         Plan& c = cands[i];
-        // with the knob, a blend is timed with the bias fill it needs (a scratch plan is always
-        // timed with its bias pass after it)
-        bool const prefill = kCudnnF32PostBias && bias && (c.kind == kKindLegacy || c.kind == kKindBlend);
+        // a blend with a bias is timed with the bias fill it needs, a scratch or post plan with
+        // its bias pass after it
+        bool const prefill = bias && (c.kind == kKindLegacy || c.kind == kKindBlend);
         auto const once = [&]() {
             if (prefill && launch_bias_pass<T>(y, b, nullptr, prm, stream) != cudaSuccess)
             {
@@ -1134,7 +1253,7 @@ bool try_cudnn(T const* x, T const* w, T const* b, T* y, DWConv2DParams const& p
     // Workspace (and the float buffer of a scratch plan): cached per thread, device and stream;
     // while capturing, a stream-ordered allocation freed after use (graph memory nodes).
     size_t const ws_round = cudnn::round256(plan.workspace);
-    size_t const total = ws_round + (plan.kind == cudnn::kKindScratch ? cudnn::scratch_bytes(p) : 0);
+    size_t const total = ws_round + (plan.kind == cudnn::kKindScratch && kHalf ? cudnn::scratch_bytes(p) : 0);
     unsigned char* base = nullptr;
     bool base_async = false;
     if (total > 0)
@@ -1146,7 +1265,10 @@ bool try_cudnn(T const* x, T const* w, T const* b, T* y, DWConv2DParams const& p
         }
     }
     void* const ws = plan.workspace > 0 ? base : nullptr;
-    float* const scratch = plan.kind == cudnn::kKindScratch ? reinterpret_cast<float*>(base + ws_round) : nullptr;
+    // FP16: the float buffer after the workspace; FP32 post plans: y itself, the bias added in place
+    float* const scratch = plan.kind != cudnn::kKindScratch ? nullptr
+        : kHalf                                            ? reinterpret_cast<float*>(base + ws_round)
+                                                           : reinterpret_cast<float*>(y);
     auto const release = [&]() {
         if (base_async)
         {
