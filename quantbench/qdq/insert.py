@@ -21,10 +21,25 @@ from quantbench.qdq.plan import QdqInput, QuantizedNode
 
 def insert_qdq(
     model: onnx.ModelProto, quantized: list[QuantizedNode], folds: dict[str, np.ndarray]
-) -> tuple[onnx.ModelProto, int]:
-    """The model with Q/DQ inserted, and how many Q/DQ pairs that took."""
-    edit = QdqEdit.made(model, quantized, folds)
-    return edit.model, len(edit.scale_names)
+) -> tuple[onnx.ModelProto, list[str]]:
+    """The model with Q/DQ inserted, and its pairs' scale initializers in the order the pairs
+    were made (one a pair)."""
+    graph = gs.import_onnx(model)
+    names = UniqueNames(graph)
+    tensors = graph.tensors()
+    for tensor_name, values in folds.items():
+        fold_to_constant(tensors[tensor_name], values, names)
+    nodes = {node.name: node for node in graph.nodes}
+    pairs: dict[tuple[str, int | None, bytes], tuple[gs.Variable, str]] = {}
+    for planned in quantized:
+        node = nodes[planned.node]
+        for qdq in planned.inputs:
+            key = _pair_key(qdq)
+            if key not in pairs:
+                pairs[key] = add_qdq_pair(graph, tensors[qdq.tensor], qdq, names)
+            node.inputs[qdq.index] = pairs[key][0]
+    graph.cleanup().toposort()
+    return export_like(graph, model), [name for _, name in pairs.values()]
 
 
 def _pair_key(qdq: QdqInput) -> tuple[str, int | None, bytes]:
@@ -55,51 +70,59 @@ def _layout(quantized: list[QuantizedNode], folds: dict[str, np.ndarray]) -> tup
 
 @dataclass
 class QdqEdit:
-    """A model with Q/DQ inserted, and its pairs' scale initializers in the order the pairs
-    were made. A placement with the same :func:`_layout` and other scales (``--method auto``'s
-    candidate tables, the recovery loop) gives the same graph with other scale values, so
-    :meth:`rescaled` writes them into a copy: graphsurgeon's import, edit and export cost
-    0.1-0.5 s a call, a copy tens of milliseconds."""
+    """What :func:`insert_qdq` made of ``source``, kept to be made again with other scales: a
+    placement with the same :func:`_layout` (``--method auto``'s candidate tables, the
+    recovery loop) gives the same graph with other scale values, so :meth:`rescaled` writes
+    them into a copy (graphsurgeon's import, edit and export cost 0.1-0.5 s a call, a copy
+    tens of milliseconds). The initializers it took unchanged from ``source`` (the weights) are
+    kept empty in ``skeleton`` and copied from ``source`` again, so the edit costs no second
+    copy of the weights (dddd-ocr's 54 MB)."""
 
-    model: onnx.ModelProto
+    source: onnx.ModelProto
+    skeleton: onnx.ModelProto
+    #: (index in skeleton, index in source) of each initializer taken unchanged from source
+    borrowed: list[tuple[int, int]]
     scale_names: list[str]
     layout: tuple
 
     @classmethod
-    def made(
-        cls, model: onnx.ModelProto, quantized: list[QuantizedNode], folds: dict[str, np.ndarray]
+    def of(
+        cls,
+        source: onnx.ModelProto,
+        made: tuple[onnx.ModelProto, list[str]],
+        quantized: list[QuantizedNode],
+        folds: dict[str, np.ndarray],
     ) -> QdqEdit:
-        graph = gs.import_onnx(model)
-        names = UniqueNames(graph)
-        tensors = graph.tensors()
-        for tensor_name, values in folds.items():
-            fold_to_constant(tensors[tensor_name], values, names)
-        nodes = {node.name: node for node in graph.nodes}
-        pairs: dict[tuple[str, int | None, bytes], tuple[gs.Variable, str]] = {}
-        for planned in quantized:
-            node = nodes[planned.node]
-            for qdq in planned.inputs:
-                key = _pair_key(qdq)
-                if key not in pairs:
-                    pairs[key] = add_qdq_pair(graph, tensors[qdq.tensor], qdq, names)
-                node.inputs[qdq.index] = pairs[key][0]
-        graph.cleanup().toposort()
-        scale_names = [name for _, name in pairs.values()]
-        return cls(export_like(graph, model), scale_names, _layout(quantized, folds))
+        """The edit ``made`` (:func:`insert_qdq` of ``source``), ``source`` not copied (its
+        owner never changes it)."""
+        model, scale_names = made
+        skeleton = onnx.ModelProto()
+        skeleton.CopyFrom(model)
+        in_source = {t.name: i for i, t in enumerate(source.graph.initializer)}
+        borrowed = []
+        for i, tensor in enumerate(skeleton.graph.initializer):
+            j = in_source.get(tensor.name)
+            if j is not None and tensor == source.graph.initializer[j]:
+                borrowed.append((i, j))
+                tensor.Clear()
+        return cls(source, skeleton, borrowed, scale_names, _layout(quantized, folds))
 
     def rescaled(
         self, quantized: list[QuantizedNode], folds: dict[str, np.ndarray]
     ) -> onnx.ModelProto | None:
-        """A copy of this edit's model with ``quantized``'s scales, or None where its layout
-        differs (the graph itself would differ)."""
+        """The edit's model with ``quantized``'s scales (a new model), or None where its
+        layout differs (the graph itself would differ)."""
         if _layout(quantized, folds) != self.layout:
             return None
         model = onnx.ModelProto()
-        model.CopyFrom(self.model)
-        slot = {t.name: i for i, t in enumerate(model.graph.initializer)}
+        model.CopyFrom(self.skeleton)
+        initializers = model.graph.initializer
+        for i, j in self.borrowed:
+            initializers[i].CopyFrom(self.source.graph.initializer[j])
+        slot = {t.name: i for i, t in enumerate(initializers)}
         for name, qdq in zip(self.scale_names, _pairs(quantized).values(), strict=True):
             values = qdq.scale.astype(np.float32)
-            model.graph.initializer[slot[name]].CopyFrom(_scale_tensor(name, values))
+            initializers[slot[name]].CopyFrom(_scale_tensor(name, values))
         return model
 
 

@@ -22,7 +22,7 @@ from quantbench.model.customops import checkable
 from quantbench.model.graph import Graph, check_float_model, node_labels, open_graph
 from quantbench.model.protosize import check_model, save_model
 from quantbench.qdq.embedded import embed_table
-from quantbench.qdq.insert import QdqEdit
+from quantbench.qdq.insert import QdqEdit, insert_qdq
 from quantbench.qdq.opset import OpsetDecision, ensure_qdq_opset
 from quantbench.qdq.placement import (
     DEFAULT_OP_TYPES,
@@ -131,13 +131,10 @@ def _inserted(ready: _Ready, placement: Placement) -> tuple[onnx.ModelProto, int
         model = ready.edit.rescaled(quantized, folds)
         if model is not None:
             return model, len(ready.edit.scale_names)
-    edit = QdqEdit.made(ready.graph.model, quantized, folds)
-    if not ready.kept:
-        return edit.model, len(edit.scale_names)
-    ready.edit = edit
-    model = onnx.ModelProto()
-    model.CopyFrom(edit.model)  # the edit is kept; what is returned is the caller's
-    return model, len(edit.scale_names)
+    made = insert_qdq(ready.graph.model, quantized, folds)
+    if ready.kept:  # the graph will be quantized again
+        ready.edit = QdqEdit.of(ready.graph.model, made, quantized, folds)
+    return made[0], len(made[1])
 
 
 #: the last source graph's :class:`_Ready` form, with the source (weakly), its node and
