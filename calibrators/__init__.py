@@ -206,8 +206,8 @@ def cheap_to_check(method: str) -> bool:
 
 
 def warm_up(methods: list[str], xp: ModuleType | None = None) -> None:
-    """Each method run once on a one-value histogram, so that its first-use costs (SciPy's
-    import for the entropy family, mse's step matrix, the kernels of a :func:`tables_on`
+    """Each method run once on a one-value histogram, so that its first-use costs (mse's step
+    matrix, SciPy's import where an entropy tie check needs it, the kernels of a :func:`tables_on`
     device ``xp``) are paid here, on a thread beside inference, not in the first table. A
     failure is left for the table to raise."""
     with tables_on(xp):

@@ -230,9 +230,10 @@ class MethodChecks:
     calibrator can check alone (all built-ins) now; a plugin calibrator's trial run on a thread.
 
     :meth:`wait` comes before the first inference, so a bad option still fails before any; it
-    then starts the methods' first-use costs (SciPy's import for the entropy family: 0.3-1 s,
-    mse's 31 MiB step matrix) on that thread, beside inference, which releases the GIL. Paid in
-    the trial runs before inference, they slowed the model's loading by holding the GIL.
+    then starts the methods' first-use costs (mse's 31 MiB step matrix; SciPy's import, 0.3-1
+    s, where the TensorRT entropy's tie check needs it) on that thread, beside inference, which
+    releases the GIL. Paid in the trial runs before inference, they slowed the model's loading
+    by holding the GIL.
     """
 
     _THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-methods")
