@@ -479,6 +479,15 @@ def test_numba_is_loaded_only_by_warm_up() -> None:
     assert done.stdout.split() == ["numpy", "False", "numba", "True"]
 
 
+def test_the_load_threshold_grows_with_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba's gain per value is shared among the cores, its load is not: 256 M values a
+    usable core (hand-derived: 512 M on 2 cores, 4 G on 16)."""
+    monkeypatch.setattr(collect, "usable_cores", lambda: 2)
+    assert collect.compiled_min_values() == 512 * 2**20
+    monkeypatch.setattr(collect, "usable_cores", lambda: 16)
+    assert collect.compiled_min_values() == 4 * 2**30
+
+
 def test_the_pass_expects_its_first_parts_times_the_samples() -> None:
     """Hand-derived: 2 parts of 4 samples, 1,000 values each, out of 100 samples: 25,000
     values expected; a source that does not say its samples: the 2,000 binned so far."""
@@ -503,7 +512,7 @@ from quantbench.model.graph import calibration_tensors, open_graph
 from quantbench.stats import binning
 
 tmp, threshold = Path(sys.argv[1]), int(sys.argv[2])
-statspass.COMPILED_MIN_VALUES = threshold
+statspass.compiled_min_values = lambda: threshold
 graph = open_graph(save(small_cnn(), tmp / "m.onnx"))
 np.savez(tmp / "d.npz", input=images(16, seed=7))
 names = calibration_tensors(graph, "all")
@@ -516,7 +525,7 @@ print(binning.backend(), "numba" in sys.modules)
 
 
 def test_a_small_pass_never_loads_numba_and_a_large_one_switches_exactly(tmp_path: Path) -> None:
-    """A pass expected to bin fewer values than COMPILED_MIN_VALUES never imports numba; one
+    """A pass expected to bin fewer values than compiled_min_values() never imports numba; one
     over it (a threshold of 1 value) loads it on a worker after its first part and switches
     mid-pass: the same counts for every tensor."""
     import subprocess

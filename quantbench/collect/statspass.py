@@ -488,24 +488,33 @@ class _Binner:
         return tasks or [pieces]
 
 
-#: values a pass must be expected to bin before it loads the compiled kernels (numba: most of
-#: a second of one core, ~110 MiB) for the rest. Measured here (2 cores, whole `calibrate
-#: --method minmax` processes, numba against numpy from the start): silero-vad (3 M values)
-#: 2.2 against 1.3 s, orinet (241 M) 5.9 against 5.5 s, mtcnn-pnet (304 M) 4.6 against 3.9 s,
-#: magika (1.2 G) even, the ResNet-18-shaped model (919 M) 17.5-19.4 against 19.7-19.9 s,
-#: dddd-det (1.4 G) 11.8-12.4 against 13.0-13.4 s.
-COMPILED_MIN_VALUES = 1 << 29
+#: values a pass must be expected to bin, per usable core, before it loads the compiled kernels
+#: (numba: most of a second of one core, ~110 MiB) for the rest: numba's gain per value is
+#: shared among the cores, its load is not. Measured on 2 cores (whole `calibrate --method
+#: minmax` processes, numba against numpy from the start): silero-vad (3 M values) 2.2 against
+#: 1.3 s, orinet (241 M) 5.9 against 5.5 s, mtcnn-pnet (304 M) 4.6 against 3.9 s, magika
+#: (1.2 G) even, the ResNet-18-shaped model (919 M) 17.5-19.4 against 19.7-19.9 s, dddd-det
+#: (1.4 G) 11.8-12.4 against 13.0-13.4 s; on 16 cores (an H100 host) that ResNet-18: 6.8-8.6
+#: against 6.0-7.9 s, its default 23.8-25.8 against 21.7-22.7 s (numpy faster).
+COMPILED_MIN_VALUES_PER_CORE = 1 << 28
+
+
+def compiled_min_values() -> int:
+    """Values a pass must be expected to bin to load numba: :data:`COMPILED_MIN_VALUES_PER_CORE`
+    per usable core (512 M on 2 cores, 4 G on 16)."""
+    return COMPILED_MIN_VALUES_PER_CORE * usable_cores()
 
 
 class _CompiledLoad:
     """Loads the compiled binning kernels (:func:`binning.warm_up`) on a worker once the pass
-    is expected to bin :data:`COMPILED_MIN_VALUES` values: the values per sample seen so far
+    is expected to bin :func:`compiled_min_values` values: the values per sample seen so far
     times the source's samples (where it does not say, the values binned so far). Binning
     goes on with numpy meanwhile; both give the same bins, so switching mid-pass changes
     nothing but speed."""
 
     def __init__(self, pool: ThreadPoolExecutor, total_samples: int | None):
         self.pool, self.total_samples = pool, total_samples
+        self.threshold = compiled_min_values()
         self.values = self.samples = 0
         self.loading: Future | None = None
 
@@ -513,7 +522,7 @@ class _CompiledLoad:
         """Count one part's ``values`` over ``samples``; start the load once it pays."""
         self.values += values
         self.samples += samples
-        if self.loading is None and self.expected() >= COMPILED_MIN_VALUES:
+        if self.loading is None and self.expected() >= self.threshold:
             self.loading = self.pool.submit(binning.warm_up)
 
     def expected(self) -> float:
