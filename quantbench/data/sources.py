@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -1056,36 +1056,24 @@ def prefetched(feeds: Iterator[Feed], prepare: Callable[[Feed], T] | None = None
         feed = next(feeds, None)
         return feed if feed is None or prepare is None else prepare(feed)
 
-    ahead = _ReadAhead(read)
+    ahead = _read_ahead(read)
     while (feed := ahead.result()) is not None:
-        ahead = _ReadAhead(read)
+        ahead = _read_ahead(read)
         yield feed
 
 
-class _ReadAhead(Generic[T]):
-    """One read on a daemon thread. Not a ThreadPoolExecutor: its threads are joined when the
+def _read_ahead(read: Callable[[], T | None]) -> Future[T | None]:
+    """``read()`` on a daemon thread. Not a ThreadPoolExecutor: its threads are joined when the
     pass stops and again at interpreter exit, so Ctrl-C waited for the read in flight (a
     loader's next sample can take seconds); a daemon thread is left behind. Reads never
     overlap: the next starts after this one's result is taken."""
+    ahead: Future[T | None] = Future()
 
-    def __init__(self, read: Callable[[], T | None]):
-        self._done = threading.Event()
-        self._value: T | None = None
-        self._error: BaseException | None = None
-        reader = threading.Thread(target=self._run, args=(read,), name="quantbench-read")
-        reader.daemon = True
-        reader.start()
-
-    def _run(self, read: Callable[[], T | None]) -> None:
+    def run() -> None:
         try:
-            self._value = read()
-        except BaseException as exc:  # noqa: BLE001  # re-raised by result(), in the reader's thread
-            self._error = exc
-        finally:
-            self._done.set()
+            ahead.set_result(read())
+        except BaseException as exc:  # noqa: BLE001  # raised again by result(), in the pass
+            ahead.set_exception(exc)
 
-    def result(self) -> T | None:
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value
+    threading.Thread(target=run, name="quantbench-read", daemon=True).start()
+    return ahead
