@@ -465,18 +465,25 @@ print(binning.backend(), bool(np.array_equal(first.counts, again.counts)))
 """
 
 
-def test_numba_is_loaded_only_by_warm_up() -> None:
-    """A process that bins before warm_up bins with numpy and never imports numba (its load is
-    most of a second); after warm_up it bins with numba, the same counts."""
+def _fresh_python(code: str, *args: str) -> list[str]:
+    """The words ``code`` prints, run in a fresh interpreter (numba not yet imported) with the
+    project and the tests' helpers importable."""
     import subprocess
     import sys
 
-    root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, env=env, check=True
-    )
-    assert done.stdout.split() == ["numpy", "False", "numba", "True"]
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": path},
+    )  # fmt: skip
+    return done.stdout.split()
+
+
+def test_numba_is_loaded_only_by_warm_up() -> None:
+    """A process that bins before warm_up bins with numpy and never imports numba (its load is
+    most of a second); after warm_up it bins with numba, the same counts."""
+    assert _fresh_python(_FRESH_PROCESS) == ["numpy", "False", "numba", "True"]
 
 
 def test_the_load_threshold_grows_with_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -528,19 +535,7 @@ def test_a_small_pass_never_loads_numba_and_a_large_one_switches_exactly(tmp_pat
     """A pass expected to bin fewer values than compiled_min_values() never imports numba; one
     over it (a threshold of 1 value) loads it on a worker after its first part and switches
     mid-pass: the same counts for every tensor."""
-    import subprocess
-    import sys
-
-    here = Path(__file__).resolve().parent
-    path = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path}
-    runs = {}
-    for threshold in (1 << 40, 1):
-        done = subprocess.run(
-            [sys.executable, "-c", _PASS_PROCESS, str(tmp_path), str(threshold)],
-            capture_output=True, text=True, env=env, check=True,
-        )  # fmt: skip
-        runs[threshold] = done.stdout.split()
+    runs = {t: _fresh_python(_PASS_PROCESS, str(tmp_path), str(t)) for t in (1 << 40, 1)}
     assert runs[1 << 40] == ["numpy", "False"]
     assert runs[1][1] == "True"  # loaded (whether it finished before the last part is timing)
     small, large = np.load(tmp_path / f"counts{1 << 40}.npz"), np.load(tmp_path / "counts1.npz")
