@@ -449,9 +449,8 @@ def rel_entr32(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     of a small model's whole ``calibrate``): like SciPy's float32 loop, ``x * log(x / y)`` in
     float64 rounded to float32, 0 where ``x == 0 <= y``, Inf elsewhere, NaN from a NaN
     (equal to SciPy's bit for bit on 6 M random pairs; tests/test_calibrators.py)."""
-    xd, yd = np.asarray(x, np.float32).astype(np.float64), np.asarray(y, np.float32).astype(
-        np.float64
-    )
+    xd = np.asarray(x, np.float32).astype(np.float64)
+    yd = np.asarray(y, np.float32).astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         inner = xd * np.log(xd / yd)
         out = np.where((xd > 0) & (yd > 0), inner, np.where((xd == 0) & (yd >= 0), 0.0, np.inf))
