@@ -542,3 +542,22 @@ def test_a_small_pass_never_loads_numba_and_a_large_one_switches_exactly(tmp_pat
     assert small.files == large.files
     for name in small.files:
         assert np.array_equal(small[name], large[name]), name
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=["small", "compiled-size"])
+def test_float64_subnormals_below_zero_stay_below_zero_at_a_wide_bin(tiled: bool) -> None:
+    """At a bin width of 8 (e = 3) -5e-324 * 2**-3 underflows to -0.0 in float64, but the value
+    is below 0: it belongs in bin -1 (HALF_BINS - 1), as the rational reference says; +5e-324
+    and -0.0 belong in bin 0."""
+    x = np.array([-5e-324, -3 * 5e-324, 5e-324, -0.0, -2.0**-1070, -1.0, 7.9], np.float64)
+    e = 3
+    expected = _exact_bins(x, e)
+    assert expected[binning.HALF_BINS - 1] == 4 and expected[binning.HALF_BINS] == 3
+    if tiled:
+        x, reps = _tiled(x)
+        expected = expected * reps
+    assert np.array_equal(binning.numpy_finite_counts(x, e), expected)
+    assert np.array_equal(binning.finite_counts(x, e), expected)
+    for scan in (binning.scan, binning.numpy_scan):
+        seen = scan(x, e)
+        assert seen.counts is not None and np.array_equal(seen.counts, expected)

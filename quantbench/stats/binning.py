@@ -21,7 +21,8 @@ Two implementations give identical results:
   are loaded, where numba is missing, or with ``QUANTBENCH_BINNING=numpy``.
 
 Bin of a finite value ``v`` at exponent ``e``: ``HALF_BINS + floor(v / 2**e)`` (``v * 2**-e`` is
-exact in float64); ``v`` is on the grid when ``|v| < HALF_BINS * 2**e``.
+exact in float64, except that a float64 subnormal may underflow to a signed zero: one below 0
+is put in bin -1 by hand); ``v`` is on the grid when ``|v| < HALF_BINS * 2**e``.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def _numpy_finite_counts(x: np.ndarray, exponent: int) -> np.ndarray:
         x = x[np.isfinite(x)]
     scaled = np.multiply(x, 2.0**-exponent, dtype=np.float64)
     np.floor(scaled, out=scaled)
+    if x.dtype == np.float64 and exponent > 0:  # only float64 subnormals can underflow here
+        scaled[(scaled == 0.0) & (x < 0.0)] = -1.0  # a value below 0 belongs in bin -1
     magic = np.float64(1.5 * 2.0**52)
     scaled += magic + HALF_BINS
     idx = scaled.view(np.int64)

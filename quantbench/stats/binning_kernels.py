@@ -15,7 +15,11 @@ from quantbench.stats.grid import HALF_BINS, NUM_BINS
 @numba.njit(nogil=True, cache=True, inline="always")
 def index(v, scale):  # pragma: no cover - compiled
     # clamped: a value off the grid (a caller's bug) must never write outside the counts
-    return min(max(np.int64(np.floor(v * scale)) + HALF_BINS, 0), NUM_BINS - 1)
+    q = v * scale
+    k = np.floor(q)
+    if q == 0.0 and v < 0.0:  # a float64 subnormal below 0 whose product underflowed to -0.0
+        k = -1.0
+    return min(max(np.int64(k) + HALF_BINS, 0), NUM_BINS - 1)
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
