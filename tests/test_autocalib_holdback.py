@@ -393,3 +393,31 @@ def test_isolated_pass_stops_once_two_checks_agree(cnn_path, tmp_path):
         for node, db in whole.scores[m].items():
             assert never.scores[m][node] == pytest.approx(db, rel=1e-7)
             assert early.scores[m][node] != pytest.approx(db, rel=1e-7)  # 16 are not 40
+
+
+def test_isolated_pass_of_an_opset_12_model_joins_the_upgraded_copy_quantizing_keeps(
+    tmp_path, monkeypatch
+):
+    """Below opset 13 the Q/DQ models are upgraded; the isolated pass joins their twins to the
+    upgraded copy quantize_model keeps instead of converting the reference again (a whole
+    model held twice), and scores every op exactly as the conversion of its own did."""
+    from quantbench.collect.statspass import collect_stats
+    from quantbench.data.sources import open_data
+    from quantbench.evaluate import isolated
+    from quantbench.model.graph import calibration_tensors
+
+    path = synthetic.save(synthetic.small_cnn(opset=12), tmp_path / "cnn12.onnx")
+    graph = open_graph(path)
+    np.savez(tmp_path / "d.npz", input=synthetic.images(16))
+    source = open_data(tmp_path / "d.npz", graph.inputs, batch_size=8)
+    stats = collect_stats(graph, source, calibration_tensors(graph, "all"), show_progress=False)
+    tables = {m: build_table(stats, m) for m in ("minmax", "entropy", "mse")}
+    with monkeypatch.context() as m:
+        m.setattr(autocalib, "qdq_ready_model", lambda _graph: None)  # convert a copy, as before
+        converted = autocalib.isolated_sqnrs(graph, tables, source)
+    conversions = []
+    real = isolated.convert_version
+    monkeypatch.setattr(isolated, "convert_version", lambda *a: conversions.append(a) or real(*a))
+    joined = autocalib.isolated_sqnrs(graph, tables, source)
+    assert conversions == []  # the kept upgrade was used
+    assert joined == converted and all(joined[m] for m in tables)

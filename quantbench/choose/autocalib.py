@@ -54,6 +54,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,8 @@ from quantbench.jsonsafe import json_float
 from quantbench.model.graph import Graph
 from quantbench.progress import progress_bar, warn
 from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
+from quantbench.qdq.opset import default_opset
+from quantbench.qdq.quantize import qdq_ready_model
 from quantbench.stats.tensorstats import StatsFile
 from quantbench.table import CalibrationTable
 from quantbench.table.build import build_table, build_tables
@@ -913,6 +916,18 @@ ISOLATED_FIRST_CHECK = 8
 JUDGE_BUDGET = 32 << 20
 
 
+def _isolation_reference(graph: Graph, candidate: onnx.ModelProto) -> onnx.ModelProto:
+    """The FP32 model the isolated twins join: ``graph``'s own, or where the Q/DQ models had
+    to be upgraded to a higher opset, the upgraded copy quantizing keeps (the same model at
+    their opset, its nodes named) rather than a second conversion held beside it."""
+    upgraded = qdq_ready_model(graph)
+    if upgraded is not None and default_opset(upgraded) == default_opset(candidate) > default_opset(
+        graph.model
+    ):
+        return upgraded
+    return graph.model
+
+
 def _isolated_pass(
     graph: Graph,
     tables: dict[str, CalibrationTable],
@@ -932,7 +947,10 @@ def _isolated_pass(
         (f"t{index}", quantize_model(graph, table, allow_partial=True, checked=False).model)
         for index, table in enumerate(tables.values())
     )
-    many = build_isolated_many(graph.model, qdq_models)
+    first = next(qdq_models, None)  # prepares the Q/DQ-ready form of the graph
+    reference = graph.model if first is None else _isolation_reference(graph, first[1])
+    many = build_isolated_many(reference, chain([first] if first else [], qdq_models))
+    del first, reference
     twins_of = {name: many.twins[f"t{i}"] for i, name in enumerate(tables)}
     ops_of = {name: many.ops[f"t{i}"] for i, name in enumerate(tables)}
     sources = list(dict.fromkeys(t for twins in twins_of.values() for t in twins))
