@@ -112,3 +112,39 @@ def test_digest_of_a_model_still_too_large_without_initializers_is_a_clear_error
     monkeypatch.setattr(protosize, "serialized", lambda model: None)
     with pytest.raises(QuantbenchError, match="over 2 GiB even with its initializers apart"):
         protosize.digest(onnx.load(str(cnn_path)))
+
+
+def test_weights_apart_runs_bit_for_bit_as_the_bytes_do(cnn_path, cnn_data):
+    """A session given the weights apart (read in place, not copied) computes what the
+    serialised model computes, and the model is only read."""
+    from quantbench.backends.onnxruntime import OnnxRuntimeRunner
+
+    model = onnx.load(str(cnn_path))
+    before = model.SerializeToString()
+    x = np.load(cnn_data)["input"][:4]
+    want = ort.InferenceSession(before, providers=["CPUExecutionProvider"]).run(None, {"input": x})
+    apart = protosize.weights_apart(model)
+    assert apart is not None and len(apart.light) < len(before) // 2
+    big = {t.name for t in model.graph.initializer if t.ByteSize() >= 1024}
+    assert set(apart.weights) == big
+    runner = OnnxRuntimeRunner(apart, "cpu")
+    got = runner.infer({"input": x})
+    assert all(np.array_equal(a, got[n]) for a, n in zip(want, runner.output_names, strict=True))
+    assert model.SerializeToString() == before
+
+
+def test_shared_weights_give_an_equal_tensor_the_same_array_and_a_changed_one_its_own(cnn_path):
+    model = onnx.load(str(cnn_path))
+    shared = protosize.SharedWeights(model)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    big = next(t for t in copy.graph.initializer if t.ByteSize() >= 1024)
+    first = protosize.weights_apart(model, shared)
+    second = protosize.weights_apart(copy, shared)
+    assert first is not None and second is not None
+    assert all(first.weights[n] is second.weights[n] for n in first.weights)  # one array each
+    changed = numpy_helper.to_array(big) + np.float32(1)
+    big.CopyFrom(numpy_helper.from_array(changed, big.name))  # same name, other values
+    third = protosize.weights_apart(copy, shared)
+    assert third is not None and third.weights[big.name] is not first.weights[big.name]
+    assert np.array_equal(third.weights[big.name], changed)

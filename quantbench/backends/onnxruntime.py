@@ -26,7 +26,13 @@ import onnx
 from quantbench.errors import InternalError, QuantbenchError, first_line
 from quantbench.model import customops
 from quantbench.model.graph import inferred_types, onnxruntime_types
-from quantbench.model.protosize import loadable, serialized
+from quantbench.model.protosize import (
+    SharedWeights,
+    WeightsApart,
+    loadable,
+    serialized,
+    weights_apart,
+)
 
 _PROVIDER_ALIASES = {
     "cpu": "CPUExecutionProvider",
@@ -251,13 +257,20 @@ def expose_for_session(
     return source + appended.SerializeToString()
 
 
-def serialized_for_session(model: onnx.ModelProto) -> onnx.ModelProto | bytes:
-    """``model`` as the bytes a session parses, so that a caller who lets go of the proto does
-    not hold it beside them and onnxruntime's own copy (one model size less at the peak: the
-    isolated model of ``--method auto`` holds every weight); the proto itself where bytes will
-    not do (plugin ops, which the session lowers; a model too large to serialise)."""
+def serialized_for_session(
+    model: onnx.ModelProto, shared: SharedWeights | None = None
+) -> onnx.ModelProto | WeightsApart | bytes:
+    """``model`` as a session takes it, so that a caller who lets go of the proto does not hold
+    it beside the session's copy (one model size less at the peak: the isolated model of
+    ``--method auto`` holds every weight): its weights apart (:class:`WeightsApart`, which the
+    session reads in place), else its bytes; the proto itself where neither will do (plugin
+    ops, which the session lowers; a model too large to serialise). ``shared``: arrays of the
+    model ``model`` was built from, for the weights it took unchanged."""
     if customops.ops_in(model):
         return model
+    apart = weights_apart(model, shared)
+    if apart is not None:
+        return apart
     data = serialized(model)
     return model if data is None else data
 
@@ -298,14 +311,14 @@ def _inferred_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
 
 
 def _runnable(
-    model: str | Path | onnx.ModelProto | bytes,
-) -> tuple[bytes | str | onnx.ModelProto, customops.Runnable | None]:
+    model: str | Path | onnx.ModelProto | WeightsApart | bytes,
+) -> tuple[bytes | str | onnx.ModelProto | WeightsApart, customops.Runnable | None]:
     """What onnxruntime can load (through :func:`quantbench.model.protosize.loadable`), and for
     a model holding plugin ops (DWConv2D) how they run (:func:`customops.for_onnxruntime`: as
     the op itself through its custom-op library, whose registration the session options need,
     or lowered to standard ONNX); bytes are a serialised model that needs neither
     (:func:`expose_for_session`)."""
-    if isinstance(model, bytes):
+    if isinstance(model, (bytes, WeightsApart)):
         return model, None
     proto = model if isinstance(model, onnx.ModelProto) else None
     if proto is None:
@@ -313,13 +326,13 @@ def _runnable(
         if not customops.ops_in(proto):
             return str(model), None
     if not customops.ops_in(proto):
-        return proto, None
+        return weights_apart(proto) or proto, None
     plan = customops.for_onnxruntime(proto)
     return plan.model, plan
 
 
 def _session(
-    model: str | Path | onnx.ModelProto | bytes, opts: Any, provider: str
+    model: str | Path | onnx.ModelProto | WeightsApart | bytes, opts: Any, provider: str
 ) -> tuple[Any, dict[str, str]]:
     """An onnxruntime session over ``model`` (plugin ops as :func:`_runnable` says), and how its
     plugin ops run (op type -> "plugin op, cpu" / "lowered")."""
@@ -328,6 +341,18 @@ def _session(
     source, plan = _runnable(model)
     if plan is not None:
         plan.register(opts)
+    if isinstance(source, WeightsApart):
+        values = [ort.OrtValue.ortvalue_from_numpy(w) for w in source.weights.values()]
+        opts.add_external_initializers(list(source.weights), values)
+        session = ort.InferenceSession(
+            source.light,
+            sess_options=opts,
+            providers=session_providers(provider),
+            disabled_optimizers=disabled_optimizers(),
+        )
+        # the session reads the arrays in place: they live exactly as long as it does
+        session.quantbench_weights = (source.weights, values)
+        return session, {}
     with loadable(source) as loaded:
         session = ort.InferenceSession(
             loaded,
@@ -375,6 +400,32 @@ _FLOAT_DTYPES = {
 }
 
 
+def _options(threads: int | None, optimization: str, spin: bool, arena: bool) -> Any:
+    """A session's options (see :class:`OnnxRuntimeRunner`); fresh for every session, since a
+    session given weights apart adds them to its options."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    # fatal only: every onnxruntime error reaches the user once, as quantbench's one line
+    # (its own log printed the same error again first, in raw colour codes)
+    opts.log_severity_level = 4
+    if not spin:  # idle ORT threads must not busy-wait while our own thread bins
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if threads:
+        opts.intra_op_num_threads = threads
+    opts.enable_cpu_mem_arena = arena
+    for key, value in session_config().items():
+        opts.add_session_config_entry(key, value)
+    opts.enable_mem_pattern = arena  # a pattern is one block for a run's intermediates
+    opts.graph_optimization_level = {
+        "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[optimization]
+    return opts
+
+
 class OnnxRuntimeRunner:
     """An onnxruntime session over a model (path or proto)."""
 
@@ -395,34 +446,16 @@ class OnnxRuntimeRunner:
         no CPU memory arena and no memory pattern, so that several sessions alive at once
         (``--method auto``'s candidates) do not each keep the most their runs took, and a run
         frees each intermediate when read; the values are the same."""
-        import onnxruntime as ort
-
         self.provider = resolve_provider(provider)
-        opts = ort.SessionOptions()
-        # fatal only: every onnxruntime error reaches the user once, as quantbench's one line
-        # (its own log printed the same error again first, in raw colour codes)
-        opts.log_severity_level = 4
-        if not spin:  # idle ORT threads must not busy-wait while our own thread bins
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if threads:
-            opts.intra_op_num_threads = threads
-        opts.enable_cpu_mem_arena = arena
-        for key, value in session_config().items():
-            opts.add_session_config_entry(key, value)
-        opts.enable_mem_pattern = arena  # a pattern is one block for a run's intermediates
-        opts.graph_optimization_level = {
-            "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[optimization]
+        settings = (threads, optimization, spin, arena)
         try:
-            self.session, self.custom_ops = _session(model, opts, self.provider)
+            self.session, self.custom_ops = _session(model, _options(*settings), self.provider)
         except QuantbenchError:
             raise
         except Exception as exc:  # noqa: BLE001 - ORT reports model problems as generic errors
             first = first_line(exc)
-            if generated_from is not None and _loads(generated_from, opts, self.provider):
+            ours = generated_from is not None
+            if ours and _loads(generated_from, _options(*settings), self.provider):
                 raise InternalError(
                     f"onnxruntime cannot load a model quantbench generated from yours: {first}"
                 ) from exc

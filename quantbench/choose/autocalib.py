@@ -93,6 +93,7 @@ from quantbench.evaluate.metrics import (
 )
 from quantbench.jsonsafe import json_float
 from quantbench.model.graph import Graph
+from quantbench.model.protosize import SharedWeights
 from quantbench.progress import progress_bar, warn
 from quantbench.qdq import ACTIVATION, RESIDUAL, RUNTIME_WEIGHT, quantize_model
 from quantbench.qdq.opset import default_opset
@@ -1057,6 +1058,7 @@ def output_sqnrs(
     outputs, extra = layout.judged_tensors()
     accs = {name: OutputsAccumulator(outputs, False, layout) for name in tables}
     ended: dict[str, tuple[int, float]] = {}
+    shared = SharedWeights(graph.model)  # the weights each candidate took unchanged, once
 
     def runner_of(candidate: Candidate) -> OnnxRuntimeRunner:
         """A candidate's session, without an arena (it holds only what one run needs)."""
@@ -1065,7 +1067,9 @@ def output_sqnrs(
             qdq.CopyFrom(candidate)  # with_outputs edits it
         else:
             qdq = quantize_model(graph, candidate, allow_partial=True, checked=False).model
-        loadable = serialized_for_session(with_outputs(qdq, extra, graph.elem_types, in_place=True))
+        exposed = with_outputs(qdq, extra, graph.elem_types, in_place=True)
+        loadable = serialized_for_session(exposed, shared)
+        del exposed
         del qdq  # the proto goes before onnxruntime parses the bytes
         return OnnxRuntimeRunner(
             loadable,
@@ -1085,7 +1089,7 @@ def output_sqnrs(
         against = reference_graph or graph
         fp32 = None
         if kept is None:
-            fp32 = _fp32_runner(against, extra, provider, threads)
+            fp32 = _fp32_runner(against, extra, provider, threads, shared)
             kept = None if budget is not None else _kept_reference(
                 fp32, held_out, graph.inputs, outputs, activation_bytes
             )  # fmt: skip
@@ -1153,13 +1157,17 @@ def slice_reference(
 
 
 def _fp32_runner(
-    graph: Graph, extra: list[str], provider: str | None, threads: int | None
+    graph: Graph,
+    extra: list[str],
+    provider: str | None,
+    threads: int | None,
+    shared: SharedWeights | None = None,
 ) -> OnnxRuntimeRunner:
     """The FP32 side of the output pass: ``graph`` also giving the ``extra`` tensors judged in
-    an NMS/NonZero output's place, without an arena."""
-    return OnnxRuntimeRunner(
-        with_outputs(graph.model, extra, graph.elem_types), provider, threads, arena=False
-    )
+    an NMS/NonZero output's place, without an arena; its weights ``shared``'s arrays where
+    they are the same."""
+    model = serialized_for_session(with_outputs(graph.model, extra, graph.elem_types), shared)
+    return OnnxRuntimeRunner(model, provider, threads, arena=False)
 
 
 def _size_parts(

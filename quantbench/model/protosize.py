@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import EncodeError
 
@@ -43,6 +46,92 @@ def loadable(model: bytes | str | onnx.ModelProto) -> Iterator[bytes | str]:
         prefix="quantbench-ort-", ignore_cleanup_errors=True
     ) as folder:
         yield str(_save_apart(model, Path(folder)))
+
+
+@dataclass
+class WeightsApart:
+    """A model as onnxruntime can take it without a copy of its weights: the bytes of the
+    model whose large initializers are ONNX external-data placeholders, and their values by
+    name (given to the session with ``SessionOptions.add_external_initializers``, which uses
+    the buffers in place). Serialising a 54 MB model and onnxruntime parsing the bytes made two
+    more copies of its weights at every session start (``--method auto`` starts one a
+    candidate); here the only one is the arrays', and the session reads them while it lives."""
+
+    light: bytes
+    weights: dict[str, np.ndarray]
+
+
+#: ONNX element types whose raw data is a numpy array of this dtype (little-endian, as ONNX
+#: stores raw data)
+_RAW_DTYPES = {
+    onnx.TensorProto.FLOAT: np.float32,
+    onnx.TensorProto.DOUBLE: np.float64,
+    onnx.TensorProto.FLOAT16: np.float16,
+    onnx.TensorProto.INT8: np.int8,
+    onnx.TensorProto.UINT8: np.uint8,
+    onnx.TensorProto.INT16: np.int16,
+    onnx.TensorProto.INT32: np.int32,
+    onnx.TensorProto.INT64: np.int64,
+}
+
+
+class SharedWeights:
+    """The arrays of one model's large initializers, each made once and given to every session
+    over a model built from it (``auto``'s FP32 reference, isolated twins and Q/DQ
+    candidates) whose initializer of that name holds the same tensor (compared whole, so a
+    refined or rescaled weight of the same name gets its own array)."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self._source = {t.name: t for t in model.graph.initializer if _apart_dtype(t)}
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def array(self, tensor: onnx.TensorProto) -> np.ndarray | None:
+        """The array of the source's initializer equal to ``tensor``, or None."""
+        source = self._source.get(tensor.name)
+        if source is None or not (source is tensor or source == tensor):
+            return None
+        if tensor.name not in self._arrays:
+            self._arrays[tensor.name] = _raw_array(source)
+        return self._arrays[tensor.name]
+
+
+def _apart_dtype(t: onnx.TensorProto) -> type | None:
+    """The numpy dtype of a large raw-data initializer :func:`weights_apart` puts apart."""
+    dtype = _RAW_DTYPES.get(t.data_type)
+    if dtype is None or not t.HasField("raw_data") or t.ByteSize() < _EXTERNAL_MIN_BYTES:
+        return None
+    return dtype
+
+
+def _raw_array(t: onnx.TensorProto) -> np.ndarray:
+    return np.frombuffer(t.raw_data, _RAW_DTYPES[t.data_type]).reshape(tuple(t.dims))
+
+
+def weights_apart(
+    model: onnx.ModelProto, shared: SharedWeights | None = None
+) -> WeightsApart | None:
+    """``model`` as :class:`WeightsApart` (its large raw-data initializers apart: ``shared``'s
+    array where it has the same tensor, else one copy of its bytes), or None where none is
+    large or the light part cannot be serialised. Built field by field; ``model`` is only
+    read."""
+    if sys.byteorder != "little":
+        return None
+    light = _without_initializers(model)
+    weights: dict[str, np.ndarray] = {}
+    for t in model.graph.initializer:
+        if _apart_dtype(t) is None:
+            light.graph.initializer.add().CopyFrom(t)
+            continue
+        known = shared.array(t) if shared is not None else None
+        weights[t.name] = known if known is not None else _raw_array(t)
+        apart = light.graph.initializer.add()
+        apart.name, apart.data_type, apart.doc_string = t.name, t.data_type, t.doc_string
+        apart.dims.extend(t.dims)
+        apart.data_location = onnx.TensorProto.EXTERNAL
+        entry = apart.external_data.add()
+        entry.key, entry.value = "location", "quantbench-in-memory"
+    data = serialized(light) if weights else None
+    return None if data is None else WeightsApart(data, weights)
 
 
 def _save_apart(model: onnx.ModelProto, folder: Path) -> Path:
