@@ -39,9 +39,10 @@ PEERS_VENV = Path(__file__).resolve().parent.parent / "_work" / "peers-venv"
 PEERS_PYTHON = PEERS_VENV / "bin" / "python"
 #: the newest Neural Compressor with the ONNX SmoothQuant module onnxruntime imports
 INC = "neural-compressor==3.7.1"
-#: what INC's ONNX code imports (its numpy<2 pin is why it goes in with --no-deps)
+#: what INC's ONNX code imports (its numpy<2 pin is why it goes in with --no-deps; pillow for its
+#: datasets module, which no longer came in with the others on 2026-12-07)
 INC_IMPORTS = ("deprecated", "schema", "prettytable", "py-cpuinfo", "pyyaml", "scikit-learn",
-               "setuptools<81", "opencv-python-headless", "six", "pycocotools")  # fmt: skip
+               "setuptools<81", "opencv-python-headless", "six", "pycocotools", "pillow")  # fmt: skip
 QUARK = ("amd-quark==0.13", "onnx<=1.22.0")
 #: the op types onnxruntime's SmoothQuant (INC's ORTSmoothQuant.transform default) acts on
 SMOOTHABLE = ("MatMul", "Gemm", "Conv", "FusedConv")
