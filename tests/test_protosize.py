@@ -148,3 +148,21 @@ def test_shared_weights_give_an_equal_tensor_the_same_array_and_a_changed_one_it
     third = protosize.weights_apart(copy, shared)
     assert third is not None and third.weights[big.name] is not first.weights[big.name]
     assert np.array_equal(third.weights[big.name], changed)
+
+
+def test_weights_apart_keeps_an_unread_initializer_in_the_model(cnn_path, cnn_data):
+    """onnxruntime prunes an initializer no node reads before it takes the external ones, then
+    refuses that name ("Failed to find existing initializer"): a refinement pass left such a
+    weight behind on minilm-l3. It stays in the light model; the session runs."""
+    from quantbench.backends.onnxruntime import OnnxRuntimeRunner
+
+    model = onnx.load(str(cnn_path))
+    unread = np.arange(1024, dtype=np.float32)
+    model.graph.initializer.append(numpy_helper.from_array(unread, "left_behind"))
+    apart = protosize.weights_apart(model)
+    assert apart is not None and "left_behind" not in apart.weights
+    x = np.load(cnn_data)["input"][:2]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = OnnxRuntimeRunner(apart, "cpu").infer({"input": x})
+    assert all(np.array_equal(a, got[o.name]) for a, o in
+               zip(want.run(None, {"input": x}), want.get_outputs(), strict=True))  # fmt: skip

@@ -118,8 +118,12 @@ def weights_apart(
         return None
     light = _without_initializers(model)
     weights: dict[str, np.ndarray] = {}
+    # onnxruntime drops an initializer no node reads before it takes the external ones, and
+    # then refuses the name; one that is also a graph input is an overridable default
+    read = {name for node in model.graph.node for name in node.input}
+    read.difference_update(i.name for i in model.graph.input)
     for t in model.graph.initializer:
-        if _apart_dtype(t) is None:
+        if _apart_dtype(t) is None or t.name not in read:
             light.graph.initializer.add().CopyFrom(t)
             continue
         known = shared.array(t) if shared is not None else None
