@@ -166,3 +166,24 @@ def test_weights_apart_keeps_an_unread_initializer_in_the_model(cnn_path, cnn_da
     got = OnnxRuntimeRunner(apart, "cpu").infer({"input": x})
     assert all(np.array_equal(a, got[o.name]) for a, o in
                zip(want.run(None, {"input": x}), want.get_outputs(), strict=True))  # fmt: skip
+
+
+def test_a_session_refusing_the_weights_apart_gets_the_whole_model(cnn_path, cnn_data, monkeypatch):
+    """An onnxruntime that refuses the external weights (another release, an edge case) gets
+    the model with its weights back in it, and computes the same."""
+    from quantbench.backends import onnxruntime as backend
+
+    model = onnx.load(str(cnn_path))
+    apart = protosize.weights_apart(model)
+    assert apart is not None
+    assert apart.whole().SerializeToString() == model.SerializeToString()
+
+    def refuse(*_args):
+        raise RuntimeError("Failed to find existing initializer")
+
+    monkeypatch.setattr(backend, "_session_apart", refuse)
+    x = np.load(cnn_data)["input"][:2]
+    got = backend.OnnxRuntimeRunner(apart, "cpu").infer({"input": x})
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert all(np.array_equal(a, got[o.name]) for a, o in
+               zip(want.run(None, {"input": x}), want.get_outputs(), strict=True))  # fmt: skip

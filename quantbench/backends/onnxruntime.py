@@ -14,7 +14,7 @@ import os
 import platform
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -332,27 +332,24 @@ def _runnable(
 
 
 def _session(
-    model: str | Path | onnx.ModelProto | WeightsApart | bytes, opts: Any, provider: str
+    model: str | Path | onnx.ModelProto | WeightsApart | bytes,
+    options: Callable[[], Any],
+    provider: str,
 ) -> tuple[Any, dict[str, str]]:
     """An onnxruntime session over ``model`` (plugin ops as :func:`_runnable` says), and how its
-    plugin ops run (op type -> "plugin op, cpu" / "lowered")."""
+    plugin ops run (op type -> "plugin op, cpu" / "lowered"). ``options`` makes the session's
+    options (fresh ones for a second try)."""
     import onnxruntime as ort
 
     source, plan = _runnable(model)
+    if isinstance(source, WeightsApart):
+        try:
+            return _session_apart(source, options(), provider), {}
+        except Exception:  # noqa: BLE001 - the weights go in again as bytes, as they always did
+            source = source.whole()
+    opts = options()
     if plan is not None:
         plan.register(opts)
-    if isinstance(source, WeightsApart):
-        values = [ort.OrtValue.ortvalue_from_numpy(w) for w in source.weights.values()]
-        opts.add_external_initializers(list(source.weights), values)
-        session = ort.InferenceSession(
-            source.light,
-            sess_options=opts,
-            providers=session_providers(provider),
-            disabled_optimizers=disabled_optimizers(),
-        )
-        # the session reads the arrays in place: they live exactly as long as it does
-        session.quantbench_weights = (source.weights, values)
-        return session, {}
     with loadable(source) as loaded:
         session = ort.InferenceSession(
             loaded,
@@ -363,10 +360,27 @@ def _session(
     return session, (plan.how if plan is not None else {})
 
 
-def _loads(model: onnx.ModelProto, opts: object, provider: str) -> bool:
+def _session_apart(model: WeightsApart, opts: Any, provider: str) -> Any:
+    """A session reading ``model``'s weights in place (:class:`WeightsApart`)."""
+    import onnxruntime as ort
+
+    values = [ort.OrtValue.ortvalue_from_numpy(w) for w in model.weights.values()]
+    opts.add_external_initializers(list(model.weights), values)
+    session = ort.InferenceSession(
+        model.light,
+        sess_options=opts,
+        providers=session_providers(provider),
+        disabled_optimizers=disabled_optimizers(),
+    )
+    # the session reads the arrays in place: they live exactly as long as it does
+    session.quantbench_weights = (model.weights, values)
+    return session
+
+
+def _loads(model: onnx.ModelProto, options: Callable[[], Any], provider: str) -> bool:
     """Whether onnxruntime creates a session for ``model`` (tells whose fault a failure is)."""
     try:
-        _session(model, opts, provider)
+        _session(model, options, provider)
     except Exception:  # noqa: BLE001
         return False
     return True
@@ -447,15 +461,17 @@ class OnnxRuntimeRunner:
         (``--method auto``'s candidates) do not each keep the most their runs took, and a run
         frees each intermediate when read; the values are the same."""
         self.provider = resolve_provider(provider)
-        settings = (threads, optimization, spin, arena)
+        def options() -> Any:
+            return _options(threads, optimization, spin, arena)
+
         try:
-            self.session, self.custom_ops = _session(model, _options(*settings), self.provider)
+            self.session, self.custom_ops = _session(model, options, self.provider)
         except QuantbenchError:
             raise
         except Exception as exc:  # noqa: BLE001 - ORT reports model problems as generic errors
             first = first_line(exc)
             ours = generated_from is not None
-            if ours and _loads(generated_from, _options(*settings), self.provider):
+            if ours and _loads(generated_from, options, self.provider):
                 raise InternalError(
                     f"onnxruntime cannot load a model quantbench generated from yours: {first}"
                 ) from exc

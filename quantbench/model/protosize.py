@@ -60,6 +60,16 @@ class WeightsApart:
     light: bytes
     weights: dict[str, np.ndarray]
 
+    def whole(self) -> onnx.ModelProto:
+        """The model with its weights back in it (where onnxruntime refuses them apart)."""
+        model = onnx.ModelProto.FromString(self.light)
+        for t in model.graph.initializer:
+            if t.name in self.weights and t.data_location == onnx.TensorProto.EXTERNAL:
+                t.ClearField("external_data")
+                t.ClearField("data_location")
+                t.raw_data = self.weights[t.name].tobytes()
+        return model
+
 
 #: ONNX element types whose raw data is a numpy array of this dtype (little-endian, as ONNX
 #: stores raw data)
@@ -129,8 +139,7 @@ def weights_apart(
         known = shared.array(t) if shared is not None else None
         weights[t.name] = known if known is not None else _raw_array(t)
         apart = light.graph.initializer.add()
-        apart.name, apart.data_type, apart.doc_string = t.name, t.data_type, t.doc_string
-        apart.dims.extend(t.dims)
+        _copy_fields(t, apart, skip="raw_data")
         apart.data_location = onnx.TensorProto.EXTERNAL
         entry = apart.external_data.add()
         entry.key, entry.value = "location", "quantbench-in-memory"
