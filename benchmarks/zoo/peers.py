@@ -42,7 +42,8 @@ INC = "neural-compressor==3.7.1"
 #: what INC's ONNX code imports (its numpy<2 pin is why it goes in with --no-deps; pillow for its
 #: datasets module, which no longer came in with the others on 2026-12-07)
 INC_IMPORTS = ("deprecated", "schema", "prettytable", "py-cpuinfo", "pyyaml", "scikit-learn",
-               "setuptools<81", "opencv-python-headless", "six", "pycocotools", "pillow")  # fmt: skip
+               "setuptools<81", "opencv-python-headless", "six", "pycocotools",
+               "pillow")  # fmt: skip
 QUARK = ("amd-quark==0.13", "onnx<=1.22.0")
 #: the op types onnxruntime's SmoothQuant (INC's ORTSmoothQuant.transform default) acts on
 SMOOTHABLE = ("MatMul", "Gemm", "Conv", "FusedConv")
@@ -144,6 +145,9 @@ def quark_quantize(model: str, reader: Any, output: str, adaround_iterations: in
     source, opset = at_least_opset_13(model)
     with captured_output() as log:
         ModelQuantizer(config).quantize_model(source, output, reader)
+    if not Path(output).is_file():  # lac: Quark returned, logged its error and wrote nothing
+        errors = re.findall(r"(?:Error|error)[^\n\x1b]*", log["text"])
+        raise RuntimeError(f"Quark wrote no model ({errors[-1] if errors else 'see its log'})")
     found = {"adaround_iterations": adaround_iterations, "quark": metadata.version("amd-quark")}
     if adaround_iterations > 0:
         found["adaround_layers"] = adaround_layers(log["text"])
