@@ -25,7 +25,7 @@ PKGS = DATA / "pkgs"
 WORK = ZOO_DIR.parent / "_work" / "issue38"
 MODELS = {m.key: str(PKGS / m.file) for m in zoo.corpus(PKGS)}
 #: the output the task metric reads, per model (index into the outputs)
-METRIC_OUTPUT = {"mtcnn-pnet": 1, "dddd-ocr": 0, "basic-pitch": 1, "dddd-det": 0}
+METRIC_OUTPUT = {"mtcnn-pnet": 1, "dddd-ocr": 0, "basic-pitch": 1, "dddd-det": 0, "minilm-l3": 2}
 
 
 def spec(key: str) -> zoo.ZooModel:
