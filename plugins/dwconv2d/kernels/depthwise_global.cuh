@@ -25,19 +25,26 @@ namespace
 // It serves every depthwise_rows shape whose output rows split into whole segments (see
 // global_shape_ok; measured faster than depthwise_rows on every timed shape and type, README "What
 // has been verified"); QUANTBENCH_DWCONV_GLOBAL=0 (read per forward) keeps depthwise_rows.
-// Compile-time knobs (tuning; defaults = the measured best): DWCONV2D_GLOBAL_R3 / _R5_NARROW / _R
-// (output rows per thread at 3x3 / FP16 and INT8 5x5 / else), DWCONV2D_GLOBAL_THREADS (per
-// block), DWCONV2D_GLOBAL_AHEAD / _AHEAD_I8_3 (input rows read ahead, see global_ahead),
-// DWCONV2D_GLOBAL_MIN_BLOCKS_F16 / _I8 (__launch_bounds__ of FP16 3x3 / 5x5 and INT8 3x3, see
-// global_min_blocks), DWCONV2D_GLOBAL_PRED (below).
+// Compile-time knobs (tuning; defaults = the measured best): DWCONV2D_GLOBAL_R3 / _R3_I8 /
+// _R5_NARROW / _R7_F32 / _R (output rows per thread at 3x3 / INT8 3x3 / FP16 and INT8 5x5 / FP32
+// 7x7 / else), DWCONV2D_GLOBAL_THREADS (per block), DWCONV2D_GLOBAL_AHEAD / _AHEAD_I8_3 (input
+// rows read ahead, see global_ahead), DWCONV2D_GLOBAL_MIN_BLOCKS_F16 / _I8 / _F32_7
+// (__launch_bounds__ of FP16 3x3 / 5x5, INT8 3x3 and FP32 7x7, see global_min_blocks),
+// DWCONV2D_GLOBAL_PRED / _PRED_FLOAT_7X7 / _PRED_F32_7X7 (below).
 #ifndef DWCONV2D_GLOBAL_R3
 #define DWCONV2D_GLOBAL_R3 4
+#endif
+#ifndef DWCONV2D_GLOBAL_R3_I8
+#define DWCONV2D_GLOBAL_R3_I8 DWCONV2D_GLOBAL_R3
 #endif
 #ifndef DWCONV2D_GLOBAL_R5_NARROW
 #define DWCONV2D_GLOBAL_R5_NARROW 4
 #endif
 #ifndef DWCONV2D_GLOBAL_R
 #define DWCONV2D_GLOBAL_R 7
+#endif
+#ifndef DWCONV2D_GLOBAL_R7_F32
+#define DWCONV2D_GLOBAL_R7_F32 DWCONV2D_GLOBAL_R
 #endif
 #ifndef DWCONV2D_GLOBAL_THREADS
 #define DWCONV2D_GLOBAL_THREADS 128
@@ -54,21 +61,34 @@ namespace
 #ifndef DWCONV2D_GLOBAL_MIN_BLOCKS_I8
 #define DWCONV2D_GLOBAL_MIN_BLOCKS_I8 7
 #endif
+#ifndef DWCONV2D_GLOBAL_MIN_BLOCKS_F32_7
+#define DWCONV2D_GLOBAL_MIN_BLOCKS_F32_7 4
+#endif
 // Rows and quads outside the image: skipped by predicated loads (1: measured faster, or equal,
-// on every timed shape but the float 7x7 ones, FP32 44.3 against 41.3 us, FP16 42.2 against
-// 38.4, whose registers it changes), or loaded from a row inside and zeroed (0).
-// DWCONV2D_GLOBAL_PRED sets all shapes.
+// on every timed shape), or loaded from a row inside and zeroed (0). FP16 7x7 keeps 0 (42.2
+// against 38.4 us, H200, session 12: predicated, it needs more registers). FP32 7x7 was the same
+// (44.3 against 41.3) until Session 30 capped it at 128 registers (DWCONV2D_GLOBAL_MIN_BLOCKS_F32_7
+// = 4): predicated at 128 registers it needs no spill and about 9 % fewer instructions (1817
+// against 2001 per thread: no selects of row pointers, no zeroing), and 16 warps per
+// multiprocessor run instead of 12 (H100: 38.2-39.0 against 43.1-43.2 us). DWCONV2D_GLOBAL_PRED
+// sets all shapes.
 #ifdef DWCONV2D_GLOBAL_PRED
 #define DWCONV2D_GLOBAL_PRED_FLOAT_7X7 DWCONV2D_GLOBAL_PRED
+#define DWCONV2D_GLOBAL_PRED_F32_7X7 DWCONV2D_GLOBAL_PRED
 #else
 #define DWCONV2D_GLOBAL_PRED 1
 #endif
 #ifndef DWCONV2D_GLOBAL_PRED_FLOAT_7X7
 #define DWCONV2D_GLOBAL_PRED_FLOAT_7X7 0
 #endif
+#ifndef DWCONV2D_GLOBAL_PRED_F32_7X7
+#define DWCONV2D_GLOBAL_PRED_F32_7X7 1
+#endif
 __host__ __device__ constexpr bool global_pred(int elem, int ks)
 {
-    return (elem != 1 && ks == 7 ? DWCONV2D_GLOBAL_PRED_FLOAT_7X7 : DWCONV2D_GLOBAL_PRED) != 0;
+    return (elem == 4 && ks == 7 ? DWCONV2D_GLOBAL_PRED_F32_7X7
+            : elem != 1 && ks == 7 ? DWCONV2D_GLOBAL_PRED_FLOAT_7X7
+                                   : DWCONV2D_GLOBAL_PRED) != 0;
 }
 constexpr int kGlobalThreads = DWCONV2D_GLOBAL_THREADS;
 
@@ -81,24 +101,35 @@ __host__ __device__ constexpr int global_ahead(int elem, int ks)
 }
 
 // __launch_bounds__ minimum blocks per multiprocessor: 8 (64 registers) for FP16 3x3 / 5x5, 7 (72
-// registers, 28 warps instead of 24) for INT8 3x3, none elsewhere (FP32 7x7 spills at 4 or 5: 45.8
-// against 41 us). FP16 at 9 / 10 / 12 and INT8 at 8 were no faster or spilled.
+// registers, 28 warps instead of 24) for INT8 3x3, 4 (128 registers, 16 warps instead of 12) for
+// FP32 7x7 with its predicated loads (without them it spills at 4 or 5: 45.8 against 41 us; at 3,
+// 168 registers, predicated, 16 bytes of spill: 40.9 against 38.2 us at 4), none elsewhere. FP16
+// at 9 / 10 / 12 and INT8 at 8 were no faster or spilled.
 __host__ __device__ constexpr int global_min_blocks(int elem, int ks)
 {
     return elem == 2 && ks <= 5 ? DWCONV2D_GLOBAL_MIN_BLOCKS_F16
         : elem == 1 && ks == 3  ? DWCONV2D_GLOBAL_MIN_BLOCKS_I8
+        : elem == 4 && ks == 7  ? DWCONV2D_GLOBAL_MIN_BLOCKS_F32_7
                                 : 1;
 }
 // Outputs per thread along W (8 for the narrow types' 3x3, else 4) and output rows per thread
 // (4 at 3x3 and for FP16 / INT8 5x5, else 7: each measured best of 2, 4, 7/8 and 14 on the timed
-// shapes).
+// shapes). Session 30 (H100) again for INT8 3x3, where 7 rows would cut the instructions per
+// output by about a fifth (set-up shared by 56 outputs instead of 32): 7 / 8 / 14 rows gave 27.4
+// / 26.9 / 32.6 us against 25.0 at 4 (27.6-28.7 with the L2 prefetch), because at 4 rows the
+// compiler issues 5 of a thread's 6 input rows before its first wait, and at 7 it cannot (the
+// rows then wait one after another); and for FP32 7x7 (predicated, 128 registers): 4 / 14 rows
+// gave 41.5 / 39.8 us against 38.2 at 7.
 __host__ __device__ constexpr int global_v(int elem, int ks)
 {
     return ks == 3 && elem != 4 ? 8 : 4;
 }
 __host__ __device__ constexpr int global_r(int elem, int ks)
 {
-    return ks == 3 ? DWCONV2D_GLOBAL_R3 : ks == 5 && elem != 4 ? DWCONV2D_GLOBAL_R5_NARROW : DWCONV2D_GLOBAL_R;
+    return ks == 3                ? (elem == 1 ? DWCONV2D_GLOBAL_R3_I8 : DWCONV2D_GLOBAL_R3)
+        : ks == 5 && elem != 4    ? DWCONV2D_GLOBAL_R5_NARROW
+        : ks == 7 && elem == 4    ? DWCONV2D_GLOBAL_R7_F32
+                                  : DWCONV2D_GLOBAL_R;
 }
 
 struct GlobalPlan
