@@ -18,7 +18,11 @@ namespace
 // vector loads; rows and quads outside the image read as zero, see global_pred) and keeps only
 // the accumulators of the rows still being summed, storing each output row as soon as its last
 // input row is summed. Few registers, so many warps per multiprocessor hide the loads' latency,
-// and neighbouring threads' overlapping rows and quads come from L1/L2, not DRAM. The arithmetic
+// and neighbouring threads' overlapping rows and quads come from L1/L2, not DRAM. Where the kernel
+// is bound by that latency rather than by bandwidth (INT8 3x3, FP32 7x7), warp 0 of each block can
+// also have the copy engine prefetch into L2 the input of a block half a wave later (see
+// global_prefetch_pct; off by default until its final form has run on a device), so that that
+// block's first rows come from L2. The arithmetic
 // is depthwise_rows' (rows_dp4a for INT8 with the same filter packing, rows_fma for float, the
 // same Store functors), so the results are identical to it, bit for bit.
 //
@@ -30,7 +34,8 @@ namespace
 // 7x7 / else), DWCONV2D_GLOBAL_THREADS (per block), DWCONV2D_GLOBAL_AHEAD / _AHEAD_I8_3 (input
 // rows read ahead, see global_ahead), DWCONV2D_GLOBAL_MIN_BLOCKS_F16 / _I8 / _F32_7
 // (__launch_bounds__ of FP16 3x3 / 5x5, INT8 3x3 and FP32 7x7, see global_min_blocks),
-// DWCONV2D_GLOBAL_PRED / _PRED_FLOAT_7X7 / _PRED_F32_7X7 (below).
+// DWCONV2D_GLOBAL_PRED / _PRED_FLOAT_7X7 / _PRED_F32_7X7 (below), DWCONV2D_GLOBAL_PREFETCH_I8_3 /
+// _F32_7 (L2 prefetch distance, see global_prefetch_pct; 0 = off, the default).
 #ifndef DWCONV2D_GLOBAL_R3
 #define DWCONV2D_GLOBAL_R3 4
 #endif
@@ -132,8 +137,37 @@ __host__ __device__ constexpr int global_r(int elem, int ks)
                                   : DWCONV2D_GLOBAL_R;
 }
 
+// L2 prefetch part of a wave ahead (see global_prefetch_l2): block b asks the copy engine to bring
+// the input rows of block b + pf_blocks into L2, pf_blocks = P percent of the blocks resident on
+// the whole GPU at once (a wave), so that a block's first rows, whose latency each of its threads
+// otherwise waits out in full, come from L2. Measured (H100, Session 30, an earlier form of this
+// code: the range found by thread 0 alone, every kernel prefetching, P from the environment) on
+// the latency-bound kernels: INT8 3x3 stride 1 23.7 us at P = 50 against 25.0-25.4 without (24.1 /
+// 24.4 / 25.8 at P = 100 / 200 / 400), FP32 7x7 stride 1 35.0 against 38.4 (36.0 / 44.0 / 40.9).
+// The bandwidth-bound kernels were slower with it (FP32 3x3 71 -> 74 / 90 / 97 us at P = 50 / 100 /
+// 200, FP16 3x3 38 -> 39-48, FP32 / FP16 5x5 s2 43 / 25 -> 46-61 / 28-30) and so were INT8 5x5 s2
+// and 7x7 (17.1 -> 17.9, 19.8 -> 20.2): those compile without it. The form here (range from the
+// block index alone, warp-uniform) has not run on a device yet, so it is off by default (P = 0,
+// the prefetch code compiled out); -D DWCONV2D_GLOBAL_PREFETCH_I8_3=50 -D
+// DWCONV2D_GLOBAL_PREFETCH_F32_7=50 turns it on (README, Session 30, says how to check it), and
+// then QUANTBENCH_DWCONV_GLOBAL_PREFETCH (read per forward) sets P for those kernels (0: off).
+#ifndef DWCONV2D_GLOBAL_PREFETCH_I8_3
+#define DWCONV2D_GLOBAL_PREFETCH_I8_3 0
+#endif
+#ifndef DWCONV2D_GLOBAL_PREFETCH_F32_7
+#define DWCONV2D_GLOBAL_PREFETCH_F32_7 0
+#endif
+__host__ __device__ constexpr int global_prefetch_pct(int elem, int ks, int stride)
+{
+    return stride != 1            ? 0
+        : elem == 1 && ks == 3    ? DWCONV2D_GLOBAL_PREFETCH_I8_3
+        : elem == 4 && ks == 7    ? DWCONV2D_GLOBAL_PREFETCH_F32_7
+                                  : 0;
+}
+
 struct GlobalPlan
 {
+    int32_t pf_blocks;       // blocks ahead whose input this block prefetches into L2 (0: none)
     int32_t total;           // threads
     int32_t per_plane;       // threads per plane: chunks * tx
     int32_t tx;              // threads along W (Wo / V)
@@ -212,6 +246,39 @@ __device__ __forceinline__ float row_elem(uint32_t const (&wd)[NW], int e)
     }
 }
 
+// Warp 0 of a block: the input rows that block `pb` will read, from its first thread's first row
+// to its last thread's last row (whole planes between), as one bulk prefetch into L2
+// (cp.async.bulk.prefetch.L2, sm_90: no registers, nothing to wait for). Every value here is
+// uniform across the warp (block index and kernel parameters only), so the prefetch (a uniform
+// instruction, UBLKPF) takes its operands with a few R2UR moves and no loop; a per-lane address
+// needs a loop that makes it uniform, and with it ptxas re-made the global memory descriptor
+// before every predicated load of the hot loop (55 R2UR in the INT8 3x3 SASS). The range is
+// trimmed to 16-byte boundaries inside the input tensor, so nothing outside it is touched.
+template <int KS, int S, int E, int R, int NR>
+__device__ __forceinline__ void global_prefetch_l2(void const* x, ConvShape const& s, GlobalPlan const& pl, int32_t pb)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // byte offset in x of input row (first row + off) of thread tt, clamped to its plane
+    auto row_at = [&](int32_t tt, int off) -> int64_t {
+        int32_t const plane = div_magic(tt, pl.plane_m, pl.plane_s);
+        int32_t const chunk = div_magic(tt - plane * pl.per_plane, pl.tx_m, pl.tx_s);
+        int32_t const in_plane = s.Kg == 1 ? plane : plane / s.Kg; // n * C + k / Kg (K = C * Kg)
+        int32_t const ih = min(max(chunk * R * S - s.pt + off, 0), s.H);
+        return (static_cast<int64_t>(in_plane) * s.H + ih) * s.W * E;
+    };
+    int32_t const t0 = pb * kGlobalThreads;
+    uintptr_t const base = reinterpret_cast<uintptr_t>(x);
+    uintptr_t const end = base + static_cast<uintptr_t>(static_cast<int64_t>(s.N) * s.C * s.H * s.W * E);
+    uintptr_t const lo = max((base + 15) & ~uintptr_t{15}, (base + static_cast<uintptr_t>(row_at(t0, 0))) & ~uintptr_t{15});
+    uintptr_t const hi = min(end & ~uintptr_t{15},
+        (base + static_cast<uintptr_t>(row_at(min(t0 + kGlobalThreads, pl.total) - 1, NR)) + 15) & ~uintptr_t{15});
+    if (hi > lo)
+    {
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lo), "r"(static_cast<uint32_t>(hi - lo)) : "memory");
+    }
+#endif
+}
+
 template <int KS, int S, class TIn, class TB, class Store>
 __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<int>(sizeof(TIn)), KS))
     depthwise_global_kernel(TIn const* __restrict__ x,
@@ -231,6 +298,15 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
     constexpr int LB = MB < 16 ? MB : 16;
     constexpr int kOutChunk = rows_wide_chunk(V * static_cast<int>(sizeof(*store.y)));
 
+    // warp 0 (its index through a shuffle from lane 0, so that ptxas knows it is warp-uniform)
+    if (global_prefetch_pct(E, KS, S) > 0 && pl.pf_blocks > 0 && __shfl_sync(0xFFFFFFFFU, threadIdx.x / 32, 0) == 0)
+    {
+        int32_t const pb = static_cast<int32_t>(blockIdx.x) + pl.pf_blocks;
+        if (pb < static_cast<int32_t>(gridDim.x))
+        {
+            global_prefetch_l2<KS, S, E, R, NR>(x, s, pl, pb);
+        }
+    }
     int32_t const t = static_cast<int32_t>(blockIdx.x) * kGlobalThreads + static_cast<int32_t>(threadIdx.x);
     if (t >= pl.total)
     {

@@ -514,6 +514,58 @@ bool global_shape_ok(ConvShape const& s, int elem)
     return planes * global_chunks(s, elem) * (s.Wo / v) <= INT32_MAX - kGlobalThreads;
 }
 
+// How far ahead depthwise_global prefetches into L2, in percent of a wave (the blocks resident on
+// the GPU at once), for a kernel whose default is `pct` (global_prefetch_pct): that default, or for
+// the kernels that prefetch, $QUANTBENCH_DWCONV_GLOBAL_PREFETCH (read per call; 0 off).
+int global_prefetch_setting(int pct)
+{
+    if (pct <= 0)
+    {
+        return 0;
+    }
+    char const* const env = std::getenv("QUANTBENCH_DWCONV_GLOBAL_PREFETCH");
+    if (env != nullptr && *env != '\0')
+    {
+        return std::max(0, std::min(800, std::atoi(env)));
+    }
+    return pct;
+}
+
+// Blocks ahead for the prefetch: pct percent of a wave (the kernel's resident blocks per
+// multiprocessor, asked once per kernel and cached, times the current device's multiprocessors);
+// 0 when pct is 0 or a query fails (the prefetch is a hint: it never changes a result).
+template <int KS, int S, class TIn, class TB, class Store>
+int32_t global_pf_blocks(int pct)
+{
+    if (pct <= 0)
+    {
+        return 0;
+    }
+    static std::atomic<int> cached_per_sm{0};
+    int per_sm = cached_per_sm.load(std::memory_order_relaxed);
+    int device = 0;
+    int sms = 0;
+    bool ok = cudaGetDevice(&device) == cudaSuccess
+        && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && sms > 0;
+    if (ok && per_sm <= 0)
+    {
+        ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                 &per_sm, depthwise_global_kernel<KS, S, TIn, TB, Store>, kGlobalThreads, 0)
+                == cudaSuccess
+            && per_sm > 0;
+        if (ok)
+        {
+            cached_per_sm.store(per_sm, std::memory_order_relaxed);
+        }
+    }
+    if (!ok)
+    {
+        (void) cudaGetLastError(); // a failed query must not be reported as the launch's error
+        return 0;
+    }
+    return static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(1, int64_t{pct} * sms * per_sm / 100), INT32_MAX / 2));
+}
+
 // The plan for these pointers; false when the shape is not served (global_shape_ok), x is not
 // aligned for the segment and quad loads, or y not for one store per segment.
 bool plan_global(ConvShape const& s, int elem, void const* x, void const* y, int out_elem, GlobalPlan* out)
@@ -554,8 +606,11 @@ bool launch_global(TIn const* x, TIn const* w, TB const* b, Store store, void co
     }
     auto const blocks = static_cast<unsigned>(ceil_div(static_cast<int64_t>(pl.total), int64_t{kGlobalThreads}));
     return dispatch_ks_stride(s, [&](auto ks, auto st) {
-        depthwise_global_kernel<decltype(ks)::value, decltype(st)::value, TIn, TB, Store>
-            <<<blocks, kGlobalThreads, 0, stream>>>(x, w, b, store, s, pl);
+        constexpr int KS = decltype(ks)::value;
+        constexpr int S = decltype(st)::value;
+        pl.pf_blocks = global_pf_blocks<KS, S, TIn, TB, Store>(
+            global_prefetch_setting(global_prefetch_pct(static_cast<int>(sizeof(TIn)), KS, S)));
+        depthwise_global_kernel<KS, S, TIn, TB, Store><<<blocks, kGlobalThreads, 0, stream>>>(x, w, b, store, s, pl);
         *status = static_cast<int>(cudaGetLastError());
     });
 }
