@@ -56,8 +56,16 @@ def _tiled(x: np.ndarray) -> tuple[np.ndarray, int]:
 
 @pytest.mark.parametrize("tiled", [False, True], ids=["small", "compiled-size"])
 def test_edge_values_land_in_the_exact_bins(tiled: bool) -> None:
-    x = _edge_values()[:-1]  # without -HALF_BINS * 2**e, which is off the grid
-    e = -10
+    # without -HALF_BINS * 2**e, which is off the grid
+    x = _binned_as_exact(_edge_values()[:-1], -10, tiled)
+    for scan in (binning.scan, binning.numpy_scan):
+        seen = scan(x, -10)
+        assert (seen.lo, seen.hi, seen.finite) == (float(x.min()), float(x.max()), x.size)
+
+
+def _binned_as_exact(x: np.ndarray, e: int, tiled: bool) -> np.ndarray:
+    """Assert that every binning path (counts alone, scans; numpy and compiled) puts ``x`` (tiled
+    past SMALL values when ``tiled``) in the bins of the rational reference; the ``x`` binned."""
     expected = _exact_bins(x, e)
     if tiled:
         x, reps = _tiled(x)
@@ -67,7 +75,7 @@ def test_edge_values_land_in_the_exact_bins(tiled: bool) -> None:
     for scan in (binning.scan, binning.numpy_scan):
         seen = scan(x, e)
         assert seen.counts is not None and np.array_equal(seen.counts, expected)
-        assert (seen.lo, seen.hi, seen.finite) == (float(x.min()), float(x.max()), x.size)
+    return x
 
 
 @pytest.mark.parametrize("tiled", [False, True], ids=["small", "compiled-size"])
@@ -550,14 +558,6 @@ def test_float64_subnormals_below_zero_stay_below_zero_at_a_wide_bin(tiled: bool
     is below 0: it belongs in bin -1 (HALF_BINS - 1), as the rational reference says; +5e-324
     and -0.0 belong in bin 0."""
     x = np.array([-5e-324, -3 * 5e-324, 5e-324, -0.0, -2.0**-1070, -1.0, 7.9], np.float64)
-    e = 3
-    expected = _exact_bins(x, e)
+    expected = _exact_bins(x, 3)
     assert expected[binning.HALF_BINS - 1] == 4 and expected[binning.HALF_BINS] == 3
-    if tiled:
-        x, reps = _tiled(x)
-        expected = expected * reps
-    assert np.array_equal(binning.numpy_finite_counts(x, e), expected)
-    assert np.array_equal(binning.finite_counts(x, e), expected)
-    for scan in (binning.scan, binning.numpy_scan):
-        seen = scan(x, e)
-        assert seen.counts is not None and np.array_equal(seen.counts, expected)
+    _binned_as_exact(x, 3, tiled)
