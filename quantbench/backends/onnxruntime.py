@@ -339,8 +339,6 @@ def _session(
     """An onnxruntime session over ``model`` (plugin ops as :func:`_runnable` says), and how its
     plugin ops run (op type -> "plugin op, cpu" / "lowered"). ``options`` makes the session's
     options (fresh ones for a second try)."""
-    import onnxruntime as ort
-
     source, plan = _runnable(model)
     if isinstance(source, WeightsApart):
         try:
@@ -351,12 +349,7 @@ def _session(
     if plan is not None:
         plan.register(opts)
     with loadable(source) as loaded:
-        session = ort.InferenceSession(
-            loaded,
-            sess_options=opts,
-            providers=session_providers(provider),
-            disabled_optimizers=disabled_optimizers(),
-        )
+        session = _inference_session(loaded, opts, provider)
     return session, (plan.how if plan is not None else {})
 
 
@@ -366,15 +359,22 @@ def _session_apart(model: WeightsApart, opts: Any, provider: str) -> Any:
 
     values = [ort.OrtValue.ortvalue_from_numpy(w) for w in model.weights.values()]
     opts.add_external_initializers(list(model.weights), values)
-    session = ort.InferenceSession(
-        model.light,
+    session = _inference_session(model.light, opts, provider)
+    # the session reads the arrays in place: they live exactly as long as it does
+    session.quantbench_weights = (model.weights, values)
+    return session
+
+
+def _inference_session(loaded: bytes | str, opts: Any, provider: str) -> Any:
+    """onnxruntime's session over ``loaded`` with quantbench's providers and optimizers."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(
+        loaded,
         sess_options=opts,
         providers=session_providers(provider),
         disabled_optimizers=disabled_optimizers(),
     )
-    # the session reads the arrays in place: they live exactly as long as it does
-    session.quantbench_weights = (model.weights, values)
-    return session
 
 
 def _loads(model: onnx.ModelProto, options: Callable[[], Any], provider: str) -> bool:

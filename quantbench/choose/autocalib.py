@@ -1067,9 +1067,9 @@ def output_sqnrs(
             qdq.CopyFrom(candidate)  # with_outputs edits it
         else:
             qdq = quantize_model(graph, candidate, allow_partial=True, checked=False).model
-        exposed = with_outputs(qdq, extra, graph.elem_types, in_place=True)
-        loadable = serialized_for_session(exposed, shared)
-        del exposed
+        loadable = serialized_for_session(
+            with_outputs(qdq, extra, graph.elem_types, in_place=True), shared
+        )
         del qdq  # the proto goes before onnxruntime parses the bytes
         return OnnxRuntimeRunner(
             loadable,
