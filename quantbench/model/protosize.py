@@ -138,11 +138,7 @@ def weights_apart(
             continue
         known = shared.array(t) if shared is not None else None
         weights[t.name] = known if known is not None else _raw_array(t)
-        apart = light.graph.initializer.add()
-        _copy_fields(t, apart, skip="raw_data")
-        apart.data_location = onnx.TensorProto.EXTERNAL
-        entry = apart.external_data.add()
-        entry.key, entry.value = "location", "quantbench-in-memory"
+        _add_placeholder(light, t, {"location": "quantbench-in-memory"})
     data = serialized(light) if weights else None
     return None if data is None else WeightsApart(data, weights)
 
@@ -167,15 +163,20 @@ def _apart(model: onnx.ModelProto, data_path: Path, location: str) -> onnx.Model
                 continue
             offset = data.tell()
             data.write(t.raw_data)
-            apart = light.graph.initializer.add()
-            apart.name, apart.data_type, apart.doc_string = t.name, t.data_type, t.doc_string
-            apart.dims.extend(t.dims)
-            apart.data_location = onnx.TensorProto.EXTERNAL
-            where = (("location", location), ("offset", offset), ("length", len(t.raw_data)))
-            for key, value in where:
-                entry = apart.external_data.add()
-                entry.key, entry.value = key, str(value)
+            where = {"location": location, "offset": offset, "length": len(t.raw_data)}
+            _add_placeholder(light, t, where)
     return light
+
+
+def _add_placeholder(light: onnx.ModelProto, t: onnx.TensorProto, where: dict) -> None:
+    """Add to ``light``'s initializers ``t`` without its data: every other field of it, marked
+    ONNX external data at ``where`` (key -> value of its ``external_data`` entries)."""
+    apart = light.graph.initializer.add()
+    _copy_fields(t, apart, skip="raw_data")
+    apart.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in where.items():
+        entry = apart.external_data.add()
+        entry.key, entry.value = key, str(value)
 
 
 def _light_bytes(light: onnx.ModelProto) -> bytes:
