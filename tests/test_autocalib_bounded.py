@@ -23,8 +23,13 @@ from quantbench.table.json_table import encode_json_table
 HUGE = 1 << 40
 
 
-def _judge(graph, data, monkeypatch, budget, twin_budget):
+def _judge(graph, data, monkeypatch, budget, twin_budget, per_tensor=0):
+    """``auto`` with its judging parts at most ``budget`` bytes (``per_tensor``: the part
+    size grows by that much a returned tensor, as :func:`autocalib.judging_part_bytes` does;
+    0 here, so that the parts are exactly ``budget``)."""
     monkeypatch.setattr(autocalib, "JUDGE_BUDGET", budget)
+    monkeypatch.setattr(autocalib, "ACTIVATION_BUDGET", max(budget, 256 << 20))
+    monkeypatch.setattr(autocalib, "JOINED_BUDGET_PER_TENSOR", per_tensor)
     monkeypatch.setattr(autocalib, "ISOLATED_TWIN_BUDGET", twin_budget)
     stats, _, _ = cal.obtain_stats(graph, data, tensors="all", use_cache=False)
     return choose_auto(graph, stats, data, use_cache=False)
@@ -87,6 +92,40 @@ def test_a_run_returns_at_most_the_budget(cnn_path, tmp_path, monkeypatch, sampl
     for n, returned in seen:
         assert n == 1 or returned <= budget, (n, returned, budget)
     assert max(b for _, b in seen) <= budget < biggest
+
+
+def test_judging_parts_grow_with_the_tensors_a_run_returns():
+    """A judging pass returning many tensors (a model of many small ops, whose runs cost
+    onnxruntime per node) runs larger parts, as the statistics pass does: 1 MiB a returned
+    tensor, at least 32 MiB, at most the statistics pass's 256 MiB part."""
+    mib = 1 << 20
+    assert autocalib.judging_part_bytes(0) == 32 * mib
+    assert autocalib.judging_part_bytes(20) == 32 * mib
+    assert autocalib.judging_part_bytes(100) == 100 * mib
+    assert autocalib.judging_part_bytes(740) == 256 * mib  # captcha-crnn's isolated pass
+
+
+def test_the_isolated_and_output_passes_run_parts_of_the_grown_size(
+    cnn_path, tmp_path, monkeypatch
+):
+    """With 32 bytes a returned tensor allowed on top of a budget no part fits, the isolated
+    pass's parts hold as many samples as its returned tensors' share allows, and the output
+    pass (which returns few tensors) runs parts of the size the isolated pass chose."""
+    np.savez(tmp_path / "d.npz", input=synthetic.images(40, seed=1))
+    graph = open_graph(cnn_path)
+    sizes: list[int] = []
+    real = autocalib.feed_parts
+
+    def spy(feed, inputs, per_sample, budget, *args, **kwargs):
+        if sys._getframe(1).f_globals["__name__"] == autocalib.__name__:
+            sizes.append(budget)
+        return real(feed, inputs, per_sample, budget, *args, **kwargs)
+
+    monkeypatch.setattr(autocalib, "feed_parts", spy)
+    _judge(graph, tmp_path / "d.npz", monkeypatch, 1, HUGE, per_tensor=32)
+    assert sizes and len(set(sizes)) == 1  # one part size for every judging pass
+    (size,) = set(sizes)
+    assert size > 32 and size % 32 == 0  # 32 bytes for each of the isolated pass's tensors
 
 
 def _open_candidates(monkeypatch):

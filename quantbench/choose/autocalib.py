@@ -39,10 +39,11 @@ same.
 
 Memory: every pass streams the slice and accumulates its sums (:class:`SqnrAccumulator`,
 :class:`OutputsAccumulator`), and each batch runs in parts of at most :data:`JUDGE_BUDGET` of
-activations (one sample where one is larger), in sessions without onnxruntime's CPU arena, so
-judging holds a bounded amount whatever the number of held-back samples. The parts change only
-the float32 rounding of the sums (at most 4e-5 dB on a 7-conv SR CNN): the choice and the
-tables came out byte-identical.
+activations, more for a pass returning many tensors (:func:`judging_part_bytes`, at most the
+statistics pass's part; one sample where one is larger), in sessions without onnxruntime's CPU
+arena, so judging holds a bounded amount whatever the number of held-back samples. The parts
+change only the float32 rounding of the sums (at most 4e-5 dB on a 7-conv SR CNN): the choice
+and the tables came out byte-identical.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ from quantbench.backends.onnxruntime import (
 )
 from quantbench.choose.automemo import judgement_key, load_judgement, store_judgement
 from quantbench.collect.executors import ExecutorSpec, run_tasks, task_threads
-from quantbench.collect.statspass import collect_stats
+from quantbench.collect.statspass import ACTIVATION_BUDGET, JOINED_BUDGET_PER_TENSOR, collect_stats
 from quantbench.collect.workerinput import WorkerInput
 from quantbench.data.sources import (
     DataSource,
@@ -191,12 +192,14 @@ def _slice_parts(
     budget: JudgingBudget | None,
     *,
     deadline: bool = False,
+    part_bytes: int | None = None,
 ) -> Iterator[Feed]:
-    """The slice's batches in parts of at most :data:`JUDGE_BUDGET` bytes (``per_sample[0]``
-    bytes a sample once measured), as many as ``budget`` allows."""
+    """The slice's batches in parts of at most ``part_bytes`` (default :data:`JUDGE_BUDGET`;
+    ``per_sample[0]`` bytes a sample once measured), as many as ``budget`` allows."""
     read, whole = 0, True
+    size = JUDGE_BUDGET if part_bytes is None else part_bytes
     for feed in held_out.batches():
-        for part in feed_parts(feed, inputs, lambda: per_sample[0], JUDGE_BUDGET):
+        for part in feed_parts(feed, inputs, lambda: per_sample[0], size):
             if budget is not None and budget.reached(read, deadline=deadline):
                 whole = False
                 break
@@ -622,7 +625,7 @@ def auto_table(
     parallel = executor is not None and not executor.is_local and job is not None
     if budget is not None:
         parallel, budget.tables = False, len(judged)
-    activations = 0
+    activations, part_bytes = 0, None
     stopped: dict[str, int] = {}  # candidates the output pass stopped early: samples read
     with ExitStack() as stack:  # the local judging's own progress (the workers' has its own)
         advance = None
@@ -648,6 +651,7 @@ def auto_table(
             with shared_upgrades():  # the candidates share one reference: upgraded once
                 one = isolated.run(graph, held_out, provider, threads, advance, budget)
             judged_scores, activations, isolated_read = one.scores, one.activations, one.samples
+            part_bytes = one.part_bytes
         scores = {m: judged_scores[same_as[m]] for m in method_list}
         mixed = _relabelled(tables[base_name], base_name)
         choices: dict[str, dict[str, Any]] = {}
@@ -693,6 +697,7 @@ def auto_table(
                 threads,
                 advance=advance,
                 activation_bytes=activations,
+                part_bytes=part_bytes,
                 budget=budget,
                 stopped=stopped,
                 exempt={MIX},
@@ -859,6 +864,8 @@ class IsolatedPass:
     activations: int
     #: samples the scores stood on
     samples: int
+    #: the part size it ran (:func:`judging_part_bytes`), which the output pass takes too
+    part_bytes: int = 0
 
 
 def _isolated_scores(
@@ -915,6 +922,19 @@ ISOLATED_FIRST_CHECK = 8
 #: whatever the resolution and the number of held-back samples (the sums are streaming:
 #: only their float32 rounding sees the parts)
 JUDGE_BUDGET = 32 << 20
+
+
+def judging_part_bytes(returned: int) -> int:
+    """The part size of a judging pass whose runs return ``returned`` tensors: as the
+    statistics pass sizes its joined batches (:func:`quantbench.collect.statspass.joined_budget`),
+    :data:`~quantbench.collect.statspass.JOINED_BUDGET_PER_TENSOR` a tensor, at least
+    :data:`JUDGE_BUDGET` and at most the statistics pass's own part,
+    :data:`~quantbench.collect.statspass.ACTIVATION_BUDGET` (so judging never holds more than
+    calibrating did). Why: onnxruntime's cost per run grows with the nodes a run goes through,
+    and a model of many small ops run one sample at a time pays it per sample: captcha-crnn's
+    isolated model (2,720 nodes, 740 tensors returned) ran 90-270 ms a sample at batch 1, 50 ms
+    at batch 8."""
+    return min(ACTIVATION_BUDGET, max(JUDGE_BUDGET, returned * JOINED_BUDGET_PER_TENSOR))
 
 
 def _isolation_reference(graph: Graph, candidate: onnx.ModelProto) -> onnx.ModelProto:
@@ -980,7 +1000,8 @@ def _isolated_pass(
             for name, twins in twins_of.items()
         }
 
-    parts = _slice_parts(held_out, graph.inputs, per_sample, budget)
+    part_bytes = judging_part_bytes(len(fetch))
+    parts = _slice_parts(held_out, graph.inputs, per_sample, budget, part_bytes=part_bytes)
     checked = _checkpointed(parts, graph.inputs, ISOLATED_FIRST_CHECK) if settled else None
     for part, check in checked or ((p, False) for p in parts):
         start = time.perf_counter()
@@ -1003,7 +1024,7 @@ def _isolated_pass(
         if check and settled is not None and settled(scores_now()):
             break
     runner.close()
-    return IsolatedPass(scores_now(), per_table, activations, read)
+    return IsolatedPass(scores_now(), per_table, activations, read, part_bytes)
 
 
 def output_sqnr(
@@ -1027,6 +1048,7 @@ def output_sqnrs(
     advance: Callable[[int], None] | None = None,
     *,
     activation_bytes: int = 0,
+    part_bytes: int | None = None,
     reference_graph: Graph | None = None,
     budget: JudgingBudget | None = None,
     stopped: dict[str, int] | None = None,
@@ -1040,9 +1062,9 @@ def output_sqnrs(
     (:func:`_judged_sqnr`;
     ``-inf`` when one is undefined, e.g. holds NaN). The slice runs FP32 once (or
     ``reference``: FP32 outputs per batch computed before), in parts of at most
-    :data:`JUDGE_BUDGET` bytes of FP32 activations (``activation_bytes`` a sample; else the
-    outputs' bytes, measured on a first one-sample part), so that no session holds a whole
-    batch's activations. Where the parts and their FP32 outputs fit
+    ``part_bytes`` (default :data:`JUDGE_BUDGET`) of FP32 activations (``activation_bytes`` a
+    sample; else the outputs' bytes, measured on a first one-sample part), so that no session
+    holds a whole batch's activations. Where the parts and their FP32 outputs fit
     :data:`KEPT_REFERENCE_BUDGET` (or ``reference`` is given) the candidates then run one after
     another, one session alive at a time; else each part runs through every candidate in turn.
     The sums, and so the scores, are the same either way; except that one at a time, a
@@ -1091,7 +1113,7 @@ def output_sqnrs(
         if kept is None:
             fp32 = _fp32_runner(against, extra, provider, threads, shared)
             kept = None if budget is not None else _kept_reference(
-                fp32, held_out, graph.inputs, outputs, activation_bytes
+                fp32, held_out, graph.inputs, outputs, activation_bytes, part_bytes
             )  # fmt: skip
         if kept is not None:
             if fp32 is not None:
@@ -1102,7 +1124,7 @@ def output_sqnrs(
             )  # fmt: skip
         else:
             _score_together(tables, accs, runner_of, fp32, held_out, graph.inputs, outputs,
-                            activation_bytes, budget)  # fmt: skip
+                            activation_bytes, budget, part_bytes)  # fmt: skip
     if advance is not None:
         advance(len(tables))
     if stopped is not None:
@@ -1124,11 +1146,12 @@ def _kept_reference(
     inputs: list[Any],
     outputs: list[str],
     activation_bytes: int,
+    part_bytes: int | None = None,
 ) -> list[tuple[Feed, dict[str, np.ndarray]]] | None:
     """The slice's parts (those :func:`_score_together` would run) with their FP32 outputs,
     or None once they outgrow :data:`KEPT_REFERENCE_BUDGET` (the FP32 runs done are lost)."""
     kept, held, per_sample = [], 0, [activation_bytes]
-    for part in _slice_parts(held_out, inputs, per_sample, None):
+    for part in _slice_parts(held_out, inputs, per_sample, None, part_bytes=part_bytes):
         ref = fp32.infer(part, outputs)
         _size_parts(per_sample, part, ref, inputs)
         held += sum(np.asarray(v).nbytes for v in [*part.values(), *ref.values()])
@@ -1243,13 +1266,16 @@ def _score_together(
     outputs: list[str],
     activation_bytes: int,
     budget: JudgingBudget | None,
+    part_bytes: int | None = None,
 ) -> None:
     """Each part of the slice through FP32 and then every candidate (all sessions alive):
     nothing kept but one part's outputs, and a ``budget``'s deadline cuts every candidate at
     the same sample."""
     runners = {name: runner_of(table) for name, table in tables.items()}
     per_sample = [activation_bytes]
-    for part in _slice_parts(held_out, inputs, per_sample, budget, deadline=True):
+    for part in _slice_parts(
+        held_out, inputs, per_sample, budget, deadline=True, part_bytes=part_bytes
+    ):
         ref = fp32.infer(part, outputs)
         _size_parts(per_sample, part, ref, inputs)
         for name, runner in runners.items():
