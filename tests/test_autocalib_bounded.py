@@ -128,6 +128,22 @@ def test_the_isolated_and_output_passes_run_parts_of_the_grown_size(
     assert size > 32 and size % 32 == 0  # 32 bytes for each of the isolated pass's tensors
 
 
+def test_auto_judges_alike_with_and_without_exact_integer_kernels(cnn_path, cnn_data, monkeypatch):
+    """``auto``'s judging runs every Q/DQ model as written (onnxruntime's fusion off) on every
+    machine, so one whose integer kernels are exact (VNNI) and one where they saturate give
+    the same scores and the same table (before, the fusion stayed on with VNNI)."""
+    from quantbench.backends import onnxruntime as backend
+
+    graph = open_graph(cnn_path)
+    stats, _, _ = cal.obtain_stats(graph, cnn_data, use_cache=False)
+    got = {}
+    for exact in (True, False):
+        monkeypatch.setattr(backend, "saturating_int8_kernels", lambda exact=exact: not exact)
+        got[exact] = choose_auto(graph, stats, cnn_data, use_cache=False)
+    assert got[True].output_sqnr_db == got[False].output_sqnr_db
+    assert encode_json_table(got[True].table) == encode_json_table(got[False].table)
+
+
 def _open_candidates(monkeypatch):
     """Most candidate sessions (those auto's output pass opens for a Q/DQ model) alive at once."""
     alive, most = [0], [0]

@@ -1157,14 +1157,14 @@ def test_checked_false_skips_only_the_checker(monkeypatch):
 
 def test_quantbench_sessions_run_a_qdq_model_as_written():
     """On x86 without VNNI onnxruntime's fused integer kernels saturate int16 sums (this CNN's
-    INT8 output: cosine 0.90 to FP32 on an AVX2-only AMD EPYC); quantbench's sessions turn the
-    fusion off there, so what compare measures is the Q/DQ model's own arithmetic, as TensorRT
-    computes it. Elsewhere the fusion is exact and stays on."""
+    INT8 output: cosine 0.90 to FP32 on an AVX2-only AMD EPYC); with VNNI they are exact but
+    round an FP32 bias to int32. quantbench's sessions turn the fusion off on every machine, so
+    what compare measures is the Q/DQ model's own arithmetic, as TensorRT computes it, alike
+    on every CPU."""
     from quantbench.backends.onnxruntime import (
         QDQ_FUSION,
         OnnxRuntimeRunner,
         disabled_optimizers,
-        saturating_int8_kernels,
     )
 
     fp32 = cnn()
@@ -1176,7 +1176,7 @@ def test_quantbench_sessions_run_a_qdq_model_as_written():
         np.testing.assert_allclose(got, as_written, rtol=1e-5, atol=1e-6)
         assert cosine(got, run(fp32, feed)[0]) > 0.99
     runner.close()
-    assert (QDQ_FUSION in disabled_optimizers()) == saturating_int8_kernels()
+    assert QDQ_FUSION in disabled_optimizers()  # on every machine, VNNI or not
 
 
 def _biased_qdq_conv() -> onnx.ModelProto:
@@ -1208,14 +1208,12 @@ def _biased_qdq_conv() -> onnx.ModelProto:
 
 
 def test_quantbench_sessions_add_an_fp32_bias_in_fp32():
-    """Where quantbench turns onnxruntime's Q/DQ fusion off, its other Q/DQ rewrites are off
-    too: one of them rounds a Q/DQ conv's FP32 bias to int32 at input scale x weight scale,
-    which TensorRT does not (it adds the bias in FP32). With both scales 1, onnxruntime's
-    default session adds 0 for a bias of 0.375; the model says round(x) + 0.375."""
-    from quantbench.backends.onnxruntime import OnnxRuntimeRunner, saturating_int8_kernels
-
-    if not saturating_int8_kernels():
-        pytest.skip("the fused integer kernels stay on here (VNNI): their bias is int32")
+    """quantbench's sessions turn onnxruntime's Q/DQ fusion off on every machine, and its other
+    Q/DQ rewrites with it: one of them rounds a Q/DQ conv's FP32 bias to int32 at input scale x
+    weight scale, which TensorRT does not (it adds the bias in FP32). With both scales 1,
+    onnxruntime's default session adds 0 for a bias of 0.375 (where the fused kernels run); the
+    model says round(x) + 0.375, which quantbench's session gives on any CPU."""
+    from quantbench.backends.onnxruntime import OnnxRuntimeRunner
     x = np.array([[[[1.2, 2.0], [3.0, -4.4]]]], np.float32)
     expected = np.array([[[[1.375, 2.375], [3.375, -3.625]]]], np.float32)  # by hand
     runner = OnnxRuntimeRunner(_biased_qdq_conv(), "cpu")

@@ -61,8 +61,8 @@ def judgement_key(
         "preset": str(preset) if preset is not None else None,
         "provider": provider,
         "methods": methods,
-        # the scores are onnxruntime's arithmetic: a new release, or the integer kernels turned
-        # off (saturating_int8_kernels), judges anew
+        # the scores are onnxruntime's arithmetic: a new release, or other session settings,
+        # judges anew
         "onnxruntime": _onnxruntime_version(),
         "disabled_optimizers": disabled_optimizers(),
         "session_config": session_config(),
