@@ -57,10 +57,15 @@ def _pairs(quantized: list[QuantizedNode]) -> dict[tuple[str, int | None, bytes]
     return pairs
 
 
-def _layout(quantized: list[QuantizedNode], folds: dict[str, np.ndarray]) -> tuple:
+def _layout(
+    quantized: list[QuantizedNode],
+    folds: dict[str, np.ndarray],
+    pairs: dict[tuple[str, int | None, bytes], QdqInput] | None = None,
+) -> tuple:
     """Everything of a placement the edited graph depends on except the scales' values: the
-    inputs (index, tensor, axis, scale shape), which of them share a pair, and the folds."""
-    pair_of = {key: i for i, key in enumerate(_pairs(quantized))}
+    inputs (index, tensor, axis, scale shape), which of them share a pair, and the folds.
+    ``pairs``: :func:`_pairs` of ``quantized``, where the caller has them."""
+    pair_of = {key: i for i, key in enumerate(_pairs(quantized) if pairs is None else pairs)}
     inputs = tuple(
         (p.node, tuple((q.index, q.tensor, q.axis, q.scale.shape, pair_of[_pair_key(q)])
                        for q in p.inputs))
@@ -119,11 +124,12 @@ class QdqEdit:
     ) -> onnx.ModelProto | None:
         """The edit's model with ``quantized``'s scales (a new model), or None where its
         layout differs (the graph itself would differ)."""
-        if _layout(quantized, folds) != self.layout:
+        pairs = _pairs(quantized)  # made once: each key holds a scale's bytes
+        if _layout(quantized, folds, pairs) != self.layout:
             return None
         scales = {
             name: qdq.scale.astype(np.float32)
-            for name, qdq in zip(self.scale_names, _pairs(quantized).values(), strict=True)
+            for name, qdq in zip(self.scale_names, pairs.values(), strict=True)
         }
         model = onnx.ModelProto()
         model.CopyFrom(self.skeleton)
