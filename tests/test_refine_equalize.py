@@ -183,6 +183,8 @@ def test_conv_relu_like_conv_keeps_the_function(between):
     after = _inits(refined.model)
     np.testing.assert_allclose(_first_ranges(after["w1"]), _second_ranges(after["w2"], 1), 1e-6)
     np.testing.assert_array_equal(after["b2"], _inits(model)["b2"])  # conv2's bias is untouched
+    # conv1's output and every op's after it, up to what conv2 reads, hold rescaled values
+    assert refined.rescaled == [f"t{i}" for i in range(len(between) + 1)]
 
 
 def test_two_channels_by_hand_meet_at_the_geometric_mean():
@@ -437,3 +439,28 @@ def test_activation_variant_leaves_unmeasured_pairs_alone():
     model = _conv_act_conv(["Relu"])
     refined = equalize(model, activation_max={"elsewhere": np.ones(4)})
     assert not refined.changed and refined.skipped == NOTHING_ELIGIBLE
+
+
+def test_rescaled_names_exactly_the_tensors_whose_values_moved():
+    """Run the original and the equalized mobile block with every intermediate exposed: the
+    tensors ``rescaled`` names differ (per channel), every other one is the same; ``compare``
+    leaves exactly those out of its layer-by-layer views."""
+    model = _mobile_block()
+    refined = _equalized(model)
+    tensors = ["c1", "r1", "c2", "r2", "y"]
+    x = np.random.default_rng(2).standard_normal([2, 3, 8, 8]).astype(np.float32)
+    moved = []
+    for name in tensors:
+        want, got = (_exposed(m, name, x) for m in (model, refined.model))
+        if not np.allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max())):
+            moved.append(name)
+    assert moved == ["c1", "r1", "c2", "r2"]
+    assert sorted(refined.rescaled) == sorted(moved)
+
+
+def _exposed(model: onnx.ModelProto, tensor: str, x: np.ndarray) -> np.ndarray:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.output.extend([helper.make_tensor_value_info(tensor, TensorProto.FLOAT, None)])
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run([tensor], {"x": x})[0]

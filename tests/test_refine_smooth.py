@@ -140,6 +140,8 @@ def test_layernorm_scale_and_bias_take_one_over_the_shared_s(qkv):
     assert not [n for n in result.model.graph.node if n.op_type == "Mul"]
     # the replaced constants are gone
     assert not {"gamma", "beta", *QKV} & set(inits)
+    # x (the LayerNorm's output) now holds x / s under its own name
+    assert result.rescaled == ["x"]
 
 
 def test_the_activation_channel_range_shrinks(qkv):
@@ -187,6 +189,7 @@ def test_a_mul_feeds_the_projection_and_the_residual_keeps_x():
     np.testing.assert_allclose(inits[mul.input[1]], 1 / s, rtol=1e-5)
     assert "Mul x_smooth inserted" in result.layers[0].detail
     assert "1 other consumer(s) keep x" in result.layers[0].detail
+    assert result.rescaled == []  # x keeps its values; x / s is a new tensor, x_smooth
 
 
 def test_gemm_trans_b_scales_the_weight_columns():

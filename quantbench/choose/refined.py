@@ -146,6 +146,10 @@ class RefineOutcome:
     #: the model before a kept rounding pass (``recover`` gives a layer it keeps in high
     #: precision its unrounded weights back)
     unrounded: onnx.ModelProto | None = None
+    #: tensors the kept passes left scaled per channel under their original names
+    #: (:attr:`quantbench.refine.Refined.rescaled`): ``compare`` leaves them out of its
+    #: layer-by-layer views against the unrefined model
+    rescaled: list[str] = field(default_factory=list)
 
     @property
     def refined(self) -> bool:
@@ -157,6 +161,7 @@ class RefineOutcome:
             "base_output_sqnr_db": json_float(self.base_score_db),
             "holdout": self.holdout,
             "trials": [t.to_dict() for t in self.trials],
+            "rescaled": list(self.rescaled),
         }
 
 
@@ -168,6 +173,8 @@ class _State:
     #: the model before a kept rounding pass (bias correction measures the shift of the
     #: rounded weights against these); None while no rounding was kept
     unrounded: onnx.ModelProto | None = None
+    #: tensors the kept passes rescaled so far
+    rescaled: tuple[str, ...] = ()
 
 
 def refine_judged(
@@ -229,8 +236,9 @@ def refine_judged(
             state = best[1]
             kept.append(best[0].name)
     return RefineOutcome(
-        state.graph, state.table, kept, trials, base, holdout_note, state.unrounded
-    )
+        state.graph, state.table, kept, trials, base, holdout_note, state.unrounded,
+        list(state.rescaled),
+    )  # fmt: skip
 
 
 def _variants(
@@ -319,7 +327,8 @@ def _try(
     if not gained:
         return trial, None
     unrounded = state.graph.model if name == ROUNDING else state.unrounded
-    return trial, _State(graph, table, found, unrounded)
+    rescaled = tuple(dict.fromkeys([*state.rescaled, *refined.rescaled]))
+    return trial, _State(graph, table, found, unrounded, rescaled)
 
 
 def _ranked(score: float) -> float:

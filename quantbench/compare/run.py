@@ -48,8 +48,8 @@ from quantbench.evaluate.task_metrics import MetricScript, MetricSession
 from quantbench.fp16 import FP16, FP16_EMULATED, has_fp16_qdq
 from quantbench.jsonsafe import from_json_float, json_float
 from quantbench.model.graph import QDQ_OPS, Graph, node_labels, second_stage_quantizers
-from quantbench.progress import progress_bar, warn
-from quantbench.refine import refine_record
+from quantbench.progress import info, progress_bar, warn
+from quantbench.refine import refine_record, refined_passes
 
 SIDES = ("A", "B")
 
@@ -196,7 +196,9 @@ def prepare_sides(
         _check_same_inputs(c, graph)
         _note_narrowed_inputs(c, graph)
         side.aliases, side.alias_ops = _dequantized_outputs(graph, c.model)
-        side.tensors = _layer_tensors(graph, c.model, side.aliases)
+        rescaled = _rescaled(c, graph)
+        layers = _layer_tensors(graph, c.model, side.aliases)
+        side.tensors = [t for t in layers if t not in rescaled]
         if not set(side.tensors) - {o.name for o in graph.model.graph.output}:
             warn(f"{c.label}: shares no tensor names with the FP32 model; comparing outputs only")
         ref_tensors.update(side.tensors)
@@ -210,11 +212,14 @@ def prepare_sides(
             )
         if iso is not None:
             ref_model = iso.model
-            side.isolated = {t: f"{side.key}:{twin}" for t, twin in iso.twins.items()}
             rename_twins(ref_model, iso.twins, side.key)
-            isolated_twins.update({f"{side.key}:{twin}": t for t, twin in iso.twins.items()})
+            moved = _touching(graph, rescaled)
+            twins = {t: tw for t, tw in iso.twins.items() if t not in moved}
+            side.isolated = {t: f"{side.key}:{twin}" for t, twin in twins.items()}
+            isolated_twins.update({f"{side.key}:{twin}": t for t, twin in twins.items()})
         if c.quantized:
-            side.clip = _quantized_inputs(c.model, _tensor_names(graph.model))
+            clip = _quantized_inputs(c.model, _tensor_names(graph.model))
+            side.clip = {t: v for t, v in clip.items() if v[0] not in rescaled}
             ref_tensors.update(src for src, _ in side.clip.values())
     out_names = [o.name for o in graph.model.graph.output]
     ordered = [t for t in _layer_tensors(graph, graph.model) if t in ref_tensors]
@@ -246,6 +251,37 @@ def prepare_sides(
         side.isolated_acc = {t: DriftAccumulator() for t in side.isolated}
         side.clip_acc = {t: ClipCounter(amax) for t, (_, amax) in side.clip.items()}
     return ref_runner, ref_fetch, sides
+
+
+def _rescaled(candidate: Candidate, graph: Graph) -> set[str]:
+    """Tensors ``candidate``'s model computes scaled per channel against ``graph``'s under the
+    same names (equalization, smoothing folded into a LayerNorm: its refinement record's
+    ``rescaled``), said once; none where ``graph`` is itself a refined model (the FP32 model
+    ``quantize --refined-model`` wrote holds them scaled alike)."""
+    record = refine_record(candidate.model) if candidate.model is not None else None
+    if record is None or refined_passes(graph.model):
+        return set()
+    rescaled = {t for t in record.get("rescaled") or [] if isinstance(t, str)}
+    if rescaled:
+        passes = ", ".join(record.get("kept") or []) or "a refinement"
+        info(
+            f"{candidate.label}: refined by {passes}: {len(rescaled)} of its tensors hold "
+            f"channel-rescaled values, so their per-layer drift against the unrefined FP32 "
+            f"model is not shown (the outputs are compared as always); give the refined FP32 "
+            f"model (quantize --refined-model) as --model to see every layer"
+        )
+    return rescaled
+
+
+def _touching(graph: Graph, rescaled: set[str]) -> set[str]:
+    """The outputs of the ops that write or read a rescaled tensor: their isolated twins (the
+    candidate's op on the reference's inputs) would compare unlike values."""
+    if not rescaled:
+        return set()
+    return {
+        o for n in graph.model.graph.node
+        if rescaled.intersection(n.output) or rescaled.intersection(n.input) for o in n.output
+    }  # fmt: skip
 
 
 def _check_same_inputs(candidate: Candidate, graph: Graph) -> None:

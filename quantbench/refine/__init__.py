@@ -80,6 +80,10 @@ class Refined:
     seconds: float = 0.0
     #: why the pass changed nothing, when it did not (no eligible layer, ...)
     skipped: str = ""
+    #: tensors the refined model computes scaled per channel under their original names
+    #: (equalization's, a LayerNorm that took smoothing's 1/s): their values are not the
+    #: original model's, so a layer-by-layer comparison against it must leave them out
+    rescaled: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:

@@ -145,7 +145,21 @@ def equalize(
         if changed.intersection(_names(pair))
     ]
     skipped = "" if layers else f"{len(pairs)} conv pair(s), all already equalized"
-    return Refined(EQUALIZE, refined, layers, time.perf_counter() - start, skipped)
+    consumers = _consumers(refined.graph)
+    rescaled = [
+        t for pair in pairs if changed.intersection(_names(pair)) for t in _chain(pair, consumers)
+    ]
+    return Refined(EQUALIZE, refined, layers, time.perf_counter() - start, skipped, rescaled)
+
+
+def _chain(pair: _Pair, consumers: dict[str, list[tuple[onnx.NodeProto | None, int]]]) -> list[str]:
+    """The tensors a pair's scales rescale: the first conv's output and each ReLU-like op's
+    after it, up to the tensor the second convs read (each consumed once, :func:`_follow`)."""
+    chain = [pair.first.output[0]]
+    while chain[-1] != pair.tensor:
+        (node, _), *_ = consumers[chain[-1]]
+        chain.append(node.output[0])
+    return chain
 
 
 # --- finding the pairs -------------------------------------------------------------------------

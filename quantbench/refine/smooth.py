@@ -93,9 +93,9 @@ def smooth(
         raise QuantbenchError(f"smoothing needs data: no channel maxima for {', '.join(missing)}")
     if missing:
         maxima.update(activation_channel_max(model, data, missing, provider=provider))
-    changes, reasons = _apply(graph, out, groups, maxima, alpha)
+    changes, reasons, rescaled = _apply(graph, out, groups, maxima, alpha)
     skipped = "" if changes else "; ".join(reasons) or "no activation to smooth"
-    return Refined(SMOOTH, out, changes, time.perf_counter() - start, skipped)
+    return Refined(SMOOTH, out, changes, time.perf_counter() - start, skipped, rescaled)
 
 
 #: where activation outliers come from in transformers: a LayerNorm's per-channel gain, a
@@ -175,8 +175,9 @@ def _apply(
     groups: dict[str, list[_Target]],
     maxima: Mapping[str, np.ndarray],
     alpha: float,
-) -> tuple[list[LayerChange], list[str]]:
-    """Smooths every group; the records, and why groups were left alone."""
+) -> tuple[list[LayerChange], list[str], list[str]]:
+    """Smooths every group; the records, why groups were left alone, and the tensors left
+    scaled by ``1/s`` under their own names (a LayerNorm's output that took it)."""
     taken = tensor_names(model)
     consumers = edits.consumers(model)
     producers = {o: n for n in model.graph.node for o in n.output if o}
@@ -184,6 +185,7 @@ def _apply(
     changes: list[LayerChange] = []
     reasons: list[str] = []
     replaced: list[str] = []
+    rescaled: list[str] = []
     for x, targets in groups.items():
         x_max = np.asarray(maxima[x], np.float64).reshape(-1)
         channels = targets[0].weight.shape[targets[0].in_axis]
@@ -199,13 +201,14 @@ def _apply(
         if norm is not None:
             ln, constants = norm
             replaced += _fold_into_norm(model, ln, constants, s, taken)
+            rescaled.append(x)
             how = f"1/s folded into LayerNormalization {ln.name or ln.output[0]}'s Scale and B"
         else:
             how = _insert_mul(model, x, targets, s, taken, len(consumers.get(x, [])))
         replaced += [_scale_weight(model, t, s, taken) for t in targets]
         changes.append(_record(x, targets, x_max, w_max, s, alpha, how))
     edits.drop_unused_initializers(model, replaced)
-    return changes, reasons
+    return changes, reasons, rescaled
 
 
 def _foldable_norm(
