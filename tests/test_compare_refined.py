@@ -97,3 +97,18 @@ def test_against_the_refined_fp32_model_every_layer_is_compared(refined, tmp_pat
     worse = [t for t in touched & set(isolated) & set(unlike)
              if unlike[t]["sqnr_db"] < isolated[t]["sqnr_db"] - 3]  # fmt: skip
     assert worse, "unlike values should score far below the refined reference's"
+
+
+def test_a_record_from_before_the_list_is_warned_about(refined, tmp_path, capsys):
+    """A model refined by an earlier quantbench (its record lacks ``rescaled``): compare cannot
+    tell which layers moved, and says so instead of showing them as if they were alike."""
+    qdq, _, record = refined
+    model = onnx.load(qdq)
+    old = {k: v for k, v in record.items() if k != "rescaled"}
+    for prop in model.metadata_props:
+        if prop.key == RECORD_KEY:
+            prop.value = json.dumps(old)
+    path = tmp_path / "old.onnx"
+    onnx.save(model, path)
+    _compare(path, require_example() / "tinycnn.onnx")
+    assert "does not list the tensors it rescaled" in capsys.readouterr().err

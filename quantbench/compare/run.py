@@ -49,7 +49,7 @@ from quantbench.fp16 import FP16, FP16_EMULATED, has_fp16_qdq
 from quantbench.jsonsafe import from_json_float, json_float
 from quantbench.model.graph import QDQ_OPS, Graph, node_labels, second_stage_quantizers
 from quantbench.progress import info, progress_bar, warn
-from quantbench.refine import refine_record, refined_passes
+from quantbench.refine import RANGE_CHANGING, refine_record, refined_passes
 
 SIDES = ("A", "B")
 
@@ -261,6 +261,13 @@ def _rescaled(candidate: Candidate, graph: Graph) -> set[str]:
     record = refine_record(candidate.model) if candidate.model is not None else None
     if record is None or refined_passes(graph.model):
         return set()
+    kept = [str(k) for k in record.get("kept") or []]
+    if "rescaled" not in record and any(k.split(":")[0] in RANGE_CHANGING for k in kept):
+        warn(
+            f"{candidate.label}: refined by {', '.join(kept)} by an earlier quantbench, whose "
+            "record does not list the tensors it rescaled: the per-layer drift of those "
+            "compares unlike values (quantize again, or give the refined FP32 model as --model)"
+        )
     rescaled = {t for t in record.get("rescaled") or [] if isinstance(t, str)}
     if rescaled:
         passes = ", ".join(record.get("kept") or []) or "a refinement"
