@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from conftest import require_example
@@ -112,3 +113,34 @@ def test_a_record_from_before_the_list_is_warned_about(refined, tmp_path, capsys
     onnx.save(model, path)
     _compare(path, require_example() / "tinycnn.onnx")
     assert "does not list the tensors it rescaled" in capsys.readouterr().err
+
+
+def test_a_smoothed_model_with_an_inserted_mul_compares(tmp_path):
+    """Smoothing a LayerNorm output that also feeds a residual Add inserts ``Mul(x, 1/s)``:
+    the projection's quantized input is then a tensor the FP32 model lacks (``x_smooth``).
+    compare used to ask the FP32 model for it (an internal error: "Graph output ... does not
+    exist"); it now compares the outputs and the layers both models have."""
+    from test_refine_smooth import residual_model, source
+
+    from quantbench.refine import mark_refined
+    from quantbench.refine.smooth import smooth
+
+    model = residual_model()
+    refined = smooth(model, source(model))
+    assert refined.changed and refined.rescaled == []  # the Mul variant: x keeps its values
+    fp32, refined_path = tmp_path / "fp32.onnx", tmp_path / "smoothed.fp32.onnx"
+    onnx.save(model, fp32)
+    onnx.save(refined.model, refined_path)
+    rng = np.random.default_rng(5)
+    h = rng.standard_normal((12, 5, 8)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", h=h)
+    qdq = tmp_path / "smoothed.int8.onnx"
+    quantize(refined_path, qdq, data=tmp_path / "d.npz", method="minmax", refine="none",
+             show_progress=False)  # fmt: skip
+    out = onnx.load(qdq)
+    mark_refined(out, ["smooth:0.5"], {"kept": ["smooth:0.5"], "rescaled": refined.rescaled})
+    onnx.save(out, qdq)
+    doc = compare("fp32", str(qdq), model=fp32, data=tmp_path / "d.npz", latency=False,
+                  show_progress=False)  # fmt: skip
+    assert [o["name"] for o in doc["outputs"] if o["candidate"] == "B"] == ["y"]
+    assert "x_smooth" not in {r["tensor"] for r in doc["layers"]}

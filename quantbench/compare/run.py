@@ -162,6 +162,8 @@ def _quantized_inputs(
             continue
         amax = float(np.float32(scale.reshape(-1)[0]) * np.float32(127))
         source = q.input[0] if q.input[0] in reference else uncast(q.input[0], producer)
+        if source not in reference:  # a tensor a refinement added (smoothing's Mul)
+            continue
         out[n.output[0]] = (source, amax)
     return out
 
