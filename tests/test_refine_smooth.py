@@ -265,3 +265,54 @@ def test_a_cnn_head_is_left_alone():
     result = smooth(m, open_data(data, open_graph(m).inputs))
     assert not result.changed and result.skipped
     assert [n.op_type for n in result.model.graph.node] == ["Flatten", "Gemm"]
+
+
+def _product_model() -> onnx.ModelProto:
+    """h -> SiLU as a decomposed exporter writes it (Sigmoid, then Mul(h, sigmoid(h))) -> x ->
+    MatMul(W [K, K]) -> y: the feed-forward down-projection's input is a product."""
+    w = (RNG.standard_normal((K, K)) * 0.3).astype(np.float32)
+    return make(
+        [helper.make_node("Sigmoid", ["h"], ["g"], name="gate"),
+         helper.make_node("Mul", ["h", "g"], ["x"], name="silu"),
+         helper.make_node("MatMul", ["x", "w"], ["y"], name="down")],
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", 5, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5, K])],
+        [("w", w)],
+    )  # fmt: skip
+
+
+def _product_data(outlier: float) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(4)
+    h = rng.standard_normal((6, 5, K)).astype(np.float32)
+    h[..., OUTLIER] *= outlier
+    return [{"h": h}]
+
+
+def test_a_product_with_outlier_channels_is_smoothed():
+    """SiLU's Mul with one channel 20x the others (max/median of max|x_j| far above 2): a Mul
+    x * (1/s) is put before the projection, s by the formula, the FP32 function kept."""
+    m = _product_model()
+    data = _product_data(20.0)
+    result = smooth(m, open_data(data, open_graph(m).inputs))
+    assert result.changed
+    (mul,) = [n for n in result.model.graph.node if n.op_type == "Mul" and n.name != "silu"]
+    assert mul.input[0] == "x"
+    (x,) = run(m, ["x"], data)
+    s = by_hand(x, [initializers(m)["w"]], 0.5)
+    np.testing.assert_allclose(initializers(result.model)[mul.input[1]], 1 / s, rtol=1e-5)
+    (before,) = run(m, ["y"], data)
+    (after,) = run(result.model, ["y"], data)
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-4 * np.abs(before).max())
+
+
+def test_a_product_with_flat_channels_is_left_alone():
+    """The same product with every channel alike (an LSTM's o * tanh(c) spans 1.0-1.3x on
+    captcha-crnn): nothing to migrate, so no Mul and no judging; the reason says so."""
+    m = _product_model()
+    data = _product_data(1.0)
+    (x,) = run(m, ["x"], data)
+    maxima = np.abs(x).reshape(-1, K).max(axis=0)
+    assert maxima.max() / np.median(maxima) <= 2.0  # flat by the same measure, by hand
+    result = smooth(m, open_data(data, open_graph(m).inputs))
+    assert not result.changed and "channels already flat" in result.skipped
+    assert [n.op_type for n in result.model.graph.node] == ["Sigmoid", "Mul", "MatMul"]
