@@ -272,7 +272,7 @@ def _rescaled(candidate: Candidate, graph: Graph) -> set[str]:
         )
     rescaled = {t for t in record.get("rescaled") or [] if isinstance(t, str)}
     if rescaled:
-        passes = ", ".join(record.get("kept") or []) or "a refinement"
+        passes = ", ".join(kept) or "a refinement"
         info(
             f"{candidate.label}: refined by {passes}: {len(rescaled)} of its tensors hold "
             f"channel-rescaled values, so their per-layer drift against the unrefined FP32 "
