@@ -90,8 +90,14 @@ class _Pair:
     between: tuple[str, ...]
     weight1: str
     bias1: str | None
-    #: the activation the second convs read (quantized per tensor in INT8)
-    tensor: str
+    #: the first conv's output and each op's after it, up to the activation the second convs
+    #: read: the tensors the pair's scales rescale
+    chain: tuple[str, ...]
+
+    @property
+    def tensor(self) -> str:
+        """The activation the second convs read (quantized per tensor in INT8)."""
+        return self.chain[-1]
 
     @property
     def label(self) -> str:
@@ -145,21 +151,8 @@ def equalize(
         if changed.intersection(_names(pair))
     ]
     skipped = "" if layers else f"{len(pairs)} conv pair(s), all already equalized"
-    consumers = _consumers(refined.graph)
-    rescaled = [
-        t for pair in pairs if changed.intersection(_names(pair)) for t in _chain(pair, consumers)
-    ]
+    rescaled = [t for pair in pairs if changed.intersection(_names(pair)) for t in pair.chain]
     return Refined(EQUALIZE, refined, layers, time.perf_counter() - start, skipped, rescaled)
-
-
-def _chain(pair: _Pair, consumers: dict[str, list[tuple[onnx.NodeProto | None, int]]]) -> list[str]:
-    """The tensors a pair's scales rescale: the first conv's output and each ReLU-like op's
-    after it, up to the tensor the second convs read (each consumed once, :func:`_follow`)."""
-    chain = [pair.first.output[0]]
-    while chain[-1] != pair.tensor:
-        (node, _), *_ = consumers[chain[-1]]
-        chain.append(node.output[0])
-    return chain
 
 
 # --- finding the pairs -------------------------------------------------------------------------
@@ -235,15 +228,17 @@ def _follow(
     tensor: str,
     consumers: dict[str, list[tuple[onnx.NodeProto | None, int]]],
     outputs: set[str],
-) -> tuple[tuple[onnx.NodeProto, ...], tuple[str, ...], str] | None:
+) -> tuple[tuple[onnx.NodeProto, ...], tuple[str, ...], tuple[str, ...]] | None:
     """The convs that read ``tensor`` as their data input through ReLU-like ops only, each
     tensor on the way consumed once and no graph output; with the op types passed on the way
-    and the tensor the convs read. Several convs may read that last tensor, none other."""
+    and the tensors from ``tensor`` to the one the convs read. Several convs may read that
+    last tensor, none other."""
     between: list[str] = []
+    chain = [tensor]
     while tensor not in outputs and consumers.get(tensor):
         uses = consumers[tensor]
         if all(node is not None and index == 0 and _is_conv(node) for node, index in uses):
-            return tuple(node for node, _ in uses), tuple(between), tensor
+            return tuple(node for node, _ in uses), tuple(between), tuple(chain)
         node, index = uses[0]
         if len(uses) != 1 or node is None or index != 0:
             return None
@@ -253,6 +248,7 @@ def _follow(
             return None
         between.append(node.op_type)
         tensor = node.output[0]
+        chain.append(tensor)
     return None
 
 
@@ -260,7 +256,7 @@ def _pair(
     first: onnx.NodeProto,
     seconds: tuple[onnx.NodeProto, ...],
     between: tuple[str, ...],
-    tensor: str,
+    chain: tuple[str, ...],
     constants: dict[str, onnx.TensorProto],
     uses: Counter[str],
 ) -> _Pair | None:
@@ -286,7 +282,7 @@ def _pair(
         if len(dims2) < 3 or dims2[1] * group2 != channels or dims2[0] % group2:
             return None
         found.append(_Second(second, weight2, group2))
-    return _Pair(first, tuple(found), between, weight1, bias1, tensor)
+    return _Pair(first, tuple(found), between, weight1, bias1, chain)
 
 
 def _group(node: onnx.NodeProto) -> int:
