@@ -865,7 +865,8 @@ class IsolatedPass:
     #: samples the scores stood on
     samples: int
     #: the part size it ran (:func:`judging_part_bytes`), which the output pass takes too
-    part_bytes: int = 0
+    #: (None: it ran nothing; the output pass then takes :data:`JUDGE_BUDGET`)
+    part_bytes: int | None = None
 
 
 def _isolated_scores(
