@@ -71,6 +71,9 @@ class CalibratorSpec:
     #: optional check of an option alone, for a calibrator whose first run is costly (an
     #: import, a precomputed matrix); without it an option is checked by a run on one value
     check: CheckOptionFn | None = None
+    #: reads only a tensor's range and counts (:meth:`TensorStats.max_abs`), never its
+    #: histogram: a pass for such methods alone skips binning
+    ranges_only: bool = False
 
 
 _REGISTRY: dict[str, CalibratorSpec] = {}
@@ -106,13 +109,14 @@ def register(
     in_all: tuple[str, ...] | None = None,
     note: str = "",
     check: CheckOptionFn | None = None,
+    ranges_only: bool = False,
 ) -> Callable[[CalibrateFn], CalibrateFn]:
     """Decorator that adds a calibrator function to the registry under ``name``."""
 
     def wrap(fn: CalibrateFn) -> CalibrateFn:
         _REGISTRY[name] = CalibratorSpec(
             name, fn, description, trt_algorithm, default_option, options, in_all, note,
-            check=check,
+            check=check, ranges_only=ranges_only,
         )  # fmt: skip
         return fn
 
@@ -266,6 +270,12 @@ def expand_methods(methods: list[str]) -> list[str]:
             if c not in out:
                 out.append(c)
     return out
+
+
+def ranges_suffice(methods: list[str]) -> bool:
+    """Whether every one of ``methods`` (canonical names, ``auto`` not among them) reads
+    ranges only, so that their statistics need no histogram."""
+    return bool(methods) and all(m != AUTO and parse_method(m)[0].ranges_only for m in methods)
 
 
 def compute_amax(method: str, stats: TensorStats) -> float:

@@ -15,6 +15,7 @@ from quantbench.stats.tensorstats import TensorStats
     "minmax",
     "full observed range: amax = max|x| (TensorRT MinMaxCalibrator)",
     trt_algorithm="MinMaxCalibration",
+    ranges_only=True,
 )
 def minmax(stats: TensorStats, option: str | None) -> float:
     """amax = max|x| over every value seen; takes no option."""

@@ -101,6 +101,7 @@ def obtain_stats(
     executor: ExecutorSpec | None = None,
     before_inference: Callable[[], None] | None = None,
     keep_head: Callable[[int], int] | None = None,
+    ranges_only: bool = False,
 ) -> tuple[StatsFile, Path | None, bool]:
     """Statistics for ``graph``: merged shards, a given file, the cache, or one new pass
     (``executor``: in shards on worker processes or a Ray cluster,
@@ -109,6 +110,9 @@ def obtain_stats(
     must pass before any inference, overlapping the start-up). ``keep_head(samples)``: how
     many first samples a new local pass keeps apart as :attr:`StatsFile.head` (``--method
     auto``'s held-back slice, :func:`quantbench.choose.autocalib.held_back_samples`).
+    ``ranges_only``: every method to come reads ranges only; a new local pass then skips the
+    histograms (:func:`~quantbench.collect.statspass.collect_stats`) and is not cached, while
+    cached full statistics still serve.
 
     Returns (stats, path it lives at, whether it came from disk without inference). An
     unreadable cache file is a miss: recomputed and overwritten (an explicit file is an error).
@@ -166,9 +170,12 @@ def obtain_stats(
             before_inference=before_inference,
             head_samples=keep_head(total) if keep_head is not None and total else 0,
             join_feeds=batch_size is None,
+            ranges_only=ranges_only,
         )
     path = None
-    if use_cache and source.fingerprint:  # a stream's fingerprint is known only after the pass
+    if (
+        use_cache and source.fingerprint and result.has_histograms
+    ):  # a stream's fingerprint is known only after the pass
         path = cached_stats_path(graph.hash, result.data_fingerprint, tensors)
         path.parent.mkdir(parents=True, exist_ok=True)
         result.save(path)
@@ -393,9 +400,13 @@ def calibrate(
     show_progress: bool = True,
     executor: ExecutorSpec | None = None,
     auto_budget: float | None = None,
+    keep_histograms: bool = False,
 ) -> CalibrationResult:
     """Calibrate ``model`` with every method in ``methods`` from one statistics pass
     (``auto_budget``: seconds ``auto``'s judging may take; it then judges on fewer samples).
+    Where every method reads ranges only (``minmax``) and a table is written, a new pass keeps
+    no histograms, nor caches its statistics, unless ``keep_histograms`` (a report of them) or
+    ``save_stats`` asks for them.
 
     Every option (methods and their options, format, TensorRT version, output paths) is checked
     before any inference, so a bad one costs nothing and leaves nothing behind.
@@ -456,6 +467,7 @@ def calibrate(
             executor=executor,
             before_inference=checks.wait,
             keep_head=auto_head(graph, method_list, holdout_data),
+            ranges_only=_ranges_suffice(method_list, targets, keep_histograms or save_stats),
         )
     checks.wait()  # statistics from a file or the cache: no inference ran, the check still holds
     if save_stats is not None:
@@ -482,9 +494,11 @@ def calibrate(
                 auto_budget=auto_budget,
             )
             auto = found or auto
+        # a range-only method's threshold is max|x|: it clips nothing, and there are no bins
         clipping = {
-            m: clip_flags(stats_file, t, clip_warn, known=tables) for m, t in tables.items()
-        }
+            m: clip_flags(stats_file, t, clip_warn, known=tables) if stats_file.has_histograms
+            else [] for m, t in tables.items()
+        }  # fmt: skip
     if len(clipping) > 1:  # --method all: a line per method; the tensors are in the report
         text = clip_summary(clipping, clip_warn, listed_by="--report PAGE")
     else:
@@ -510,6 +524,13 @@ def calibrate(
         untyped_tensors(graph),
         clip_warn,
     )
+
+
+def _ranges_suffice(methods: list[str], targets: dict[str, Path], histograms: object) -> bool:
+    """Whether a new pass may keep ranges only: every method reads nothing else, a table is
+    written (without one, the cached statistics are the run's one product) and nothing asks
+    for the histograms (a report, ``--save-stats``)."""
+    return bool(targets) and not histograms and registry.ranges_suffice(methods)
 
 
 def _output_targets(

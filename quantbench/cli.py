@@ -318,6 +318,7 @@ def calibrate(
         use_cache=not no_cache,
         executor=_executor(executor, workers, ray_address),
         auto_budget=auto_budget,
+        keep_histograms=report is not None,
     )
     cal.summarize(result)
     if report is not None:

@@ -39,7 +39,7 @@ from quantbench.data.sources import (
     prefetched,
     samples_first,
 )
-from quantbench.errors import QuantbenchError
+from quantbench.errors import InternalError, QuantbenchError
 from quantbench.machine import usable_cores
 from quantbench.model.graph import Graph, TensorSpec
 from quantbench.progress import progress_bar
@@ -84,6 +84,7 @@ def collect_stats(
     before_inference: Callable[[], None] | None = None,
     head_samples: int = 0,
     join_feeds: bool = False,
+    ranges_only: bool = False,
 ) -> StatsFile:
     """Run the data through the model once and return statistics of ``tensors``.
 
@@ -99,6 +100,11 @@ def collect_stats(
     the pass reaches them (a batch across the boundary is cut there), so that no second pass
     over them is needed. Not on the GPU path, nor where the boundary cannot be cut (a fixed
     batch that does not divide it): there ``head`` stays None.
+
+    ``ranges_only`` (every method asked reads ranges only): the host's pass keeps each
+    tensor's range and counts and no histogram (:meth:`TensorStats.ranges_only`; binning was
+    half of a minmax pass on a detector), and such statistics are never cached; the GPU's
+    pass bins anyway. Not with ``head_samples``.
 
     ``binning_threads`` (default: the usable cores) bin the chunks of every tensor at once;
     binning is exact and order-independent, so the statistics do not depend on the thread
@@ -126,8 +132,10 @@ def collect_stats(
             runner=starting.result() if starting else None,
         )
         return _stats_file(graph, source, stats, num_samples, fingerprint)
-    stats = {name: TensorStats(name) for name in tensors}
-    binner = _Binner(stats, relus_by_source(plan))
+    if ranges_only and head_samples:
+        raise InternalError("a range-only pass keeps no held-back statistics")
+    stats = {name: _new_stats(name, ranges_only) for name in tensors}
+    binner = (_Ranger if ranges_only else _Binner)(stats, relus_by_source(plan))
     fingerprint = None if source.fingerprinted else StreamFingerprint()
     num_samples = 0
     with _stats_workers(binning_threads) as pool:
@@ -159,7 +167,8 @@ def collect_stats(
                     if not per_sample[0]:
                         per_sample[0] = max(1, -(-sum(a.nbytes for a in outputs.values()) // n))
                     values = {**{t: part[t] for t in from_feed}, **outputs}
-                    compiled.binning(sum(v.size for v in values.values()), n)
+                    if not ranges_only:
+                        compiled.binning(sum(v.size for v in values.values()), n)
                     bin_part(binner, values)
                     del values
                     del outputs  # freed before onnxruntime infers the next part (taking turns)
@@ -333,6 +342,41 @@ def _stats_file(
         model_path=str(graph.path or ""),
         data_note=source.nonfinite.message() if source.nonfinite else "",
     )
+
+
+def _new_stats(name: str, ranges_only: bool) -> TensorStats:
+    return TensorStats.ranges_only(name) if ranges_only else TensorStats(name)
+
+
+class _Ranger:
+    """:class:`_Binner`'s twin for a range-only pass: each part's tensors scanned for their
+    range on every worker at once (a min and a max, no bins, nothing pooled), a Relu's range
+    derived from its source's (exact: ``max(x, 0)`` of finite values; where the source held
+    NaN/Inf, the Relu's own values are scanned)."""
+
+    def __init__(self, stats: dict[str, TensorStats], relus_of: dict[str, list[str]]):
+        self.stats = stats
+        self.relus_of = relus_of
+
+    def due(self, values: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        return values or {}
+
+    def bin(self, pool: ThreadPoolExecutor, due: dict[str, np.ndarray]) -> None:
+        names = list(due)
+        scans = _map(pool, binning.range_scan, [(due[n],) for n in names])
+        for name, seen in zip(names, scans, strict=True):
+            self.stats[name].add_range(seen)
+            for relu in self.relus_of.get(name, ()):
+                self.stats[relu].add_range(_relu_range(seen, due[name]))
+
+
+def _relu_range(seen: binning.Scan, values: np.ndarray) -> binning.Scan:
+    """The range scan of ``max(values, 0)`` from ``values``' own scan ``seen``."""
+    if seen.nan or seen.inf:  # -inf becomes 0, NaN stays NaN: scan the Relu itself
+        return binning.range_scan(np.maximum(values, 0))
+    if not seen.finite:
+        return seen
+    return binning.Scan(max(seen.lo, 0.0), max(seen.hi, 0.0), seen.finite, 0, 0, None)
 
 
 #: exposed activations one inference may return: a larger batch of a dynamic-batch model is
@@ -552,14 +596,14 @@ def overlap_wanted() -> bool:
 @contextmanager
 def _binning_turns(
     pool: ThreadPoolExecutor,
-) -> Iterator[Callable[[_Binner, dict[str, np.ndarray] | None], None]]:
+) -> Iterator[Callable[[_Binner | _Ranger, dict[str, np.ndarray] | None], None]]:
     """``bin_part(binner, values)``: pool one part's values and bin what is due (``None``: the
     end of the data, bin everything left). Taking turns (the default), it returns once done;
     overlapped, it returns at once and the next call first waits for this part's binning, so
     the binner's pools are only touched between parts and at most two parts are alive."""
     if not overlap_wanted():
 
-        def in_turn(binner: _Binner, values: dict[str, np.ndarray] | None) -> None:
+        def in_turn(binner: _Binner | _Ranger, values: dict[str, np.ndarray] | None) -> None:
             binner.bin(pool, binner.due(values))
 
         yield in_turn
@@ -567,7 +611,7 @@ def _binning_turns(
     pending: Future | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="quantbench-binner") as driver:
 
-        def overlapped(binner: _Binner, values: dict[str, np.ndarray] | None) -> None:
+        def overlapped(binner: _Binner | _Ranger, values: dict[str, np.ndarray] | None) -> None:
             nonlocal pending
             if pending is not None:
                 pending.result()

@@ -89,6 +89,17 @@ def _numpy_finite_counts(x: np.ndarray, exponent: int) -> np.ndarray:
 
 
 def _numpy_scan(x: np.ndarray, exponent: int) -> Scan:
+    seen, x = _numpy_range(x)
+    if not seen.finite:
+        return seen
+    fits = max(abs(seen.lo), abs(seen.hi)) < HALF_BINS * 2.0**exponent
+    counts = _numpy_finite_counts(x, exponent) if fits else None
+    return Scan(seen.lo, seen.hi, seen.finite, seen.nan, seen.inf, counts)
+
+
+def _numpy_range(x: np.ndarray) -> tuple[Scan, np.ndarray]:
+    """Range and NaN/Inf counts of ``x`` (no counts), and its finite values: ``x`` itself
+    unless it holds NaN/Inf (then a copy without them)."""
     lo, hi = float(x.min()), float(x.max())
     nan = inf = 0
     if not (math.isfinite(lo) and math.isfinite(hi)):
@@ -97,11 +108,9 @@ def _numpy_scan(x: np.ndarray, exponent: int) -> Scan:
         inf = int(x.size - finite_mask.sum()) - nan
         x = x[finite_mask]
         if x.size == 0:
-            return Scan(math.inf, -math.inf, 0, nan, inf, None)
+            return Scan(math.inf, -math.inf, 0, nan, inf, None), x
         lo, hi = float(x.min()), float(x.max())
-    fits = max(abs(lo), abs(hi)) < HALF_BINS * 2.0**exponent
-    counts = _numpy_finite_counts(x, exponent) if fits else None
-    return Scan(lo, hi, int(x.size), nan, inf, counts)
+    return Scan(lo, hi, int(x.size), nan, inf, None), x
 
 
 # --------------------------------------------------------------------------- numba
@@ -323,6 +332,14 @@ def scan(x: Values, exponent: int) -> Scan:
     if size < SMALL:
         return _numpy_scan(_joined(pieces), exponent)
     return _scan(pieces, exponent)
+
+
+def range_scan(x: Values) -> Scan:
+    """Range and NaN/Inf counts of ``x``, no counts (a pass for range-only calibrators): a
+    vectorised min and max per piece, each releasing the GIL, so tensors scan in parallel."""
+    pieces = [_flat(a) for a in (x if isinstance(x, list) else [x])]
+    scans = [_numpy_range(p)[0] for p in pieces if p.size]
+    return merge_scans(scans) if scans else Scan(math.inf, -math.inf, 0, 0, 0, None)
 
 
 def finite_counts(x: Values, exponent: int) -> np.ndarray:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quantbench.errors import QuantbenchError
+from quantbench.errors import InternalError, QuantbenchError
 from quantbench.fileio import atomic_path
 from quantbench.jsonsafe import json_float as _json_float
 from quantbench.memo import memo_scope
@@ -120,7 +120,25 @@ class TensorStats:
     exponent: int = MIN_EXPONENT
     counts: np.ndarray = field(default_factory=lambda: np.zeros(2 * HALF_BINS, dtype=np.int64))
 
+    @classmethod
+    def ranges_only(cls, name: str) -> TensorStats:
+        """Statistics that will hold the range and counts but no histogram (a pass for
+        range-only calibrators, :meth:`add_range`): reading their bins is an
+        :class:`InternalError`, never an empty histogram taken for data."""
+        return cls(name, counts=np.zeros(0, dtype=np.int64))
+
+    @property
+    def has_histogram(self) -> bool:
+        return self.counts.size > 0
+
     # ---------------------------------------------------------------- collection
+    def add_range(self, seen: binning.Scan) -> None:
+        """Add a batch's range and NaN/Inf counts (:func:`binning.range_scan`), no bins."""
+        self.nan_count += seen.nan
+        self.inf_count += seen.inf
+        if seen.finite:
+            self._add_range(seen.finite, seen.lo, seen.hi)
+
     def update(self, values: binning.Values) -> BatchCounts | None:
         """Add a batch of values (any shape, any float dtype; or pieces, a list of arrays
         standing for their concatenation); returns what the batch added.
@@ -265,11 +283,16 @@ class TensorStats:
 
     def positive_counts(self) -> np.ndarray:
         """Fine bins of x >= 0: bin k holds [k*w, (k+1)*w)."""
-        return self.counts[HALF_BINS:]
+        return self._bins()[HALF_BINS:]
 
     def negative_counts(self) -> np.ndarray:
         """Fine bins of x < 0 by |x|: bin k holds |x| in (k*w, (k+1)*w]."""
-        return self.counts[:HALF_BINS][::-1]
+        return self._bins()[:HALF_BINS][::-1]
+
+    def _bins(self) -> np.ndarray:
+        if not self.has_histogram:
+            raise InternalError(f"{self.name}: its statistics hold a range only, no histogram")
+        return self.counts
 
     def abs_fine_counts(self) -> np.ndarray:
         """Fine |x| histogram: ``HALF_BINS`` bins of width :attr:`bin_width` from 0."""
@@ -315,7 +338,7 @@ class TensorStats:
 
     def signed_histogram(self, num_bins: int, lower: float, upper: float) -> np.ndarray:
         """Signed histogram with ``num_bins`` equal bins on ``[lower, upper]``."""
-        fine = self.counts.astype(np.float64)
+        fine = self._bins().astype(np.float64)
         origin = -HALF_BINS * self.bin_width
         data_range = (self.min, self.max) if self.count else (0.0, 0.0)
         return _resample(fine, self.bin_width, origin, upper, num_bins, lower, data_range)
@@ -421,7 +444,15 @@ class StatsFile:
         return [t.name for t in self if t.has_nonfinite]
 
     # ---------------------------------------------------------------- persistence
+    @property
+    def has_histograms(self) -> bool:
+        """False for a range-only pass's statistics (:meth:`TensorStats.ranges_only`), which
+        serve range-only calibrators and are never saved (a cache must serve every method)."""
+        return all(t.has_histogram for t in self)
+
     def save(self, path: str | Path) -> Path:
+        if not self.has_histograms:
+            raise InternalError(f"{path}: statistics of a range-only pass are not saved")
         meta = {
             "format": STATS_FORMAT,
             "version": STATS_VERSION,
