@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quantbench.errors import InternalError, QuantbenchError
+from quantbench.errors import QuantbenchError
 from quantbench.fileio import atomic_path
 from quantbench.jsonsafe import json_float as _json_float
 from quantbench.memo import memo_scope
@@ -124,7 +124,7 @@ class TensorStats:
     def ranges_only(cls, name: str) -> TensorStats:
         """Statistics that will hold the range and counts but no histogram (a pass for
         range-only calibrators, :meth:`add_range`): reading their bins is an
-        :class:`InternalError`, never an empty histogram taken for data."""
+        a one-line error naming the way to keep them, never an empty histogram taken for data."""
         return cls(name, counts=np.zeros(0, dtype=np.int64))
 
     @property
@@ -291,7 +291,10 @@ class TensorStats:
 
     def _bins(self) -> np.ndarray:
         if not self.has_histogram:
-            raise InternalError(f"{self.name}: its statistics hold a range only, no histogram")
+            raise QuantbenchError(
+                f"{self.name}: these statistics hold a range only, no histogram (a pass for "
+                f"range-only methods such as minmax): collect them with keep_histograms=True"
+            )
         return self.counts
 
     def abs_fine_counts(self) -> np.ndarray:
@@ -452,7 +455,11 @@ class StatsFile:
 
     def save(self, path: str | Path) -> Path:
         if not self.has_histograms:
-            raise InternalError(f"{path}: statistics of a range-only pass are not saved")
+            raise QuantbenchError(
+                f"{path}: these statistics hold ranges only, no histograms (a pass for range-only "
+                "methods such as minmax), and a statistics file must serve every method: collect "
+                "them with keep_histograms=True or save_stats=PATH"
+            )
         meta = {
             "format": STATS_FORMAT,
             "version": STATS_VERSION,
