@@ -123,8 +123,8 @@ class TensorStats:
     @classmethod
     def ranges_only(cls, name: str) -> TensorStats:
         """Statistics that will hold the range and counts but no histogram (a pass for
-        range-only calibrators, :meth:`add_range`): reading their bins is an
-        a one-line error naming the way to keep them, never an empty histogram taken for data."""
+        range-only calibrators, :meth:`add_range`): reading their bins is a one-line error
+        naming the way to keep them, never an empty histogram taken for data."""
         return cls(name, counts=np.zeros(0, dtype=np.int64))
 
     @property
