@@ -908,9 +908,12 @@ def _isolated_scores(
 
 #: bytes of a sample's isolated twins (INT8 ops' outputs) auto's combined isolated pass may
 #: return: more tables' twins in one pass share the FP32 ops, but make its parts smaller.
-#: 96 MiB: orinet's three distinct tables at 320x320 (about 30 MiB of twins a sample each) in
-#: one pass, not three: isolated scoring 4.8 -> 3.9 s, peak RSS unchanged (500 MiB)
-ISOLATED_TWIN_BUDGET = 96 << 20
+#: The statistics pass's own part, :data:`~quantbench.collect.statspass.ACTIVATION_BUDGET`, so
+#: that judging holds no more than calibrating did. At 96 MiB (orinet's three distinct tables
+#: at 320x320, about 30 MiB of twins a sample each, in one pass: 4.8 -> 3.9 s) dddd-det's four
+#: tables (36 MiB each at 416x416) took three passes, 4.4 s; in one 3.5 s, peak RSS 783 MiB
+#: against its statistics pass's 845, the same table
+ISOLATED_TWIN_BUDGET = ACTIVATION_BUDGET
 #: samples of the slice after which ``auto``'s isolated pass first checks whether its mix has
 #: settled (then at every doubling: 8, 16, 32, ...; it stops when two checks agree). On the
 #: real-model corpus the isolated pass (FP32 plus a twin per table and quantized op over the
