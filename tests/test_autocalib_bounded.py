@@ -269,3 +269,44 @@ def test_early_stops_change_no_choice_and_no_table(cnn_path, tmp_path, monkeypat
         else:
             assert early.output_sqnr_db[name] == db, name
     assert early.to_dict()["stopped_early"] == early.stopped
+
+
+def _isolated_passes(monkeypatch) -> list[int]:
+    """The number of tables each isolated pass of auto's judging scores."""
+    seen: list[int] = []
+    real = autocalib._isolated_pass
+
+    def spy(graph, tables, *args, **kwargs):
+        seen.append(len(tables))
+        return real(graph, tables, *args, **kwargs)
+
+    monkeypatch.setattr(autocalib, "_isolated_pass", spy)
+    return seen
+
+
+@pytest.mark.parametrize(("twin_budget", "one_pass"), [(HUGE, True), (1, False)])
+def test_twins_of_unknown_size_are_measured_by_the_first_sample(
+    cnn_path, tmp_path, monkeypatch, twin_budget, one_pass
+):
+    """quantize calibrates only the tensors quantized ops read, so the size of their outputs
+    (the twins) is not known beforehand: every table goes in one pass where the first sample's
+    twins fit the budget, else the pass gives up and a few passes score them; either way the
+    scores and the table are those of calibrating every tensor."""
+    np.savez(tmp_path / "d.npz", input=synthetic.images(40, seed=3))
+    graph = open_graph(cnn_path)
+    whole = _judge(graph, tmp_path / "d.npz", monkeypatch, HUGE, HUGE)
+    passes = _isolated_passes(monkeypatch)
+    stats, _, _ = cal.obtain_stats(graph, tmp_path / "d.npz", tensors="quantizable",
+                                   use_cache=False)  # fmt: skip
+    monkeypatch.setattr(autocalib, "ISOLATED_TWIN_BUDGET", twin_budget)
+    got = choose_auto(graph, stats, tmp_path / "d.npz", use_cache=False)
+    assert passes and passes[0] > 1  # every distinct table at once, first
+    if one_pass:
+        assert len(passes) == 1
+    else:  # the pass that gave up, then one table, then the others the budget allows: one each
+        assert passes[1:] == [1] * passes[0]
+    assert got.chosen == whole.chosen
+    for tensor, choice in whole.choices.items():
+        assert got.choices[tensor]["isolated_sqnr_db"] == pytest.approx(
+            choice["isolated_sqnr_db"], rel=1e-5
+        ), tensor

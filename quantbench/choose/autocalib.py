@@ -890,10 +890,19 @@ def _isolated_scores(
         return IsolatedPass({}, 0, 0, 0)
     step = advance or (lambda n: None)
     fits = twin_bytes is not None and twin_bytes * len(names) <= ISOLATED_TWIN_BUDGET
-    if budget is None and len(names) > 1 and fits:  # every table's twins in one pass
-        one = _isolated_pass(graph, tables, held_out, provider, threads, settled=settled)
-        step(len(names))
-        return one
+    if budget is None and len(names) > 1 and (fits or twin_bytes is None):
+        # every table's twins in one pass; where their size is not known beforehand (the
+        # quantized ops' outputs have no statistics: quantize calibrates only the tensors
+        # they read) the first sample measures it, and the pass gives up if it is too large
+        limit = None if fits else ISOLATED_TWIN_BUDGET
+        try:
+            one = _isolated_pass(graph, tables, held_out, provider, threads, settled=settled,
+                                 twin_limit=limit)  # fmt: skip
+        except _TwinsTooLarge:
+            pass  # a few passes instead, each table's twins measured by the first
+        else:
+            step(len(names))
+            return one
     first = _isolated_pass(graph, {names[0]: tables[names[0]]}, held_out, provider, threads, budget)
     step(1)
     group = max(1, ISOLATED_TWIN_BUDGET // max(first.per_table, 1))
@@ -953,6 +962,10 @@ def _isolation_reference(graph: Graph, candidate: onnx.ModelProto) -> onnx.Model
     return graph.model
 
 
+class _TwinsTooLarge(Exception):
+    """An isolated pass's first sample measured more twin bytes than its limit allows."""
+
+
 def _isolated_pass(
     graph: Graph,
     tables: dict[str, CalibrationTable],
@@ -962,12 +975,14 @@ def _isolated_pass(
     budget: JudgingBudget | None = None,
     *,
     settled: Callable[[dict[str, dict[str, float]]], bool] | None = None,
+    twin_limit: int | None = None,
 ) -> IsolatedPass:
     """One pass over ``held_out`` scoring every table's isolated ops (their twins renamed apart
     in one reference graph). Each batch runs in parts of at most :data:`JUDGE_BUDGET` bytes of
     returned tensors (measured on a first one-sample part); the first part also sizes a
     ``budget``'s slice. ``settled``: asked with the scores so far at each checkpoint
-    (:func:`_checkpointed`); the pass stops where it says so."""
+    (:func:`_checkpointed`); the pass stops where it says so. ``twin_limit``: raises
+    :class:`_TwinsTooLarge` where the first sample's twins of all the tables take more bytes."""
     qdq_models = (  # one at a time: each is let go once its twins are built
         (f"t{index}", quantize_model(graph, table, allow_partial=True, checked=False).model)
         for index, table in enumerate(tables.values())
@@ -1020,6 +1035,9 @@ def _isolated_pass(
         for twins in twins_of.values():
             twin_bytes = sum(np.asarray(got[w]).nbytes for w in twins.values())
             per_table = max(per_table, twin_bytes // samples)
+        if first and twin_limit is not None and per_table * len(twins_of) > twin_limit:
+            runner.close()
+            raise _TwinsTooLarge
         for (tensor, twin), acc in accs.items():
             acc.update(got[tensor], got[twin], power[tensor])
         del got
