@@ -502,7 +502,9 @@ def calibrate(
     if len(clipping) > 1:  # --method all: a line per method; the tensors are in the report
         text = clip_summary(clipping, clip_warn, listed_by="--report PAGE")
     else:
-        text = "".join(clip_warning(f, clip_warn, m, listed_by="--report PAGE")
+        note = auto.clip_note() if auto is not None else ""
+        text = "".join(clip_warning(f, clip_warn, m, listed_by="--report PAGE",
+                                    note=note if m == AUTO else "")
                        for m, f in clipping.items())  # fmt: skip
     if text:
         warn(text)

@@ -188,8 +188,9 @@ def quantize(
         )
         flags = clip_flags(stats, cal_table, clip_warn, calibration_tensors(graph, "quantizable"))
         if text := clip_warning(
-            flags, clip_warn, str(cal_table.method), listed_by="calibrate --report PAGE"
-        ):
+            flags, clip_warn, str(cal_table.method), listed_by="calibrate --report PAGE",
+            note=auto.clip_note() if auto is not None else "",
+        ):  # fmt: skip
             warn(text)
         note = registry.method_note(method)
         info(f"calibrated with method {method}{': ' + note if note else ''}")

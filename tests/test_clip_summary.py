@@ -58,3 +58,29 @@ def test_a_single_method_lists_ten_tensors_and_says_how_many_more(run_cli, tmp_p
     assert count > 10
     assert len(block) == 1 + 10 + 1
     assert block[-1].strip().startswith(f"... and {count - 10} more")
+
+
+def test_auto_says_why_its_table_can_clip(run_cli, cnn_path, tmp_path):
+    """auto's candidates are calibrated without the samples it judges on: where those hold
+    the largest values, even a minmax range clips them, and the warning says why (the EEG
+    spindle detector's warning read "minmax threshold 8.453 clips 0.25%", unexplained)."""
+    import numpy as np
+    import synthetic
+
+    x = synthetic.images(40, seed=4)
+    x[:20] *= 4  # the first 20 samples, auto's held-back slice, hold the largest values
+    np.savez(tmp_path / "d.npz", input=x)
+    code, _, err = run_cli("calibrate", cnn_path, "--data", tmp_path / "d.npz",
+                           "-o", tmp_path / "t.cache")  # fmt: skip
+    assert code == 0, err
+    block = _clip_block(err)
+    assert any(line.startswith("  input:") for line in block), block
+    assert block[-1] == (
+        "  (auto's table is calibrated without the 20 samples it judges on, held back: their "
+        "values can exceed its ranges, minmax's too)"
+    )
+    # the same data judged on a separate slice holds nothing back: no such line
+    np.savez(tmp_path / "h.npz", input=x[:20])
+    code, _, err = run_cli("calibrate", cnn_path, "--data", tmp_path / "d.npz", "--holdout-data",
+                           tmp_path / "h.npz", "-o", tmp_path / "u.cache")  # fmt: skip
+    assert code == 0 and "held back: their values" not in err, err

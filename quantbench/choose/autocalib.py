@@ -243,6 +243,19 @@ class AutoTable:
     stopped: dict[str, int] = field(default_factory=dict)
     #: samples of the slice the isolated scores (the mix) stood on (None: an older record)
     isolated_samples: int | None = None
+    #: calibration samples held back from the candidates' statistics (the slice they were
+    #: judged on); 0 where the slice was ``--holdout-data`` or judged in-sample
+    held_back: int = 0
+
+    def clip_note(self) -> str:
+        """Why this table's ranges can clip the calibration data, even minmax's: the slice's
+        values were never in its statistics ('' where nothing was held back)."""
+        if not self.held_back:
+            return ""
+        return (
+            f"(auto's table is calibrated without the {self.held_back} samples it judges on, "
+            "held back: their values can exceed its ranges, minmax's too)"
+        )
 
     @property
     def judged(self) -> bool:
@@ -264,6 +277,7 @@ class AutoTable:
             "output_sqnr_db": {k: json_float(v) for k, v in self.output_sqnr_db.items()},
             "stopped_early": dict(self.stopped),
             "isolated_samples": self.isolated_samples,
+            "held_back": self.held_back,
             "chosen": self.chosen,
             "fallback": self.fallback,
             "tensors": [{"tensor": t, **c} for t, c in self.choices.items()],
@@ -290,6 +304,7 @@ class AutoTable:
             reused=True,
             stopped={str(k): int(v) for k, v in d.get("stopped_early", {}).items()},
             isolated_samples=d.get("isolated_samples"),
+            held_back=int(d.get("held_back", 0)),
         )
 
 
@@ -483,6 +498,7 @@ def judge_auto(
         job=job, budget=budget,
     )  # fmt: skip
     result.holdout = source.description if holdout_data is not None else note
+    result.held_back = held if fit is not stats else 0
     result.judged_by = result.judged_by or judge_description(graph.model)
     if budget is not None and (cut := budget.cut()):
         result.cut = cut

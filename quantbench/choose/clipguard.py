@@ -197,18 +197,26 @@ def _flag(
 
 
 def clip_warning(
-    flags: list[ClipFlag], limit: float, who: str = "", shown: int = 10, *, listed_by: str
+    flags: list[ClipFlag],
+    limit: float,
+    who: str = "",
+    shown: int = 10,
+    *,
+    listed_by: str,
+    note: str = "",
 ) -> str:
-    """One warning: a header naming the limit (and ``who``), then a line per flagged tensor;
-    empty when nothing is flagged. ``listed_by``: the option whose output lists every flag
-    (for the line that says how many were left out)."""
+    """One warning: a header naming the limit (and ``who``), then a line per flagged tensor,
+    then ``note`` (why such a table can clip at all); empty when nothing is flagged.
+    ``listed_by``: the option whose output lists every flag (for the line that says how many
+    were left out)."""
     if not flags:
         return ""
     head = (
         f"{who + ': ' if who else ''}{len(flags)} tensor(s) clip more than {limit:.3g} of their "
         "values at their threshold (--clip-warn):"
     )
-    return _listing(head, [f.message() for f in flags], shown, listed_by)
+    listing = _listing(head, [f.message() for f in flags], shown, listed_by)
+    return f"{listing}\n  {note}" if note else listing
 
 
 def clip_summary(flags: dict[str, list[ClipFlag]], limit: float, *, listed_by: str) -> str:

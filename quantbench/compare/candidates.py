@@ -171,8 +171,9 @@ def _int8(graph: Graph, ctx: CalibrationContext, method: str | None) -> Candidat
             ctx.stats, table, ctx.clip_warn, calibration_tensors(graph, "quantizable")
         )
         if text := clip_warning(
-            flags, ctx.clip_warn, f"int8:{label_method}", listed_by="--json FILE"
-        ):
+            flags, ctx.clip_warn, f"int8:{label_method}", listed_by="--json FILE",
+            note=auto.clip_note() if auto is not None else "",
+        ):  # fmt: skip
             warn(text)
     result = quantize_model(graph, table, exclude=ctx.exclude, allow_partial=ctx.allow_partial)
     result.require_quantized(f"int8:{label_method}")
