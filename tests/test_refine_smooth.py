@@ -247,7 +247,7 @@ def test_a_model_without_targets_is_skipped():
         [],
     )
     result = smooth(m, None)
-    assert not result.changed and "no MatMul or Gemm with a constant 2-D weight" in result.skipped
+    assert not result.changed and "no MatMul, Gemm or Conv with a constant weight" in result.skipped
 
 
 def test_a_cnn_head_is_left_alone():
@@ -316,3 +316,78 @@ def test_a_product_with_flat_channels_is_left_alone():
     result = smooth(m, open_data(data, open_graph(m).inputs))
     assert not result.changed and "channels already flat" in result.skipped
     assert [n.op_type for n in result.model.graph.node] == ["Sigmoid", "Mul", "MatMul"]
+
+
+C = 6
+
+
+def _conv_model(depthwise: bool) -> onnx.ModelProto:
+    """h -> Add(h, b) -> Identity (Paddle's exporter writes one after most ops) -> x -> Conv
+    3x3 (plain 6 -> 4, or depthwise) -> y: PP-OCRv5's recognizer reads its convs' inputs that
+    way, with channels 3-50x apart."""
+    shape = (C, 1, 3, 3) if depthwise else (4, C, 3, 3)
+    w = (RNG.standard_normal(shape) * 0.3).astype(np.float32)
+    b = (0.1 * RNG.standard_normal((1, C, 1, 1))).astype(np.float32)
+    out = C if depthwise else 4
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1],
+                            group=C if depthwise else 1)  # fmt: skip
+    return make(
+        [helper.make_node("Add", ["h", "b"], ["a"], name="affine"),
+         helper.make_node("Identity", ["a"], ["x"], name="id"), conv],
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", C, 5, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", out, 5, 7])],
+        [("w", w), ("b", b)],
+    )  # fmt: skip
+
+
+def _conv_data() -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(5)
+    h = rng.standard_normal((4, C, 5, 7)).astype(np.float32)
+    h[:, 2] *= 30  # one channel 30x the others
+    return [{"h": h}]
+
+
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_a_conv_reading_an_add_through_identity_is_smoothed(depthwise):
+    """A Conv's input channels take s like a MatMul's rows: s from the formula with max|X_c|
+    over N, H, W and max|W| over the weight's other axes (a depthwise conv's channel c is its
+    own output channel c), 1/s in a Mul shaped [C, 1, 1] before the conv, W scaled along its
+    input channels; the FP32 function is kept and the activation's channels come together."""
+    m = _conv_model(depthwise)
+    data = _conv_data()
+    result = smooth(m, open_data(data, open_graph(m).inputs))
+    assert result.changed
+    (mul,) = [n for n in result.model.graph.node if n.op_type == "Mul"]
+    assert mul.input[0] == "x"
+    (x,) = run(m, ["x"], data)
+    x_max = np.abs(x.astype(np.float64)).max(axis=(0, 2, 3))
+    w = initializers(m)["w"].astype(np.float64)
+    w_max = np.abs(w).max(axis=(1, 2, 3)) if depthwise else np.abs(w).max(axis=(0, 2, 3))
+    s = np.sqrt(x_max) / np.sqrt(w_max)
+    inverse = initializers(result.model)[mul.input[1]]
+    assert inverse.shape == (C, 1, 1)
+    np.testing.assert_allclose(inverse.reshape(-1), 1 / s, rtol=1e-5)
+    scaled = initializers(result.model)[node(result.model, "conv").input[1]]
+    along = (slice(None), None, None, None) if depthwise else (None, slice(None), None, None)
+    np.testing.assert_allclose(scaled, w * s[along], rtol=1e-5)
+    (before,) = run(m, ["y"], data)
+    (after,) = run(result.model, ["y"], data)
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-4 * np.abs(before).max())
+    spread = x_max.max() / np.median(x_max)
+    assert result.layers[0].before == pytest.approx(spread)
+    assert result.layers[0].after < spread / 3
+
+
+def test_a_grouped_conv_is_left_alone():
+    """A grouped (not depthwise) conv's input channel c meets only its group's weights: no
+    single factor per channel to give it here, so it is not a target."""
+    w = (RNG.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)
+    m = make(
+        [helper.make_node("Add", ["h", "h"], ["x"], name="twice"),
+         helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1], group=2)],
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", C, 5, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 5, 7])],
+        [("w", w)],
+    )  # fmt: skip
+    result = smooth(m, open_data(_conv_data(), open_graph(m).inputs))
+    assert not result.changed and "no MatMul, Gemm or Conv" in result.skipped

@@ -8,7 +8,7 @@ more than one batch of activations.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -52,15 +52,17 @@ def channel_max(
     data: DataSource,
     tensors: list[str],
     *,
-    axis: int = -1,
+    axis: int | Mapping[str, int] = -1,
     provider: str | None = None,
 ) -> dict[str, np.ndarray]:
-    """max|X_c| per channel ``c`` (along ``axis``) of each tensor over ``data``: one streamed
-    FP32 pass, a running maximum over every other axis; non-finite values left out."""
+    """max|X_c| per channel ``c`` (along ``axis``, or each tensor's own) of each tensor over
+    ``data``: one streamed FP32 pass, a running maximum over every other axis; non-finite
+    values left out."""
     maxima: dict[str, np.ndarray] = {}
     for values in stream_activations(model, data, tensors, provider=provider):
         for name, value in values.items():
-            batch = _batch_channel_max(np.asarray(value), axis)
+            along = axis if isinstance(axis, int) else axis[name]
+            batch = _batch_channel_max(np.asarray(value), along)
             maxima[name] = batch if name not in maxima else np.maximum(maxima[name], batch)
     return maxima
 

@@ -1,4 +1,4 @@
-"""SmoothQuant-style activation-outlier migration for MatMul/Gemm with constant weights.
+"""SmoothQuant-style activation-outlier migration for MatMul/Gemm and Conv with constant weights.
 
 Transformer activations (LayerNorm outputs, the residual stream) carry a few input channels
 up to 100x larger than the rest; one per-tensor INT8 scale sized for them leaves the other
@@ -12,6 +12,13 @@ difficulty between the two sides: 0.5 splits it evenly).
 projections (the Q/K/V of one attention layer share one ``s``, taken over all of their
 weights) gets its Scale and B divided by ``s``. Elsewhere one ``Mul(X, 1/s)`` feeds the
 smoothed consumers only; other consumers (a residual Add) keep ``X``.
+
+A Conv's input channels (axis 1) take ``s`` the same way: ``W[:, c]`` of a plain conv,
+``W[c]`` of a depthwise one (whose per-channel weight scale then absorbs it exactly), with
+``Mul(X, 1/s)`` shaped [C, 1, ...] in front. CNNs whose convs read an Add or a Mul carry the
+same per-channel outliers: PP-OCRv5's recognizer (PP-LCNetV3 with learnable affine blocks)
+3.5-52x between channels, where smoothing took its INT8 output SQNR 4.6 -> 11.7 dB and CTC line
+agreement 27 -> 85 %; dddd-ocr's SiLU outputs, 85.4 -> 89.4 % of lines.
 
 The rewrite keeps the FP32 function (up to float rounding) but moves activation ranges: a
 calibration table must be made on the refined model (``RANGE_CHANGING``).
@@ -45,19 +52,23 @@ MEASURE = (
 
 @dataclass
 class _Target:
-    """A MatMul/Gemm whose constant weight can absorb ``s`` along its input channels."""
+    """A MatMul/Gemm or Conv whose constant weight can absorb ``s`` along its input channels."""
 
     node: onnx.NodeProto
     label: str
     weight: np.ndarray
     #: the weight's input-channel axis: 0 for MatMul's [K, N] and Gemm's B, 1 for Gemm transB
+    #: and a Conv's [M, C, k...], 0 for a depthwise Conv's [C, 1, k...] (its input channel c
+    #: is its output channel c, whose per-channel weight scale takes any factor exactly)
     in_axis: int
+    #: the activation's channel axis: last for MatMul/Gemm, 1 for Conv (NCHW)
+    x_axis: int = -1
 
     @property
     def channel_max(self) -> np.ndarray:
         """max|W_j| per input channel j (float64)."""
-        other = 1 - self.in_axis
-        return np.abs(self.weight.astype(np.float64)).max(axis=other)
+        others = tuple(a for a in range(self.weight.ndim) if a != self.in_axis)
+        return np.abs(self.weight.astype(np.float64)).max(axis=others)
 
 
 def smooth(
@@ -85,14 +96,15 @@ def smooth(
     graph = open_graph(out, require_fixed_rank=False)
     groups = _targets(graph, out)
     if not groups:
-        why = "no MatMul or Gemm with a constant 2-D weight reading a LayerNorm or Add output"
+        why = "no MatMul, Gemm or Conv with a constant weight reads a LayerNorm, Add or Mul output"
         return Refined(SMOOTH, out, skipped=why)
     maxima = dict(channel_max or {})
     missing = [x for x in groups if x not in maxima]
     if missing and data is None:
         raise QuantbenchError(f"smoothing needs data: no channel maxima for {', '.join(missing)}")
     if missing:
-        maxima.update(activation_channel_max(model, data, missing, provider=provider))
+        axes = {x: groups[x][0].x_axis for x in missing}
+        maxima.update(activation_channel_max(model, data, axes, provider=provider))
     changes, reasons, rescaled = _apply(graph, out, groups, maxima, alpha)
     skipped = "" if changes else "; ".join(reasons) or "no activation to smooth"
     return Refined(SMOOTH, out, changes, time.perf_counter() - start, skipped, rescaled)
@@ -113,21 +125,25 @@ PRODUCTS = frozenset({"Mul"})
 FLAT_PRODUCT = 2.0
 
 
-def smoothable_tensors(model: onnx.ModelProto) -> list[str]:
+def smoothable_tensors(model: onnx.ModelProto) -> dict[str, int]:
     """The activations :func:`smooth` would divide (inputs of MatMul/Gemm with constant 2-D
-    weights), whose channel maxima it needs."""
-    return list(_targets(open_graph(model, require_fixed_rank=False), model))
+    weights, of Conv with constant weights), whose channel maxima it needs: each with its
+    channel axis."""
+    groups = _targets(open_graph(model, require_fixed_rank=False), model)
+    return {x: targets[0].x_axis for x, targets in groups.items()}
 
 
 def activation_channel_max(
     model: onnx.ModelProto,
     data: DataSource,
-    tensors: Iterable[str],
+    tensors: Mapping[str, int] | Iterable[str],
     provider: str | None = None,
 ) -> dict[str, np.ndarray]:
-    """max|X_j| per last-axis channel j of each tensor over ``data`` (one streamed FP32 pass,
-    a running maximum over all leading axes; non-finite values left out)."""
-    return channel_max(model, data, list(tensors), axis=-1, provider=provider)
+    """max|X_j| per channel j of each tensor over ``data`` (one streamed FP32 pass, a running
+    maximum over the other axes; non-finite values left out), along the axis ``tensors``
+    gives it (:func:`smoothable_tensors`), else the last."""
+    axes = dict(tensors) if isinstance(tensors, Mapping) else dict.fromkeys(tensors, -1)
+    return channel_max(model, data, list(axes), axis=axes, provider=provider)
 
 
 def smoothing_scales(x_max: np.ndarray, w_max: np.ndarray, alpha: float) -> np.ndarray:
@@ -150,18 +166,33 @@ def _targets(graph: Graph, model: onnx.ModelProto) -> dict[str, list[_Target]]:
     groups: dict[str, list[_Target]] = {}
     producers = graph.producers()
     for node, label in zip(model.graph.node, node_labels(model.graph.node), strict=True):
-        made_by = producers.get(node.input[0]) if node.input else None
+        made_by = _producer(producers, node.input[0]) if node.input else None
         if made_by is None or made_by.op_type not in OUTLIER_PRODUCERS:
             continue
         target = _target(graph, model, node, label)
-        if target is not None:
+        same_kind = target is not None and all(
+            t.x_axis == target.x_axis for t in groups.get(node.input[0], [])
+        )
+        if target is not None and same_kind:
             groups.setdefault(node.input[0], []).append(target)
     return groups
+
+
+def _producer(producers: Mapping[str, onnx.NodeProto], x: str) -> onnx.NodeProto | None:
+    """The node that makes ``x``, looking through Identity (Paddle's exporter puts one after
+    most ops: PP-OCRv5's convs read ``Identity(Add(...))``)."""
+    made_by = producers.get(x)
+    seen = 0
+    while made_by is not None and made_by.op_type == "Identity" and seen < 16:
+        made_by, seen = producers.get(made_by.input[0]), seen + 1
+    return made_by
 
 
 def _target(
     graph: Graph, model: onnx.ModelProto, node: onnx.NodeProto, label: str
 ) -> _Target | None:
+    if node.op_type == "Conv" and node.domain in ("", "ai.onnx"):
+        return _conv_target(graph, model, node, label)
     if node.op_type not in ("MatMul", "Gemm") or node.domain not in ("", "ai.onnx"):
         return None
     if len(node.input) < 2 or node.input[0] in graph.constants:
@@ -173,6 +204,24 @@ def _target(
         return None
     in_axis = 1 if node.op_type == "Gemm" and edits.attr(node, "transB", 0) else 0
     return _Target(node, label, weight, in_axis)
+
+
+def _conv_target(
+    graph: Graph, model: onnx.ModelProto, node: onnx.NodeProto, label: str
+) -> _Target | None:
+    """A Conv with a constant weight whose input channels can each take a factor: a plain one
+    (group 1: ``W[:, c]``) or a depthwise one (one input channel a group: ``W[c]``)."""
+    if len(node.input) < 2 or node.input[0] in graph.constants:
+        return None
+    weight = edits.constant(model, graph, node.input[1])
+    if weight is None or weight.ndim < 3 or weight.dtype.kind != "f":
+        return None
+    group = edits.attr(node, "group", 1)
+    if group == 1:
+        return _Target(node, label, weight, in_axis=1, x_axis=1)
+    if weight.shape[1] == 1 and weight.shape[0] == group:
+        return _Target(node, label, weight, in_axis=0, x_axis=1)
+    return None
 
 
 # --------------------------------------------------------------------------- rewriting
@@ -282,7 +331,11 @@ def _insert_mul(
 ) -> str:
     """``Mul(x, 1/s)`` just before the first target, feeding the targets only; says so."""
     dtype = targets[0].weight.dtype
-    inverse = edits.add_initializer(model, (1 / s).astype(dtype), f"{x}_smooth_scale", taken)
+    # along the activation's channel axis: NCHW's channels come before the spatial axes
+    shape = (-1,) if targets[0].x_axis == -1 else (-1,) + (1,) * (targets[0].weight.ndim - 2)
+    inverse = edits.add_initializer(
+        model, (1 / s).astype(dtype).reshape(shape), f"{x}_smooth_scale", taken
+    )
     smoothed = unique(taken, f"{x}_smooth")
     mul = helper.make_node("Mul", [x, inverse], [smoothed], name=smoothed)
     ours = {t.node.output[0] for t in targets}
@@ -297,7 +350,7 @@ def _insert_mul(
 
 def _scale_weight(model: onnx.ModelProto, target: _Target, s: np.ndarray, taken: set[str]) -> str:
     """``diag(s) W`` as the target's new weight; the name it replaced."""
-    shape = [1, 1]
+    shape = [1] * target.weight.ndim
     shape[target.in_axis] = -1
     scaled = (target.weight * s.reshape(shape)).astype(target.weight.dtype)
     old = target.node.input[1]
