@@ -98,8 +98,21 @@ def heavy(tmp_path_factory) -> dict[str, Path]:
 
 
 def _recover(heavy: dict[str, Path], **kwargs):
-    options = {"target": "sqnr_db=20", "batch_size": 16, **kwargs}
+    """recover's fallback search on the bad layer: without the refinement passes, since
+    smoothing (a Conv reading a Mul) moves channel 7's gain into conv2's weights and so
+    cures the bad layer in INT8 (:func:`test_smoothing_spares_the_bad_layer`)."""
+    options = {"target": "sqnr_db=20", "batch_size": 16, "refine": "none", **kwargs}
     return recover(heavy["model"], heavy["calib"], heavy["eval"], **options)
+
+
+def test_smoothing_spares_the_bad_layer(heavy):
+    """With its default passes recover no longer keeps the bad layer: smoothing divides
+    ``spiky``'s channels by s before conv2 and multiplies conv2's weights by it, so the 400x
+    channel no longer sets the one per-tensor scale; every op in INT8 scores above 10 dB where
+    without the passes it scores below 0 (test_recover_keeps_the_bad_layer_...)."""
+    result = _recover(heavy, refine=None)
+    assert result.met and BAD_LAYER not in result.kept
+    assert result.steps[0]["kept_high_precision"] == [] and result.steps[0]["metric"] > 10
 
 
 def _sqnr(value: float | str) -> float:
