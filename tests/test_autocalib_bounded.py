@@ -187,17 +187,22 @@ def test_output_pass_keeps_one_candidate_session_where_the_reference_fits(
     assert encode_json_table(got.table) == encode_json_table(baseline.table)
 
 
-def _scored_tables(monkeypatch):
-    """The candidate names each output pass scored."""
-    seen: list[list[str]] = []
-    real = autocalib.output_sqnrs
+def _tables_seen(monkeypatch, function: str, view):
+    """``view(tables)`` of every call of ``autocalib.<function>(graph, tables, ...)``."""
+    seen: list = []
+    real = getattr(autocalib, function)
 
     def spy(graph, tables, *args, **kwargs):
-        seen.append(list(tables))
+        seen.append(view(tables))
         return real(graph, tables, *args, **kwargs)
 
-    monkeypatch.setattr(autocalib, "output_sqnrs", spy)
+    monkeypatch.setattr(autocalib, function, spy)
     return seen
+
+
+def _scored_tables(monkeypatch) -> list[list[str]]:
+    """The candidate names each output pass scored."""
+    return _tables_seen(monkeypatch, "output_sqnrs", list)
 
 
 def test_a_mix_of_one_method_is_that_methods_model_and_scored_once(
@@ -273,15 +278,7 @@ def test_early_stops_change_no_choice_and_no_table(cnn_path, tmp_path, monkeypat
 
 def _isolated_passes(monkeypatch) -> list[int]:
     """The number of tables each isolated pass of auto's judging scores."""
-    seen: list[int] = []
-    real = autocalib._isolated_pass
-
-    def spy(graph, tables, *args, **kwargs):
-        seen.append(len(tables))
-        return real(graph, tables, *args, **kwargs)
-
-    monkeypatch.setattr(autocalib, "_isolated_pass", spy)
-    return seen
+    return _tables_seen(monkeypatch, "_isolated_pass", len)
 
 
 @pytest.mark.parametrize(("twin_budget", "one_pass"), [(HUGE, True), (1, False)])
