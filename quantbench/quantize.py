@@ -173,6 +173,8 @@ def quantize(
             show_progress=show_progress,
             executor=executor,
             keep_head=auto_head(graph, [method], holdout_data),
+            # FP16's overflow check counts the values beyond 65504: it needs the histograms
+            ranges_only=registry.ranges_suffice([method]) and high_precision != FP16,
         )
         cal_table, auto = method_table(
             graph,
@@ -186,7 +188,9 @@ def quantize(
             executor=executor,
             auto_budget=auto_budget,
         )
-        flags = clip_flags(stats, cal_table, clip_warn, calibration_tensors(graph, "quantizable"))
+        # a range-only method's threshold is max|x|: it clips nothing, and there are no bins
+        quantizable = calibration_tensors(graph, "quantizable")
+        flags = clip_flags(stats, cal_table, clip_warn, quantizable) if stats.has_histograms else []
         if text := clip_warning(
             flags, clip_warn, str(cal_table.method), listed_by="calibrate --report PAGE",
             note=auto.clip_note() if auto is not None else "",

@@ -127,3 +127,32 @@ def test_minmax_with_a_report_draws_histograms(run_cli, cnn_path, cnn_data, tmp_
                            "-o", tmp_path / "t.cache", "--report", html)  # fmt: skip
     assert code == 0, err
     assert "<svg" in html.read_text()
+
+
+def test_quantize_with_minmax_bins_nothing(cnn_path, cnn_data, tmp_path, monkeypatch):
+    """quantize --method minmax takes the range-only pass too (its amaxes are the activations'
+    max|x|, read here from onnxruntime); with --high-precision fp16 it keeps the histograms,
+    which FP16's overflow check counts."""
+    import onnx as onnx_
+
+    from quantbench.quantize import quantize
+
+    kept: list[bool] = []
+    real = cal.collect_stats
+    monkeypatch.setattr(
+        "quantbench.calibrate.collect_stats",
+        lambda *a, **k: kept.append(k.get("ranges_only", False)) or real(*a, **k),
+    )
+    out = tmp_path / "q.onnx"
+    quantize(cnn_path, out, data=cnn_data, method="minmax", refine="none", show_progress=False)
+    assert kept == [True]
+    g = open_graph(cnn_path)
+    ref = _activation_ranges(g, cnn_data, ["input"], None)
+    scales = {i.name: i for i in onnx_.load(out).graph.initializer}
+    (scale,) = [v for k, v in scales.items() if k.startswith("input") and "scale" in k]
+    assert float(onnx_.numpy_helper.to_array(scale)) == pytest.approx(
+        max(abs(ref["input"][1]), abs(ref["input"][2])) / 127, rel=1e-6
+    )
+    quantize(cnn_path, tmp_path / "h.onnx", data=cnn_data, method="minmax", refine="none",
+             high_precision="fp16", show_progress=False)  # fmt: skip
+    assert kept == [True, False]
