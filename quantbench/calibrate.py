@@ -173,9 +173,8 @@ def obtain_stats(
             ranges_only=ranges_only,
         )
     path = None
-    if (
-        use_cache and source.fingerprint and result.has_histograms
-    ):  # a stream's fingerprint is known only after the pass
+    # a stream's fingerprint is known only after the pass; a range-only pass is never cached
+    if use_cache and source.fingerprint and result.has_histograms:
         path = cached_stats_path(graph.hash, result.data_fingerprint, tensors)
         path.parent.mkdir(parents=True, exist_ok=True)
         result.save(path)
@@ -467,7 +466,9 @@ def calibrate(
             executor=executor,
             before_inference=checks.wait,
             keep_head=auto_head(graph, method_list, holdout_data),
-            ranges_only=_ranges_suffice(method_list, targets, keep_histograms or save_stats),
+            ranges_only=_ranges_suffice(
+                method_list, targets, keep_histograms or save_stats is not None
+            ),
         )
     checks.wait()  # statistics from a file or the cache: no inference ran, the check still holds
     if save_stats is not None:
@@ -494,11 +495,9 @@ def calibrate(
                 auto_budget=auto_budget,
             )
             auto = found or auto
-        # a range-only method's threshold is max|x|: it clips nothing, and there are no bins
         clipping = {
-            m: clip_flags(stats_file, t, clip_warn, known=tables) if stats_file.has_histograms
-            else [] for m, t in tables.items()
-        }  # fmt: skip
+            m: clip_flags(stats_file, t, clip_warn, known=tables) for m, t in tables.items()
+        }
     if len(clipping) > 1:  # --method all: a line per method; the tensors are in the report
         text = clip_summary(clipping, clip_warn, listed_by="--report PAGE")
     else:
@@ -528,7 +527,7 @@ def calibrate(
     )
 
 
-def _ranges_suffice(methods: list[str], targets: dict[str, Path], histograms: object) -> bool:
+def _ranges_suffice(methods: list[str], targets: dict[str, Path], histograms: bool) -> bool:
     """Whether a new pass may keep ranges only: every method reads nothing else, a table is
     written (without one, the cached statistics are the run's one product) and nothing asks
     for the histograms (a report, ``--save-stats``)."""

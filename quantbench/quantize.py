@@ -188,9 +188,7 @@ def quantize(
             executor=executor,
             auto_budget=auto_budget,
         )
-        # a range-only method's threshold is max|x|: it clips nothing, and there are no bins
-        quantizable = calibration_tensors(graph, "quantizable")
-        flags = clip_flags(stats, cal_table, clip_warn, quantizable) if stats.has_histograms else []
+        flags = clip_flags(stats, cal_table, clip_warn, calibration_tensors(graph, "quantizable"))
         if text := clip_warning(
             flags, clip_warn, str(cal_table.method), listed_by="calibrate --report PAGE",
             note=auto.clip_note() if auto is not None else "",

@@ -108,11 +108,6 @@ def calibration_section(
     methods: list[str] | None = None,
 ) -> dict[str, Any]:
     """amax per method per tensor and a compact |x| histogram, for the report's calibration part."""
-    if not stats.has_histograms:
-        raise QuantbenchError(
-            "these statistics hold ranges only (a pass for range-only methods such as minmax): "
-            "calibrate with keep_histograms=True (the CLI's --report does) to report them"
-        )
     method_list = registry.expand_methods(methods or ["all"])
     names = [t for t in (tensors or list(stats.tensors)) if t in stats.tensors]
     rows = []

@@ -141,6 +141,10 @@ def clip_flags(
     threshold, are built once (:func:`~quantbench.stats.tensorstats.settled`; once for all calls
     when the
     caller's scope is settled too)."""
+    if not stats.has_histograms:
+        # only a pass for range-only methods keeps no bins, and their thresholds (max|x|)
+        # clip nothing
+        return []
     names = tensors if tensors is not None else list(table)
     with settled():
         clipped = []
