@@ -206,3 +206,51 @@ def test_a_settled_scope_inside_another_shares_its_arrays() -> None:
             assert np.shares_memory(t.abs_cdf()[1], outer)
         assert np.shares_memory(t.abs_cdf()[1], outer)
     assert not np.shares_memory(t.abs_cdf()[1], outer)
+
+
+# ---------------------------------------------------------------- int32 counters, widened
+def _full_zero_bin(count: int) -> TensorStats:
+    """Statistics of ``count`` zeros (the ReLU spike), held without binning that many values."""
+    t = TensorStats("spike")
+    t.update(np.zeros(1, np.float32))
+    t.counts[HALF_BINS] = count
+    t.count = count
+    return t
+
+
+def test_counters_are_int32_until_a_bin_could_overflow_them() -> None:
+    t = TensorStats("x")
+    t.update(np.linspace(-3, 3, 1000, dtype=np.float32))
+    assert t.counts.dtype == np.int32 and t.counts.nbytes == 2 * HALF_BINS * 4
+    limit = np.iinfo(np.int32).max
+    near = _full_zero_bin(limit - 1)
+    near.update(np.zeros(1, np.float32))  # exactly the int32 maximum: still fits
+    assert near.counts.dtype == np.int32 and int(near.counts[HALF_BINS]) == limit
+    near.update(np.zeros(3, np.float32))  # three more: 2**31 + 2 in one bin
+    assert near.counts.dtype == np.int64 and int(near.counts[HALF_BINS]) == limit + 3
+    assert int(near.counts.sum()) == near.count == limit + 3
+
+
+def test_merge_and_relu_widen_the_counters_exactly() -> None:
+    limit = np.iinfo(np.int32).max
+    a, b = _full_zero_bin(limit - 5), _full_zero_bin(10)
+    merged = a.merge(b)
+    assert merged.counts.dtype == np.int64 and int(merged.counts[HALF_BINS]) == limit + 5
+    # a Relu's bins taken from its source's batch: the Relu's own count passes the limit
+    values = np.asarray([-1.0, -0.5, 0.25, 0.75], np.float32)
+    batch = TensorStats("source").update(values)
+    relu = _full_zero_bin(limit - 1)
+    relu.update_relu(batch, values)
+    assert relu.counts.dtype == np.int64
+    assert relu.count == limit + 3 and int(relu.counts.sum()) == limit + 3
+    assert int(relu.counts[:HALF_BINS].sum()) == 0  # max(x, 0) has no negatives
+
+
+def test_saved_counts_keep_the_file_format(tmp_path, heavy_tail) -> None:
+    stats = StatsFile("m", "d", 1, {"x": _stats(heavy_tail, name="x")})
+    path = stats.save(tmp_path / "s.npz")
+    with np.load(path) as z:
+        assert z["cnt0"].dtype == np.int64
+    loaded = StatsFile.load(path)
+    assert loaded["x"].counts.dtype == np.int32
+    assert np.array_equal(loaded["x"].counts, stats["x"].counts)

@@ -44,7 +44,7 @@ import numpy as np
 from quantbench.errors import QuantbenchError
 from quantbench.stats import binning
 from quantbench.stats.binning import HALF_BINS, NUM_BINS
-from quantbench.stats.tensorstats import MIN_EXPONENT, TensorStats, exponent_for
+from quantbench.stats.tensorstats import MIN_EXPONENT, TensorStats, counts_dtype, exponent_for
 
 #: ``QUANTBENCH_DEVICE_BINNING=0`` bins on the host even when the data is on the GPU.
 DEVICE_BINNING_ENV = "QUANTBENCH_DEVICE_BINNING"
@@ -354,7 +354,7 @@ class StatsBank:
                 s.nan_count,
                 s.inf_count,
                 s.exponent,
-                np.array(counts[s.row], dtype=np.int64),
+                np.array(counts[s.row], dtype=counts_dtype(s.count)),
             )
             for s in self.slots.values()
         }

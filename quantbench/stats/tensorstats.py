@@ -15,7 +15,9 @@ The histogram is the heart of calibration, so its design decides what calibrator
   histogram on ``[0, max|x|]`` is rebuilt with at least 4 fine bins per coarse bin (fine bins are
   split linearly at coarse edges).
 
-Memory is ``2 * HALF_BINS`` int64 counters per tensor (256 KiB), independent of sample count.
+Memory is ``2 * HALF_BINS`` counters per tensor, independent of sample count: int32 (128 KiB)
+while the tensor's count of values fits one (no bin can hold more), int64 (256 KiB) from the
+batch that would pass it on. A model of 800 tensors holds 100 MiB of histograms, not 200.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from quantbench.stats.binning import HALF_BINS
 
 #: exponent of an empty or all-zero histogram: every later exponent re-bins it into bin 0.
 MIN_EXPONENT = -160
+#: most values a tensor's int32 counts may hold (a bin holds at most all of them)
+INT32_COUNTS = int(np.iinfo(np.int32).max)
 STATS_FORMAT = "quantbench-stats"
 STATS_VERSION = 1
 #: inside :func:`settled`: arrays derived from statistics that no longer change, by (tensor
@@ -81,6 +85,12 @@ def exponent_for(max_abs: float) -> int:
     return max(e, MIN_EXPONENT)
 
 
+def counts_dtype(count: int) -> type[np.signedinteger]:
+    """The counters' type for a histogram of ``count`` values: int32 while no bin can overflow
+    it, else int64."""
+    return np.int32 if count <= INT32_COUNTS else np.int64
+
+
 def _coarsen(half: np.ndarray, shift: int) -> np.ndarray:
     """Sum one side's bins in groups of ``2**shift`` (exact: the grid is anchored at 0)."""
     if shift <= 0:
@@ -118,14 +128,14 @@ class TensorStats:
     nan_count: int = 0
     inf_count: int = 0
     exponent: int = MIN_EXPONENT
-    counts: np.ndarray = field(default_factory=lambda: np.zeros(2 * HALF_BINS, dtype=np.int64))
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(2 * HALF_BINS, dtype=np.int32))
 
     @classmethod
     def ranges_only(cls, name: str) -> TensorStats:
         """Statistics that will hold the range and counts but no histogram (a pass for
         range-only calibrators, :meth:`add_range`): reading their bins is a one-line error
         naming the way to keep them, never an empty histogram taken for data."""
-        return cls(name, counts=np.zeros(0, dtype=np.int64))
+        return cls(name, counts=np.zeros(0, dtype=np.int32))
 
     @property
     def has_histogram(self) -> bool:
@@ -169,6 +179,7 @@ class TensorStats:
             return None
         if seen.counts is None:
             self._grow(self.regrid_exponent(seen))
+        self._hold(self.count + seen.finite)
         self.counts += counts
         self._add_range(seen.finite, seen.lo, seen.hi)
         return BatchCounts(counts, self.exponent, seen.lo, seen.hi, seen.nan + seen.inf == 0)
@@ -187,14 +198,21 @@ class TensorStats:
             self.update(np.concatenate([np.maximum(p, 0).reshape(-1) for p in pieces]))
             return
         lo, hi = max(source.lo, 0.0), max(source.hi, 0.0)
+        added = int(source.counts.sum())
         self._grow(exponent_for(hi))
+        self._hold(self.count + added)
         if self.exponent == source.exponent:  # negatives become 0: positive bin 0
             self.counts[HALF_BINS:] += source.counts[HALF_BINS:]
             self.counts[HALF_BINS] += source.counts[:HALF_BINS].sum()
         else:
             relu = [np.maximum(p, 0) for p in pieces]
             self.counts += binning.finite_counts(relu, self.exponent)
-        self._add_range(int(source.counts.sum()), lo, hi)
+        self._add_range(added, lo, hi)
+
+    def _hold(self, count: int) -> None:
+        """Widen the counters to int64 before they would hold more than ``count`` fits."""
+        if count > INT32_COUNTS and self.counts.dtype != np.int64:
+            self.counts = self.counts.astype(np.int64)
 
     def _add_range(self, n: int, lo: float, hi: float) -> None:
         self.count += n
@@ -220,15 +238,18 @@ class TensorStats:
         shift = exponent - self.exponent
         neg, pos = self.negative_counts(), self.positive_counts()
         neg, pos = _coarsen(neg, shift), _coarsen(pos, shift)
-        self.counts = np.concatenate([neg[::-1], pos])
+        self.counts = np.concatenate([neg[::-1], pos]).astype(self.counts.dtype, copy=False)
         self.exponent = exponent
 
     def merge(self, other: TensorStats) -> TensorStats:
         """Return the statistics of both sample sets together (exact)."""
         out = TensorStats(self.name)
         out.exponent = max(self.exponent, other.exponent)
-        out.counts = self.counts_at(out.exponent) + other.counts_at(out.exponent)
         out.count = self.count + other.count
+        out.counts = np.add(
+            self.counts_at(out.exponent), other.counts_at(out.exponent),
+            dtype=counts_dtype(out.count),
+        )  # fmt: skip
         out.min, out.max = min(self.min, other.min), max(self.max, other.max)
         out.nan_count = self.nan_count + other.nan_count
         out.inf_count = self.inf_count + other.inf_count
@@ -476,7 +497,7 @@ class StatsFile:
         for i, t in enumerate(self):
             nz = np.flatnonzero(t.counts)
             arrays[f"idx{i}"] = nz.astype(np.int32)
-            arrays[f"cnt{i}"] = t.counts[nz]
+            arrays[f"cnt{i}"] = t.counts[nz].astype(np.int64)  # the file's type either way
             meta["tensors"].append(
                 {
                     "name": t.name,
@@ -511,7 +532,7 @@ class StatsFile:
                     )
                 tensors: dict[str, TensorStats] = {}
                 for i, t in enumerate(meta["tensors"]):
-                    counts = np.zeros(2 * HALF_BINS, dtype=np.int64)
+                    counts = np.zeros(2 * HALF_BINS, dtype=counts_dtype(int(t["count"])))
                     counts[z[f"idx{i}"]] = z[f"cnt{i}"]
                     tensors[t["name"]] = TensorStats(
                         name=t["name"],
