@@ -17,6 +17,7 @@ import synthetic
 from quantbench import calibrate as cal
 from quantbench.choose import autocalib
 from quantbench.choose.autocalib import choose_auto
+from quantbench.evaluate import variants
 from quantbench.model.graph import open_graph
 from quantbench.table.json_table import encode_json_table
 
@@ -43,7 +44,7 @@ def _runs(monkeypatch):
 
     def spy(self, feed, *args, **kwargs):
         got = infer(self, feed, *args, **kwargs)
-        if sys._getframe(1).f_globals["__name__"] != autocalib.__name__:
+        if sys._getframe(1).f_globals["__name__"] not in (autocalib.__name__, variants.__name__):
             return got
         samples = int(next(iter(feed.values())).shape[0])
         seen.append((samples, sum(np.asarray(v).nbytes for v in got.values())))
@@ -151,7 +152,7 @@ def _open_candidates(monkeypatch):
 
     def opened(self, model, *args, **kwargs):
         build(self, model, *args, **kwargs)
-        self._candidate = sys._getframe(1).f_code.co_name == "runner_of"
+        self._candidate = sys._getframe(1).f_code.co_name == "session"
         alive[0] += self._candidate
         most[0] = max(most[0], alive[0])
 
@@ -169,9 +170,11 @@ def _open_candidates(monkeypatch):
 def test_output_pass_keeps_one_candidate_session_where_the_reference_fits(
     cnn_path, tmp_path, monkeypatch, kept
 ):
-    """A slice whose parts and FP32 outputs fit the budget is scored one candidate at a time
-    (each session holds its own weights); one that does not runs every candidate on each part
-    (all alive). Both give the same sums: the same scores to the last bit, the same table."""
+    """A slice whose parts and FP32 outputs fit the budget is scored one candidate at a time;
+    one that does not runs every candidate on each part. Both give the same sums: the same
+    scores to the last bit, the same table. The candidates (one Q/DQ graph with other scales)
+    share one session either way; kept apart, each has its own, all alive at once on each
+    part where the reference does not fit."""
     np.savez(tmp_path / "d.npz", input=synthetic.images(24, seed=5))
     graph = open_graph(cnn_path)
     monkeypatch.setattr(autocalib, "KEPT_REFERENCE_BUDGET", HUGE)
@@ -179,12 +182,18 @@ def test_output_pass_keeps_one_candidate_session_where_the_reference_fits(
     monkeypatch.setattr(autocalib, "KEPT_REFERENCE_BUDGET", kept)
     most = _open_candidates(monkeypatch)
     got = _judge(graph, tmp_path / "d.npz", monkeypatch, 1 << 20, HUGE)
+    assert most[0] == 1
+    assert got.output_sqnr_db == baseline.output_sqnr_db
+    assert encode_json_table(got.table) == encode_json_table(baseline.table)
+    monkeypatch.setattr(variants, "SMALL_ELEMENTS", -1)  # every initializer compared whole
+    most = _open_candidates(monkeypatch)
+    apart = _judge(graph, tmp_path / "d.npz", monkeypatch, 1 << 20, HUGE)
     if kept:
         assert most[0] == 1
     else:  # the mix and at least two distinct methods' tables, all at once
         assert most[0] >= 3
-    assert got.output_sqnr_db == baseline.output_sqnr_db
-    assert encode_json_table(got.table) == encode_json_table(baseline.table)
+    assert apart.output_sqnr_db == baseline.output_sqnr_db
+    assert encode_json_table(apart.table) == encode_json_table(baseline.table)
 
 
 def _tables_seen(monkeypatch, function: str, view):

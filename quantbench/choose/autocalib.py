@@ -92,6 +92,7 @@ from quantbench.evaluate.metrics import (
     power32,
     sqnr_of_sums,
 )
+from quantbench.evaluate.variants import Runner, VariantSessions
 from quantbench.jsonsafe import json_float
 from quantbench.model.graph import Graph
 from quantbench.model.protosize import SharedWeights
@@ -1120,24 +1121,25 @@ def output_sqnrs(
     ended: dict[str, tuple[int, float]] = {}
     shared = SharedWeights(graph.model)  # the weights each candidate took unchanged, once
 
-    def runner_of(candidate: Candidate) -> OnnxRuntimeRunner:
-        """A candidate's session, without an arena (it holds only what one run needs)."""
+    def built(name: str) -> onnx.ModelProto:
+        """A candidate's Q/DQ model, also giving the extra tensors judged."""
+        candidate = tables[name]
         if isinstance(candidate, onnx.ModelProto):
             qdq = onnx.ModelProto()
             qdq.CopyFrom(candidate)  # with_outputs edits it
         else:
             qdq = quantize_model(graph, candidate, allow_partial=True, checked=False).model
-        loadable = serialized_for_session(
-            with_outputs(qdq, extra, graph.elem_types, in_place=True), shared
-        )
-        del qdq  # the proto goes before onnxruntime parses the bytes
+        return with_outputs(qdq, extra, graph.elem_types, in_place=True)
+
+    def session(model: onnx.ModelProto) -> OnnxRuntimeRunner:
+        """A candidate's session, without an arena (it holds only what one run needs)."""
+        loadable = serialized_for_session(model, shared)
+        del model  # the proto goes before onnxruntime parses the bytes
         return OnnxRuntimeRunner(
-            loadable,
-            provider,
-            threads,
-            generated_from=graph.model,
-            arena=False,
+            loadable, provider, threads, generated_from=graph.model, arena=False
         )
+
+    runner_of = VariantSessions(list(tables), built, session).runner
 
     if reference is not None:  # the slice's batches, the FP32 outputs of each given
         given = reference
@@ -1244,7 +1246,7 @@ def _size_parts(
 def _score_in_turn(
     tables: dict[str, Candidate],
     accs: dict[str, OutputsAccumulator],
-    runner_of: Callable[[Candidate], OnnxRuntimeRunner],
+    runner_of: Callable[[str], Runner],
     pairs: Callable[[], Iterable[tuple[Feed, dict[str, np.ndarray]]]],
     outputs: list[str],
     inputs: list[Any],
@@ -1262,8 +1264,8 @@ def _score_in_turn(
     stopped: dict[str, tuple[int, float]] = {}
     whole: OutputsAccumulator | None = None
     best = -math.inf
-    for name, table in tables.items():
-        acc, runner, read = accs[name], runner_of(table), 0
+    for name in tables:
+        acc, runner, read = accs[name], runner_of(name), 0
         for (part, ref), last in _with_last(pairs()):
             acc.update(ref, runner.infer(part, outputs))
             read += max(1, feed_num_samples(part, inputs))
@@ -1297,7 +1299,7 @@ def _with_last(items: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
 def _score_together(
     tables: dict[str, Candidate],
     accs: dict[str, OutputsAccumulator],
-    runner_of: Callable[[Candidate], OnnxRuntimeRunner],
+    runner_of: Callable[[str], Runner],
     fp32: OnnxRuntimeRunner,
     held_out: DataSource,
     inputs: list[Any],
@@ -1309,7 +1311,7 @@ def _score_together(
     """Each part of the slice through FP32 and then every candidate (all sessions alive):
     nothing kept but one part's outputs, and a ``budget``'s deadline cuts every candidate at
     the same sample."""
-    runners = {name: runner_of(table) for name, table in tables.items()}
+    runners = {name: runner_of(name) for name in tables}
     per_sample = [activation_bytes]
     for part in _slice_parts(
         held_out, inputs, per_sample, budget, deadline=True, part_bytes=part_bytes
