@@ -87,7 +87,8 @@ MaxAddedMacsOpt = Annotated[
         "--max-added-macs",
         metavar="FRACTION",
         help="With --refine two-stage: the most linear-op MACs the second stages may add, a "
-        "fraction of the model's (default 0.25).",
+        "fraction of the model's (default 0.25; 0.5 or more also searches twice as many "
+        "tensors, at about twice the time).",
     ),
 ]
 RefinedModelOpt = Annotated[

@@ -188,3 +188,12 @@ def test_a_tensor_read_by_a_nonlinear_op_is_no_candidate() -> None:
     model = _qdq_conv()
     model.graph.node.append(helper.make_node("MaxPool", ["xd"], ["pooled"], kernel_shape=[2, 2]))
     assert candidates(model) == []
+
+
+def test_a_cap_of_twice_the_default_searches_twice_as_wide():
+    from quantbench.choose.twostaged import search_width
+
+    assert search_width(0.25) == (24, 16)  # the default cap: 24 tensors tried, 16 kept at most
+    assert search_width(0.49) == (24, 16)
+    assert search_width(0.5) == (48, 32)
+    assert search_width(1.0) == (48, 32)
