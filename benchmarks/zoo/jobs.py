@@ -96,14 +96,22 @@ def qb_methods(model: str, calib: str, outputs: dict[str, str]) -> dict[str, Any
 
 @job("qb-quantize", imports=("quantbench.quantize",))
 def qb_quantize(
-    model: str, calib: str, output: str, method: str | None = None, refine: str | None = None
+    model: str,
+    calib: str,
+    output: str,
+    method: str | None = None,
+    refine: str | None = None,
+    max_added_macs: float | None = None,
 ) -> dict[str, Any]:
-    """``quantbench quantize MODEL --data CALIB [--method M] [--refine P] -o OUT`` (Python API)."""
+    """``quantbench quantize MODEL --data CALIB [--method M] [--refine P] [--max-added-macs F]
+    -o OUT`` (Python API)."""
     from quantbench.quantize import quantize
 
     kwargs: dict[str, Any] = {} if method is None else {"method": method}
     if refine is not None:
         kwargs["refine"] = refine
+    if max_added_macs is not None:
+        kwargs["max_added_macs"] = max_added_macs
     outcome = quantize(model, output, data=calib, show_progress=False, **kwargs)
     methods = sorted({e.method for e in outcome.table.entries.values() if e.method})
     methods = methods or [outcome.table.method or "?"]

@@ -150,6 +150,7 @@ def measure(
     console: Console,
     groups: tuple[str, ...] = JOB_GROUPS,
     adaround_iterations: int = peers.ADAROUND_ITERATIONS,
+    max_added_macs: float | None = None,
 ) -> dict[str, Any]:
     model = PKGS / spec.file
     row: dict[str, Any] = {
@@ -187,6 +188,8 @@ def measure(
         path = str(folder / f"qb-{name.replace(' ', '-')}.onnx")
         args = {"model": str(model), "calib": str(calib), "output": path, "method": method,
                 "refine": refine}  # fmt: skip
+        if max_added_macs is not None and group in ("two-stage", "refine"):
+            args["max_added_macs"] = max_added_macs
         jobs[f"qb {name}"] = run_job("qb-quantize", args, cache)
         if jobs[f"qb {name}"].ok:
             candidates[name] = path
@@ -482,6 +485,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated job groups from {', '.join(JOB_GROUPS)} (the others' scores are "
         "kept from the last run)",
     )  # fmt: skip
+    parser.add_argument(
+        "--max-added-macs", type=float, default=None, metavar="F",
+        help="quantize --max-added-macs for the two-stage and refine jobs (default: "
+        "quantbench's own)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     console = Console(width=220) if not Console().is_terminal else Console()
     if args.setup:
@@ -504,7 +512,10 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold]{spec.key}[/bold] ({spec.package}: {spec.file})")
         t0 = time.perf_counter()
         try:
-            row = measure(spec, args.rebuild_data, console, groups, args.adaround_iterations)
+            row = measure(
+                spec, args.rebuild_data, console, groups, args.adaround_iterations,
+                args.max_added_macs,
+            )  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - one broken model must not stop the corpus
             row = {"model": spec.key, "metric": spec.metric, "status": "failed",
                    "error": f"harness: {type(exc).__name__}: {exc}"}  # fmt: skip
@@ -523,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": round(time.perf_counter() - start, 1),
         "methods": [*METHODS, AUTO, DEFAULT, TWO_STAGE, REFINED, *OTHERS],
         "adaround_iterations": args.adaround_iterations if "peers" in groups else None,
+        "max_added_macs": args.max_added_macs,
         "tolerance": {"points": TOLERANCE_POINTS, "relative": TOLERANCE_RELATIVE},
         "models": rows,
         "summary": summ,
