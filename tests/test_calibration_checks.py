@@ -649,3 +649,25 @@ def test_values_within_half_a_step_above_the_threshold_are_not_clipped():
     assert clip_fraction(t, 0.9988) < 0.001
     assert clip_fraction(t, 0.9) == pytest.approx(np.mean(np.abs(x) > 0.9 * (1 + 0.5 / 127)),
                                                    abs=1e-4)  # fmt: skip
+
+
+def test_auto_takes_the_statistics_pass_word_that_the_model_runs_batches(tmp_path, monkeypatch):
+    """The statistics pass ran two samples together and got their outputs run apart: auto's
+    slice is batched without a session started to try it again; statistics from elsewhere
+    (a cache) say nothing, and the slice's batch is tried as before."""
+    from quantbench import calibrate as cal
+    from quantbench.choose import autocalib
+
+    path = synthetic.save(synthetic.small_cnn(), tmp_path / "s.onnx")
+    np.savez(tmp_path / "s.npz", input=synthetic.images(40))
+    graph = open_graph(path)
+    tried = []
+    real = autocalib._runs_batched
+    monkeypatch.setattr(autocalib, "_runs_batched", lambda *a: tried.append(a[2]) or real(*a))
+    stats, _, _ = cal.obtain_stats(graph, tmp_path / "s.npz", use_cache=False)
+    assert stats.batches_agree is True
+    assert autocalib._holdout_batch(graph, tmp_path / "s.npz", None, None, 20,
+                                    batches_agree=stats.batches_agree) == 16  # fmt: skip
+    assert tried == []
+    assert autocalib._holdout_batch(graph, tmp_path / "s.npz", None, None, 20) == 16
+    assert tried == [16]

@@ -181,6 +181,7 @@ def collect_stats(
                     head = {name: copy.deepcopy(ts) for name, ts in stats.items()}
             bin_part(binner, None)
     whole = _stats_file(graph, source, with_copies(stats, plan), num_samples, fingerprint)
+    whole.batches_agree = joining.checked if joining is not None else None
     if head is not None and num_samples > head_samples:
         whole.head = _stats_file(graph, source, with_copies(head, plan), head_samples, None)
         whole.head.data_fingerprint = ""  # its data is a part of the source: the caller names it

@@ -454,6 +454,10 @@ class StatsFile:
     #: to keep them apart (``--method auto``'s held-back slice: no second pass over it); never
     #: saved, never compared
     head: StatsFile | None = field(default=None, repr=False, compare=False)
+    #: whether the pass ran two samples as one batch and got their outputs run apart (None:
+    #: it did not try; ``auto`` then tries its slice's batch itself); never saved, never
+    #: compared
+    batches_agree: bool | None = field(default=None, repr=False, compare=False)
 
     def __iter__(self) -> Iterator[TensorStats]:
         return iter(self.tensors.values())
