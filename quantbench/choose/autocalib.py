@@ -1145,7 +1145,7 @@ def output_sqnrs(
             loadable, provider, threads, generated_from=graph.model, arena=False
         )
 
-    runner_of = VariantSessions(list(tables), built, session).runner
+    runner_of = VariantSessions(list(tables), built, session, graph.model).runner
 
     if reference is not None:  # the slice's batches, the FP32 outputs of each given
         given = reference
