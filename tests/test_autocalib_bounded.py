@@ -30,7 +30,7 @@ def _judge(graph, data, monkeypatch, budget, twin_budget, per_tensor=0):
     0 here, so that the parts are exactly ``budget``)."""
     monkeypatch.setattr(autocalib, "JUDGE_BUDGET", budget)
     monkeypatch.setattr(autocalib, "ACTIVATION_BUDGET", max(budget, 256 << 20))
-    monkeypatch.setattr(autocalib, "JOINED_BUDGET_PER_TENSOR", per_tensor)
+    monkeypatch.setattr(autocalib, "JUDGE_BYTES_PER_TENSOR", per_tensor)
     monkeypatch.setattr(autocalib, "ISOLATED_TWIN_BUDGET", twin_budget)
     stats, _, _ = cal.obtain_stats(graph, data, tensors="all", use_cache=False)
     return choose_auto(graph, stats, data, use_cache=False)
@@ -97,13 +97,14 @@ def test_a_run_returns_at_most_the_budget(cnn_path, tmp_path, monkeypatch, sampl
 
 def test_judging_parts_grow_with_the_tensors_a_run_returns():
     """A judging pass returning many tensors (a model of many small ops, whose runs cost
-    onnxruntime per node) runs larger parts, as the statistics pass does: 1 MiB a returned
-    tensor, at least 32 MiB, at most the statistics pass's 256 MiB part."""
+    onnxruntime per node) runs larger parts: 256 KiB a returned tensor (a quarter of the
+    statistics pass's rate), at least 32 MiB, at most the statistics pass's 256 MiB part."""
     mib = 1 << 20
     assert autocalib.judging_part_bytes(0) == 32 * mib
-    assert autocalib.judging_part_bytes(20) == 32 * mib
-    assert autocalib.judging_part_bytes(100) == 100 * mib
-    assert autocalib.judging_part_bytes(740) == 256 * mib  # captcha-crnn's isolated pass
+    assert autocalib.judging_part_bytes(100) == 32 * mib
+    assert autocalib.judging_part_bytes(160) == 40 * mib  # basic-pitch's isolated pass
+    assert autocalib.judging_part_bytes(740) == 185 * mib  # captcha-crnn's
+    assert autocalib.judging_part_bytes(1100) == 256 * mib
 
 
 def test_the_isolated_and_output_passes_run_parts_of_the_grown_size(

@@ -71,7 +71,7 @@ from quantbench.backends.onnxruntime import (
 )
 from quantbench.choose.automemo import judgement_key, load_judgement, store_judgement
 from quantbench.collect.executors import ExecutorSpec, run_tasks, task_threads
-from quantbench.collect.statspass import ACTIVATION_BUDGET, JOINED_BUDGET_PER_TENSOR, collect_stats
+from quantbench.collect.statspass import ACTIVATION_BUDGET, collect_stats
 from quantbench.collect.workerinput import WorkerInput
 from quantbench.data.sources import (
     DataSource,
@@ -958,19 +958,23 @@ ISOLATED_FIRST_CHECK = 8
 #: whatever the resolution and the number of held-back samples (the sums are streaming:
 #: only their float32 rounding sees the parts)
 JUDGE_BUDGET = 32 << 20
+#: ... grown by this much a returned tensor (:func:`judging_part_bytes`)
+JUDGE_BYTES_PER_TENSOR = 256 << 10
 
 
 def judging_part_bytes(returned: int) -> int:
-    """The part size of a judging pass whose runs return ``returned`` tensors: as the
-    statistics pass sizes its joined batches (:func:`quantbench.collect.statspass.joined_budget`),
-    :data:`~quantbench.collect.statspass.JOINED_BUDGET_PER_TENSOR` a tensor, at least
-    :data:`JUDGE_BUDGET` and at most the statistics pass's own part,
-    :data:`~quantbench.collect.statspass.ACTIVATION_BUDGET` (so judging never holds more than
-    calibrating did). Why: onnxruntime's cost per run grows with the nodes a run goes through,
-    and a model of many small ops run one sample at a time pays it per sample: captcha-crnn's
-    isolated model (2,720 nodes, 740 tensors returned) ran 90-270 ms a sample at batch 1, 50 ms
-    at batch 8."""
-    return min(ACTIVATION_BUDGET, max(JUDGE_BUDGET, returned * JOINED_BUDGET_PER_TENSOR))
+    """The part size of a judging pass whose runs return ``returned`` tensors:
+    :data:`JUDGE_BYTES_PER_TENSOR` a tensor, at least :data:`JUDGE_BUDGET` and at most the
+    statistics pass's own part, :data:`~quantbench.collect.statspass.ACTIVATION_BUDGET` (so
+    judging never holds more than calibrating did). Why it grows: onnxruntime's cost per run
+    grows with the nodes a run goes through, and a model of many small ops run one sample at a
+    time pays it per sample: captcha-crnn's isolated model (2,720 nodes, 740 tensors returned)
+    ran 90-270 ms a sample at batch 1, 50 ms at batch 8. Why by a quarter of the statistics
+    pass's 1 MiB a tensor: at 1 MiB, minilm-l3's and basic-pitch's isolated parts (120 and 160
+    MiB) set the default's peak (706 and 530-660 MiB); at 256 KiB it fell to 642 and 473 MiB,
+    the time within the spread (captcha-crnn, dddd-det, minilm-l3: three runs each), the
+    tables identical on the 11 corpus models."""
+    return min(ACTIVATION_BUDGET, max(JUDGE_BUDGET, returned * JUDGE_BYTES_PER_TENSOR))
 
 
 def _isolation_reference(graph: Graph, candidate: onnx.ModelProto) -> onnx.ModelProto:
