@@ -247,3 +247,17 @@ def test_inspect_of_a_model_without_a_record(unrefined, run_cli):
     code, out, err = run_cli("inspect", path)
     assert code == 0, err
     assert "Refinement passes tried" not in out and "refined by" not in out
+
+
+def test_the_same_quantize_writes_the_same_bytes(refined, tmp_path):
+    """The stored record leaves out each trial's seconds (the printed table keeps them): a
+    second run of the same command writes the same file, byte for byte."""
+    path, record, _ = refined
+    assert record["trials"] and all("seconds" not in t for t in record["trials"])
+    example = require_example()
+    again = tmp_path / "again.onnx"
+    quantize(
+        example / "tinycnn.onnx", again, data=example / "calib.npz", refine="equalize,bias",
+        show_progress=False,
+    )  # fmt: skip
+    assert again.read_bytes() == path.read_bytes()

@@ -94,14 +94,24 @@ def mark_refined(
     model: onnx.ModelProto, kept: Sequence[str], record: dict[str, Any] | None = None
 ) -> None:
     """Record in ``model``'s metadata which passes made it (``inspect`` says so) and, when
-    given, the judging record of every pass tried (``compare --report`` shows it)."""
+    given, the judging record of every pass tried (``compare --report`` shows it), each
+    trial's seconds left out: the same model, data and options write the same bytes (the
+    printed table and the results JSON keep the times)."""
     for prop in list(model.metadata_props):
         if prop.key in (REFINED_KEY, RECORD_KEY):
             model.metadata_props.remove(prop)
     if kept:
         model.metadata_props.add(key=REFINED_KEY, value=",".join(kept))
     if record is not None:
-        model.metadata_props.add(key=RECORD_KEY, value=json.dumps(record, allow_nan=False))
+        timeless = {**record}
+        if isinstance(record.get("trials"), list):
+            timeless["trials"] = [_timeless(t) for t in record["trials"]]
+        model.metadata_props.add(key=RECORD_KEY, value=json.dumps(timeless, allow_nan=False))
+
+
+def _timeless(trial: Any) -> Any:
+    """A trial's record without its seconds."""
+    return {k: v for k, v in trial.items() if k != "seconds"} if isinstance(trial, dict) else trial
 
 
 def refined_passes(model: onnx.ModelProto) -> list[str]:
