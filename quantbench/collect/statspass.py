@@ -136,7 +136,7 @@ def collect_stats(
         raise InternalError("a range-only pass keeps no held-back statistics")
     stats = {name: _new_stats(name, ranges_only) for name in tensors}
     relus = relus_by_source(plan)
-    workers = binning_threads if (binning_threads or 0) > 0 else default_binning_threads()
+    workers = _worker_count(binning_threads)
     binner = _Ranger(stats, relus, workers) if ranges_only else _Binner(stats, relus)
     fingerprint = None if source.fingerprinted else StreamFingerprint()
     num_samples = 0
@@ -662,10 +662,16 @@ def default_binning_threads() -> int:
     return int(env) if env.isdigit() and int(env) > 0 else usable_cores()
 
 
+def _worker_count(threads: int | None) -> int:
+    """The binning threads asked for, else :func:`default_binning_threads`."""
+    return threads if threads and threads > 0 else default_binning_threads()
+
+
 @contextmanager
 def _stats_workers(threads: int | None) -> Iterator[ThreadPoolExecutor]:
-    count = threads if threads and threads > 0 else default_binning_threads()
-    pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="quantbench-stats")
+    pool = ThreadPoolExecutor(
+        max_workers=_worker_count(threads), thread_name_prefix="quantbench-stats"
+    )
     try:
         yield pool
     finally:
