@@ -211,7 +211,7 @@ class TensorStats:
 
     def _hold(self, count: int) -> None:
         """Widen the counters to int64 before they would hold more than ``count`` fits."""
-        if count > INT32_COUNTS and self.counts.dtype != np.int64:
+        if counts_dtype(count) is np.int64 and self.counts.dtype != np.int64:
             self.counts = self.counts.astype(np.int64)
 
     def _add_range(self, n: int, lo: float, hi: float) -> None:
