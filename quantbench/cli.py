@@ -583,8 +583,14 @@ def compare(
         typer.Argument(help="Precision A: fp32, fp16, int8, int8:<method>, a .onnx or an engine."),
     ],
     b: Annotated[str, typer.Argument(help="Precision B (same forms).")],
-    model: Annotated[Path, typer.Option(help="The FP32 ONNX model (the reference).")],
     data: EvalDataOpt,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            help="The FP32 ONNX model (the reference); default: A (or B) where it is an FP32 "
+            ".onnx file, which then compares as fp32."
+        ),
+    ] = None,
     calib_data: Annotated[str | None, typer.Option(help="Calibration data for int8 specs.")] = None,
     method: Annotated[
         str, typer.Option("--method", "-m", help="Calibrator for plain 'int8'.")

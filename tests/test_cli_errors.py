@@ -402,3 +402,35 @@ def test_report_of_sensitivity_results_says_what_report_renders(run_cli, tmp_pat
     assert "--json" in options and "--csv" not in options
     assert "sensitivity prints and writes with --json" in " ".join(err.split())
     assert "csv" not in err.lower()
+
+
+# --------------------------------------------------------------------------- compare's reference
+
+
+def test_compare_takes_an_fp32_onnx_a_as_its_reference(run_cli, cnn_path, cnn_data, tmp_path):
+    """`compare model.onnx model.int8.onnx --data D`, a newcomer's first try, said only
+    "Missing option '--model'": the FP32 file given as A is the reference, and side A is fp32."""
+    from quantbench.quantize import quantize
+
+    qdq = tmp_path / "cnn.qdq.onnx"
+    quantize(cnn_path, qdq, data=cnn_data, method="minmax", refine="none", show_progress=False)
+    out = tmp_path / "c.json"
+    code, _, err = run_cli("compare", cnn_path, qdq, "--data", cnn_data, "--json", out,
+                           "--no-latency", "--max-samples", "8")  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert Path(doc["model"]["path"]).resolve() == Path(cnn_path).resolve()
+    assert doc["a"]["spec"] == "fp32" and doc["b"]["op_precisions"].get("int8", 0) > 0
+    # B given as the FP32 file: it is the reference and side B is fp32
+    code, _, err = run_cli("compare", qdq, cnn_path, "--data", cnn_data, "--json", out,
+                           "--no-latency", "--max-samples", "8")  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert doc["b"]["spec"] == "fp32" and doc["a"]["op_precisions"].get("int8", 0) > 0
+
+
+def test_compare_without_a_reference_is_one_line(run_cli, cnn_data, tmp_path):
+    code, out, err = run_cli("compare", "fp32", "int8", "--data", cnn_data, "--no-latency")
+    assert code == 2
+    line = (out + err).strip()
+    assert "\n" not in line and "no FP32 reference" in line and "--model" in line, line

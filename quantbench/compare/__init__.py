@@ -102,11 +102,39 @@ def _read_labels(path: Path) -> np.ndarray:
 
 
 @customops.executes_as("dwconv2d_op")
+def reference_from_specs(a: str, b: str) -> tuple[str, str, str]:
+    """(model, a, b) for ``compare`` without ``--model``: the first of ``a`` and ``b`` that is
+    an ``.onnx`` file with no Q/DQ node becomes the FP32 reference and, as a side, ``fp32``
+    (``compare model.onnx model.int8.onnx`` means what it says); else one line asking for
+    ``--model``."""
+    for k, spec in enumerate((a, b)):
+        path = Path(spec)
+        if path.suffix == ".onnx" and path.is_file() and not _quantized(path):
+            sides = ["fp32", b] if k == 0 else [a, "fp32"]
+            return str(path), sides[0], sides[1]
+    raise QuantbenchError(
+        f"compare {a} {b}: no FP32 reference: give the FP32 ONNX model with --model MODEL.onnx "
+        "(A and B are what is compared against it: fp32, fp16, int8[:method], a .onnx or an "
+        "engine), or give that model itself as A"
+    )
+
+
+def _quantized(path: Path) -> bool:
+    """Whether the ONNX file holds a Q/DQ node (read without its external weights)."""
+    import onnx
+
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - unreadable: open_graph says so in one line later
+        return False
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in proto.graph.node)
+
+
 def compare(
     a: str,
     b: str,
     *,
-    model: str | Path,
+    model: str | Path | None = None,
     data: object,
     calib_data: object | None = None,
     method: str = registry.DEFAULT_METHOD,
@@ -143,7 +171,11 @@ def compare(
     ``dwconv2d_op``: how onnxruntime runs DWConv2D nodes in every session (``plugin``: the op
     itself on the CPU, ``plugin:cuda``: the plugin's CUDA kernels, ``lower``: standard Conv;
     :func:`quantbench.model.customops.executing`); None: the process's setting (default
-    plugin where onnxruntime-extensions is installed)."""
+    plugin where onnxruntime-extensions is installed). ``model``: the FP32 reference; None:
+    ``a`` (or else ``b``) where it is an FP32 ``.onnx`` file (:func:`reference_from_specs`)."""
+    reference_named = model is not None
+    if model is None:
+        model, a, b = reference_from_specs(a, b)
     gates = [parse_gate(g, custom=metric_script is not None) for g in fail_below or []]
     script = (
         None
@@ -160,7 +192,8 @@ def compare(
         "compare",
         ": it is the FP32 reference, and the model itself can be a candidate against it",
     )
-    check_float_model(graph, "the reference (--model)")
+    named = "the reference (--model)" if reference_named else f"the reference, {model}"
+    check_float_model(graph, named)
     label_array = load_labels(labels)
     if label_array is not None:
         label_array = labels_for_samples(label_array, max_samples, labels)
