@@ -348,12 +348,17 @@ def fp32_shortfall(rows: list[dict[str, Any]]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- output
 
 
-def cell(scores: dict[str, Any], name: str, tol: dict[str, Any], not_applicable: Any = ()) -> str:
+def cell(
+    scores: dict[str, Any], name: str, tol: dict[str, Any], not_applicable: Any = (),
+    errors: Any = (),
+) -> str:
+    """A candidate's score; FAILED where its job failed, "-" where no run measured it (a job
+    group left out, in this run and in the row's earlier ones)."""
     value = scores.get(name)
     if name in not_applicable:
         return "n/a"
     if value is None or "metric" not in value:
-        return "[red]FAILED[/red]"
+        return "[red]FAILED[/red]" if name in errors or value is not None else "-"
     text = f"{value['metric']:.1f}"
     if tol and name in tol.get("within", []):
         return f"[green]{text}[/green]"
@@ -378,11 +383,11 @@ def render(console: Console, rows: list[dict[str, Any]], summ: dict[str, Any]) -
                           f"[red]{r.get('status', '?').upper()}[/red]",
                           *[""] * (len(METHODS) + 3 + len(OTHERS)))  # fmt: skip
             continue
-        s, tol = r["scores"], r["tolerance"]
+        s, tol, errors = r["scores"], r["tolerance"], r.get("errors") or {}
         table.add_row(
             r["model"], exp, str(r["opset"]), r["metric"], f"{s['fp32']['metric']:.1f}",
-            *[cell(s, m, tol) for m in (*METHODS, AUTO, DEFAULT, TWO_STAGE, REFINED)],
-            *[cell(s, m, {}, r.get("not_applicable", {})) for m in OTHERS],
+            *[cell(s, m, tol, (), errors) for m in (*METHODS, AUTO, DEFAULT, TWO_STAGE, REFINED)],
+            *[cell(s, m, {}, r.get("not_applicable", {}), errors) for m in OTHERS],
         )  # fmt: skip
     console.print(table)
     costs = Table(title="Calibration + Q/DQ build: wall time / peak RSS (each job its own process)")
