@@ -83,6 +83,14 @@ def test_two_stage_is_chosen_where_rounding_costs_and_gains_on_fresh_samples(spi
     assert after > before + 6, (before, after)  # measured 29.4 -> 42.4 dB
 
 
+def test_each_gain_is_confirmed_on_calibration_samples_outside_slice_and_ranking(spiky):
+    """48 samples: the slice holds the first 24 (at most half), the ranking the next 8, and
+    the confirming judge the 16 left (as many as the slice, as far as the data goes)."""
+    _, _, _, _, staged = spiky
+    (trial,) = refine_record(onnx.load(staged))["trials"]
+    assert "each gain confirmed on calibration samples 32-47" in trial["note"], trial["note"]
+
+
 def test_every_conv_stays_int8_and_the_bias_is_added_once(spiky):
     _, _, _, plain, staged = spiky
     written = onnx.load(staged)

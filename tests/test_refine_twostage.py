@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -82,6 +84,34 @@ def test_choose_greedy_keeps_only_gains() -> None:
     assert choice.tensors == ["x"] and choice.score_db == 12.0
     scores = iter([10.0, 10.005])
     assert choose_greedy(["x"], lambda tensors: next(scores)).tensors == []
+
+
+def test_choose_greedy_keeps_only_what_the_confirming_judge_confirms() -> None:
+    """A tensor that gains on the slice but loses on the confirming samples is dropped (Silero
+    VAD's first encoder activation: +0.35 dB on its slice, -6.9 dB on the other chunks); the
+    confirming judge is asked only about the empty set and sets that gained on the slice."""
+    slice_db = {(): 10.0, ("a",): 11.0, ("b",): 12.0, ("a", "c"): 10.5}
+    confirm_db = {(): 20.0, ("b",): 19.0, ("a",): 21.0}
+    asked: list[tuple[str, ...]] = []
+
+    def confirm(tensors) -> float:
+        asked.append(tuple(tensors))
+        return confirm_db[tuple(tensors)]
+
+    choice = choose_greedy(["b", "a", "c"], lambda t: slice_db[tuple(t)], confirm=confirm)
+    # b gains 2 dB on the slice but loses 1 on the confirming samples: not kept; a then gains
+    # on both; c never gains on the slice and is never confirmed
+    assert choice.tensors == ["a"]
+    assert (choice.base_db, choice.score_db) == (10.0, 11.0)
+    assert (choice.confirm_base_db, choice.confirm_db) == (20.0, 21.0)
+    assert asked == [(), ("b",), ("a",)]
+    assert [kept for _, _, kept in choice.trials] == [False, True, False]
+
+
+def test_choose_greedy_without_a_confirming_judge_keeps_slice_gains() -> None:
+    slice_db = {(): 10.0, ("b",): 12.0, ("b", "a"): 12.5}
+    choice = choose_greedy(["b", "a"], lambda t: slice_db[tuple(t)])
+    assert choice.tensors == ["b", "a"] and math.isnan(choice.confirm_db)
 
 
 def test_choose_greedy_keeps_within_the_cost() -> None:

@@ -11,7 +11,9 @@ calibration data alone, the way ``auto`` and the other passes decide:
    twice the default or more, :func:`search_width`), the better of two greedy searches
    (:func:`quantbench.refine.twostage.choose`), each set judged by the worst output SQNR on the
    held-back slice against the original FP32 model, a tensor kept only where it gains
-   :data:`~quantbench.choose.refined.MIN_GAIN_DB`; at most :data:`MAX_TENSORS` tensors (or
+   :data:`~quantbench.choose.refined.MIN_GAIN_DB` there and again on as many calibration
+   samples after the ranking ones (:func:`_confirm_source`: a search over dozens of sets
+   finds some that win on one slice by chance); at most :data:`MAX_TENSORS` tensors (or
    twice as many) and at most ``max_added_macs`` of the model's linear-op MACs added (each
    chosen tensor's linear readers run twice).
 
@@ -121,26 +123,36 @@ def two_stage_judged(
     ranking, seen = _rank_source(reference, data, held, num_samples, batch_size, preset)
     cost = _added_macs(qdq, reference, ranking, provider, threads)
     ranked = _ranked(qdq, reference, ranking, tensors, provider, threads, show_progress)
-    fp32_parts = slice_reference(reference, held_out, provider, threads)
-    scores: dict[frozenset[str], float] = {}
+    confirming, confirmed_on = _confirm_source(reference, data, held, num_samples, batch_size,
+                                               preset)  # fmt: skip
 
-    def score(chosen: Sequence[str]) -> float:
-        key = frozenset(chosen)
-        if key not in scores:
-            model = ts.two_stage(qdq, list(chosen)) if chosen else qdq
-            scores[key] = output_sqnrs(reference, {"candidate": model}, held_out, provider,
-                                       threads, kept=fp32_parts)["candidate"]  # fmt: skip
-            advance(1)
-        return scores[key]
+    def judge(source: DataSource) -> Callable[[Sequence[str]], float]:
+        """A set of tensors -> the worst output SQNR of the model with them in two stages on
+        ``source`` against FP32 (FP32 run once; each set judged once)."""
+        fp32_parts = slice_reference(reference, source, provider, threads)
+        scores: dict[frozenset[str], float] = {}
+
+        def score(chosen: Sequence[str]) -> float:
+            key = frozenset(chosen)
+            if key not in scores:
+                model = ts.two_stage(qdq, list(chosen)) if chosen else qdq
+                scores[key] = output_sqnrs(reference, {"candidate": model}, source, provider,
+                                           threads, kept=fp32_parts)["candidate"]  # fmt: skip
+                advance(1)
+            return scores[key]
+
+        return score
 
     with progress_bar(f"{TWO_STAGE}: judging sets of tensors", None, show_progress,
                       unit="models") as advance:  # fmt: skip
         tried, most = search_width(limit)
-        best, _ = ts.choose(ranked[:tried], score, budget=most, min_gain_db=MIN_GAIN_DB,
-                            cost=cost, max_cost=limit)  # fmt: skip
+        confirm = judge(confirming) if confirming is not None else None
+        best, _ = ts.choose(ranked[:tried], judge(held_out), budget=most,
+                            min_gain_db=MIN_GAIN_DB, cost=cost, max_cost=limit,
+                            confirm=confirm)  # fmt: skip
     model = ts.two_stage(qdq, best.tensors) if best.tensors else qdq
     added = cost(best.tensors)
-    note = _note(best, added, limit, seen)
+    note = _note(best, added, limit, f"{seen}; {confirmed_on}")
     info(f"refine: {TWO_STAGE}: {best.score_db:.2f} dB against {best.base_db:.2f} dB: {note}")
     trial = RefineTrial(TWO_STAGE, best.score_db, bool(best.tensors),
                         time.perf_counter() - start, _layers(best, cost, qdq), note)  # fmt: skip
@@ -195,6 +207,27 @@ def _rank_source(
         return cut, "tensors ranked on calibration samples outside the judging slice"
     source = calibration_source(graph, data, batch_size, preset, max_samples=RANK_SAMPLES)
     return source, "tensors ranked on the judging slice's first samples"
+
+
+def _confirm_source(
+    graph: Graph,
+    data: object,
+    held: int,
+    num_samples: int,
+    batch_size: int | None,
+    preset: str | None,
+) -> tuple[DataSource | None, str]:
+    """The samples that confirm each gain the slice finds (:func:`ts.choose_greedy`'s
+    ``confirm``): as many as the slice holds (at least :data:`RANK_SAMPLES`) after the ranking
+    ones, where the data holds them and can be cut there; else none, and the note says so."""
+    start = min(num_samples, held + RANK_SAMPLES)
+    stop = min(num_samples, start + (held or DEFAULT_HOLDOUT_SAMPLES))
+    source = None
+    if stop - start >= RANK_SAMPLES:
+        source = calibration_source(graph, data, batch_size, preset, sample_range=(start, stop))
+    if source is None:
+        return None, "each gain judged on the slice alone (no calibration samples to confirm it)"
+    return source, f"each gain confirmed on calibration samples {start}-{stop - 1}"
 
 
 def _ranked(
