@@ -101,7 +101,6 @@ def _read_labels(path: Path) -> np.ndarray:
             raise QuantbenchError(f"{path}: array {names[0]!r} is not readable ({exc})") from None
 
 
-@customops.executes_as("dwconv2d_op")
 def reference_from_specs(a: str, b: str) -> tuple[str, str, str]:
     """(model, a, b) for ``compare`` without ``--model``: the first of ``a`` and ``b`` that is
     an ``.onnx`` file with no Q/DQ node becomes the FP32 reference and, as a side, ``fp32``
@@ -130,6 +129,7 @@ def _quantized(path: Path) -> bool:
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in proto.graph.node)
 
 
+@customops.executes_as("dwconv2d_op")
 def compare(
     a: str,
     b: str,
