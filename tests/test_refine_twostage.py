@@ -108,6 +108,13 @@ def test_choose_greedy_keeps_only_what_the_confirming_judge_confirms() -> None:
     assert [kept for _, _, kept in choice.trials] == [False, True, False]
 
 
+def test_the_confirming_judge_is_not_asked_when_nothing_gains_on_the_slice() -> None:
+    asked: list[tuple[str, ...]] = []
+    choice = choose_greedy(["a", "b"], lambda t: 10.0 - len(t),
+                           confirm=lambda t: asked.append(tuple(t)) or 20.0)  # fmt: skip
+    assert choice.tensors == [] and asked == [] and math.isnan(choice.confirm_db)
+
+
 def test_choose_greedy_without_a_confirming_judge_keeps_slice_gains() -> None:
     slice_db = {(): 10.0, ("b",): 12.0, ("b", "a"): 12.5}
     choice = choose_greedy(["b", "a"], lambda t: slice_db[tuple(t)])

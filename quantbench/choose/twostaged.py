@@ -41,7 +41,7 @@ from quantbench.choose.autocalib import (
     slice_reference,
 )
 from quantbench.choose.refined import MIN_GAIN_DB, RefineTrial, calibration_source
-from quantbench.data.sources import DataSource
+from quantbench.data.sources import DataSource, Feed
 from quantbench.errors import QuantbenchError
 from quantbench.model.graph import Graph
 from quantbench.progress import info, progress_bar
@@ -128,16 +128,18 @@ def two_stage_judged(
 
     def judge(source: DataSource) -> Callable[[Sequence[str]], float]:
         """A set of tensors -> the worst output SQNR of the model with them in two stages on
-        ``source`` against FP32 (FP32 run once; each set judged once)."""
-        fp32_parts = slice_reference(reference, source, provider, threads)
+        ``source`` against FP32 (FP32 run once, when first asked; each set judged once)."""
+        fp32: list[list[tuple[Feed, dict[str, np.ndarray]]] | None] = []
         scores: dict[frozenset[str], float] = {}
 
         def score(chosen: Sequence[str]) -> float:
             key = frozenset(chosen)
             if key not in scores:
+                if not fp32:
+                    fp32.append(slice_reference(reference, source, provider, threads))
                 model = ts.two_stage(qdq, list(chosen)) if chosen else qdq
                 scores[key] = output_sqnrs(reference, {"candidate": model}, source, provider,
-                                           threads, kept=fp32_parts)["candidate"]  # fmt: skip
+                                           threads, kept=fp32[0])["candidate"]  # fmt: skip
                 advance(1)
             return scores[key]
 

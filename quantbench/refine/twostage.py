@@ -186,17 +186,19 @@ def choose_greedy(
     """
     spent = cost or (lambda _: 0.0)
     base = best = score([])
-    confirm_base = confirmed = confirm([]) if confirm else math.nan
+    confirm_base = confirmed = math.nan  # asked when a first set gains on the slice
     kept: list[str] = []
     trials = []
 
     def gains(tensors: list[str], found: float) -> bool:
         """Whether ``tensors`` gains on the first judge's ``found`` and on the second."""
-        nonlocal confirmed
+        nonlocal confirmed, confirm_base
         if found < best + min_gain_db:
             return False
         if confirm is None:
             return True
+        if math.isnan(confirm_base):
+            confirm_base = confirmed = confirm([])
         second = confirm(tensors)
         if second < confirmed + min_gain_db:
             return False
