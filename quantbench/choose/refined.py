@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -398,7 +398,7 @@ def calibration_source(
     """``data`` opened again after the statistics pass (which reported its non-finite values
     once); with ``sample_range``, None where the data cannot be cut there (not a file or
     folder, or a range it cannot give)."""
-    if sample_range is not None and not isinstance(data, (str, Path)):
+    if sample_range is not None and not isinstance(data, (str, Path, Mapping)):
         return None
     try:
         source = open_data(data, graph.inputs, batch_size=batch_size, preset=preset,

@@ -437,15 +437,18 @@ def open_data(
     (a shard of :meth:`DataSource.shards`). A shard's ``fingerprint`` names its range, not the
     data: whoever merges the shards records the whole data's fingerprint.
     """
-    if sample_range is not None and not isinstance(source, (str, Path)):
+    if sample_range is not None and not isinstance(source, (str, Path, Mapping)):
         raise QuantbenchError(
-            f"data of type {type(source).__name__}: only files and folders can be read by "
-            "sample range"
+            f"data of type {type(source).__name__}: only files, folders and dicts of arrays "
+            "can be read by sample range"
         )
     if max_samples is not None and max_samples <= 0:
         raise QuantbenchError("--max-samples must be positive")
     if batch_size is not None and batch_size <= 0:
         raise QuantbenchError("--batch-size must be positive")
+    if isinstance(source, Mapping):
+        _note_unused_preset("the dict of arrays", preset)
+        return _from_arrays(source, inputs, batch_size, max_samples, sample_range)
     if not isinstance(source, (str, Path)):
         _note_unused_preset("the Python data reader", preset)
         return _from_python(source, inputs, batch_size, max_samples)
@@ -762,12 +765,12 @@ def _stream(
 def _from_python(
     obj: Any, inputs: list[TensorSpec], batch_size: int | None, max_samples: int | None
 ) -> DataSource:
+    where = type(obj).__name__
     if not (hasattr(obj, "get_next") or isinstance(obj, Iterable)):
         raise QuantbenchError(
-            f"data of type {type(obj).__name__} is neither a path, a CalibrationDataReader "
-            "(get_next()) nor an iterable of feed dicts"
+            f"data of type {where} is neither a path, a CalibrationDataReader (get_next()), a "
+            "dict of input name -> array nor an iterable of feed dicts"
         )
-    where = type(obj).__name__
 
     def batches(record: NonFiniteSamples) -> Iterator[Batch]:
         if hasattr(obj, "get_next") and hasattr(obj, "rewind"):
@@ -775,6 +778,31 @@ def _from_python(
         yield from _stream(_feeds_of(obj), inputs, where, batch_size, max_samples, record)
 
     return DataSource(f"{where} (Python)", None, None, batches)
+
+
+def _from_arrays(
+    arrays: Mapping[str, Any], inputs: list[TensorSpec], batch_size: int | None,
+    max_samples: int | None, sample_range: tuple[int, int] | None = None,
+) -> DataSource:
+    """{input name: array with the samples first}, as ``np.load`` gives an .npz: read as that
+    file would be (the same layout rule, batches and checks; iterated as feeds, the dict would
+    yield its names), fingerprinted from the arrays' bytes."""
+    readers: dict[str, ArrayReader] = {}
+    for name, value in arrays.items():
+        if not isinstance(value, np.ndarray):
+            raise QuantbenchError(
+                f"data[{name!r}] is a {type(value).__name__}, not a numpy array: give a dict of "
+                "input name -> array with the samples on the first axis"
+            )
+        readers[str(name)] = _MemArray(value)
+
+    def digest(n: int) -> str:
+        found = StreamFingerprint()
+        found.update({name: r.read(0, n) for name, r in readers.items()})
+        return found.hexdigest()
+
+    return _from_readers("dict of arrays", [("dict of arrays", readers)], inputs, batch_size,
+                         max_samples, digest, sample_range=sample_range)  # fmt: skip
 
 
 def can_reread(data: object) -> bool:
