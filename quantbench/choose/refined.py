@@ -197,7 +197,8 @@ def refine_judged(
         graph, data, holdout_data, batch_size=batch_size, preset=preset,
         samples=held or DEFAULT_HOLDOUT_SAMPLES,
     )  # fmt: skip
-    fit, holdout_note = _fit_source(graph, data, held, num_samples, batch_size, preset)
+    samples = CalibrationSamples(graph, data, held, num_samples, batch_size, preset)
+    fit, holdout_note = _fit_source(samples)
 
     fp32_parts = slice_reference(graph, held_out, provider, threads)
 
@@ -366,24 +367,38 @@ def retabled(
     return table
 
 
-def _fit_source(
-    graph: Graph,
-    data: object,
-    held: int,
-    num_samples: int,
-    batch_size: int | None,
-    preset: str | None,
-) -> tuple[DataSource, str]:
-    """The data the passes read: the calibration samples after the held-back ones when the
-    data is a file or folder that can be cut there; else all of it (and the record says the
-    slice was seen)."""
-    cut = None
-    if held:
-        cut = calibration_source(graph, data, batch_size, preset, sample_range=(held, num_samples))
+@dataclass(frozen=True)
+class CalibrationSamples:
+    """The calibration data as the passes read it again after the statistics pass: ``count``
+    samples, the first ``held`` of them the judging slice (0: the slice is other data)."""
+
+    graph: Graph
+    data: object
+    held: int
+    count: int
+    batch_size: int | None
+    preset: str | None
+
+    def cut(self, start: int, stop: int) -> DataSource | None:
+        """Samples ``[start, stop)``; None where the data cannot be cut there."""
+        return calibration_source(self.graph, self.data, self.batch_size, self.preset,
+                                  sample_range=(start, stop))  # fmt: skip
+
+    def first(self, n: int | None = None) -> DataSource:
+        """The first ``n`` samples (all of them: None)."""
+        return calibration_source(self.graph, self.data, self.batch_size, self.preset,
+                                  max_samples=n)  # fmt: skip
+
+
+def _fit_source(samples: CalibrationSamples) -> tuple[DataSource, str]:
+    """The data the passes read: the calibration samples after the held-back ones where the
+    data can be cut there (a file, a folder, a dict of arrays); else all of it (and the record
+    says the slice was seen)."""
+    held = samples.held
+    cut = samples.cut(held, samples.count) if held else None
     if cut is not None:
         return cut, f"first {held} calibration samples held back from the passes"
-    source = calibration_source(graph, data, batch_size, preset)
-    return source, "the passes read every calibration sample, the judging slice included"
+    return samples.first(), "the passes read every calibration sample, the judging slice included"
 
 
 def calibration_source(

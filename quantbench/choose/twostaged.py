@@ -40,7 +40,7 @@ from quantbench.choose.autocalib import (
     output_sqnrs,
     slice_reference,
 )
-from quantbench.choose.refined import MIN_GAIN_DB, RefineTrial, calibration_source
+from quantbench.choose.refined import MIN_GAIN_DB, CalibrationSamples, RefineTrial
 from quantbench.data.sources import DataSource, Feed
 from quantbench.errors import QuantbenchError
 from quantbench.model.graph import Graph
@@ -120,11 +120,11 @@ def two_stage_judged(
     held = 0 if holdout_data is not None else held_back_count(num_samples)
     held_out = holdout_source(reference, data, holdout_data, batch_size=batch_size,
                               preset=preset, samples=held or DEFAULT_HOLDOUT_SAMPLES)  # fmt: skip
-    ranking, seen = _rank_source(reference, data, held, num_samples, batch_size, preset)
+    samples = CalibrationSamples(reference, data, held, num_samples, batch_size, preset)
+    ranking, seen = _rank_source(samples)
     cost = _added_macs(qdq, reference, ranking, provider, threads)
     ranked = _ranked(qdq, reference, ranking, tensors, provider, threads, show_progress)
-    confirming, confirmed_on = _confirm_source(reference, data, held, num_samples, batch_size,
-                                               preset)  # fmt: skip
+    confirming, confirmed_on = _confirm_source(samples)
 
     def judge(source: DataSource) -> Callable[[Sequence[str]], float]:
         """A set of tensors -> the worst output SQNR of the model with them in two stages on
@@ -191,42 +191,24 @@ def _layers(
     return found
 
 
-def _rank_source(
-    graph: Graph,
-    data: object,
-    held: int,
-    num_samples: int,
-    batch_size: int | None,
-    preset: str | None,
-) -> tuple[DataSource, str]:
+def _rank_source(samples: CalibrationSamples) -> tuple[DataSource, str]:
     """The samples that rank the tensors: the first :data:`RANK_SAMPLES` after the held-back
     ones where the data can be cut there; else the data's first (which the slice shares)."""
-    stop = min(num_samples, held + RANK_SAMPLES)
-    cut = None
-    if stop > held:
-        cut = calibration_source(graph, data, batch_size, preset, sample_range=(held, stop))
+    held = samples.held
+    stop = min(samples.count, held + RANK_SAMPLES)
+    cut = samples.cut(held, stop) if stop > held else None
     if cut is not None:
         return cut, "tensors ranked on calibration samples outside the judging slice"
-    source = calibration_source(graph, data, batch_size, preset, max_samples=RANK_SAMPLES)
-    return source, "tensors ranked on the judging slice's first samples"
+    return samples.first(RANK_SAMPLES), "tensors ranked on the judging slice's first samples"
 
 
-def _confirm_source(
-    graph: Graph,
-    data: object,
-    held: int,
-    num_samples: int,
-    batch_size: int | None,
-    preset: str | None,
-) -> tuple[DataSource | None, str]:
+def _confirm_source(samples: CalibrationSamples) -> tuple[DataSource | None, str]:
     """The samples that confirm each gain the slice finds (:func:`ts.choose_greedy`'s
     ``confirm``): as many as the slice holds (at least :data:`RANK_SAMPLES`) after the ranking
     ones, where the data holds them and can be cut there; else none, and the note says so."""
-    start = min(num_samples, held + RANK_SAMPLES)
-    stop = min(num_samples, start + (held or DEFAULT_HOLDOUT_SAMPLES))
-    source = None
-    if stop - start >= RANK_SAMPLES:
-        source = calibration_source(graph, data, batch_size, preset, sample_range=(start, stop))
+    start = min(samples.count, samples.held + RANK_SAMPLES)
+    stop = min(samples.count, start + (samples.held or DEFAULT_HOLDOUT_SAMPLES))
+    source = samples.cut(start, stop) if stop - start >= RANK_SAMPLES else None
     if source is None:
         return None, "each gain judged on the slice alone (no calibration samples to confirm it)"
     return source, f"each gain confirmed on calibration samples {start}-{stop - 1}"
