@@ -24,6 +24,7 @@ task metric over the default on the four models whose loss sits in a few activat
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -41,7 +42,7 @@ from quantbench.choose.autocalib import (
     slice_reference,
 )
 from quantbench.choose.refined import MIN_GAIN_DB, CalibrationSamples, RefineTrial
-from quantbench.data.sources import DataSource, Feed
+from quantbench.data.sources import DataSource
 from quantbench.errors import QuantbenchError
 from quantbench.model.graph import Graph
 from quantbench.progress import info, progress_bar
@@ -129,17 +130,15 @@ def two_stage_judged(
     def judge(source: DataSource) -> Callable[[Sequence[str]], float]:
         """A set of tensors -> the worst output SQNR of the model with them in two stages on
         ``source`` against FP32 (FP32 run once, when first asked; each set judged once)."""
-        fp32: list[list[tuple[Feed, dict[str, np.ndarray]]] | None] = []
+        fp32_parts = functools.cache(lambda: slice_reference(reference, source, provider, threads))
         scores: dict[frozenset[str], float] = {}
 
         def score(chosen: Sequence[str]) -> float:
             key = frozenset(chosen)
             if key not in scores:
-                if not fp32:
-                    fp32.append(slice_reference(reference, source, provider, threads))
                 model = ts.two_stage(qdq, list(chosen)) if chosen else qdq
                 scores[key] = output_sqnrs(reference, {"candidate": model}, source, provider,
-                                           threads, kept=fp32[0])["candidate"]  # fmt: skip
+                                           threads, kept=fp32_parts())["candidate"]  # fmt: skip
                 advance(1)
             return scores[key]
 

@@ -30,7 +30,12 @@ from quantbench.evaluate.metrics import (
 from quantbench.evaluate.task_metrics import load_metric_script
 from quantbench.fileio import check_not_an_input, check_output_path
 from quantbench.model import customops
-from quantbench.model.graph import calibration_tensors, check_float_model, open_graph
+from quantbench.model.graph import (
+    QDQ_OPS,
+    calibration_tensors,
+    check_float_model,
+    open_graph,
+)
 from quantbench.model.widen import float32_work_graph
 from quantbench.progress import info
 from quantbench.results import (
@@ -119,14 +124,15 @@ def reference_from_specs(a: str, b: str) -> tuple[str, str, str]:
 
 
 def _quantized(path: Path) -> bool:
-    """Whether the ONNX file holds a Q/DQ node (read without its external weights)."""
+    """Whether the ONNX file holds a Q/DQ node (:data:`QDQ_OPS`), read without its external
+    weights."""
     import onnx
 
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception:  # noqa: BLE001 - unreadable: open_graph says so in one line later
         return False
-    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in proto.graph.node)
+    return any(n.op_type in QDQ_OPS for n in proto.graph.node)
 
 
 @customops.executes_as("dwconv2d_op")
