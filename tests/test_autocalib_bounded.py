@@ -286,6 +286,43 @@ def test_early_stops_change_no_choice_and_no_table(cnn_path, tmp_path, monkeypat
     assert early.to_dict()["stopped_early"] == early.stopped
 
 
+def test_a_mix_that_cannot_win_stops_early_too(cnn_path, tmp_path, monkeypatch):
+    """The mix (judged last, setting no bar) stops once it can no longer win, as the methods
+    do: its score is then a bound, at least its true score and below the winner's, and the
+    choice and the table are those of the full run."""
+    np.savez(tmp_path / "d.npz", input=synthetic.images(40, seed=6))
+    graph = open_graph(cnn_path)
+    real_tables, real_worst = autocalib.build_tables, autocalib._worst_readers
+    real_best = autocalib._best_method
+
+    def with_a_poor_minmax(stats_file, methods):  # 16x its ranges: far behind the others
+        tables = real_tables(stats_file, methods)
+        for name in tables["minmax"].entries:
+            tables["minmax"].set(name, tables["minmax"].amax(name) * 16, "minmax")
+        return tables
+
+    def marked(nodes, scores, methods):  # the model's input (read by conv1) keeps its pick
+        worst = real_worst(nodes, scores, methods)
+        return {**worst, "keep": nodes == ["conv1"]}
+
+    def mostly_minmax(worst, methods):  # a mix of the poor minmax but for the input
+        kept = worst.pop("keep")
+        return real_best(worst, methods) if kept else "minmax"
+
+    monkeypatch.setattr(autocalib, "build_tables", with_a_poor_minmax)
+    monkeypatch.setattr(autocalib, "_worst_readers", marked)
+    monkeypatch.setattr(autocalib, "_best_method", mostly_minmax)
+    early = _judge(graph, tmp_path / "d.npz", monkeypatch, 1, HUGE)  # one sample a part
+    monkeypatch.setattr(autocalib, "_score_bound", lambda acc, whole: float("inf"))
+    full = _judge(graph, tmp_path / "d.npz", monkeypatch, 1, HUGE)
+    assert autocalib.MIX in early.stopped and not full.stopped
+    assert 0 < early.stopped[autocalib.MIX] < 20  # samples read, of the 20 held back
+    assert early.chosen == full.chosen != autocalib.MIX
+    assert encode_json_table(early.table) == encode_json_table(full.table)
+    mix = full.output_sqnr_db[autocalib.MIX]
+    assert mix <= early.output_sqnr_db[autocalib.MIX] < early.output_sqnr_db[early.chosen]
+
+
 def _isolated_passes(monkeypatch) -> list[int]:
     """The number of tables each isolated pass of auto's judging scores."""
     return _tables_seen(monkeypatch, "_isolated_pass", len)

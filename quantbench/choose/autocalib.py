@@ -723,10 +723,12 @@ def auto_table(
                 part_bytes=part_bytes,
                 budget=budget,
                 stopped=stopped,
-                exempt={MIX},
+                no_bar={MIX},
             )
     output = {MIX: scored_output[mix_as], **{m: scored_output[same_as[m]] for m in method_list}}
     stopped_early = {m: stopped[same_as[m]] for m in method_list if same_as[m] in stopped}
+    if mix_as in stopped:  # the mix too can stop once it can no longer win
+        stopped_early = {MIX: stopped[mix_as], **stopped_early}
     # the highest output SQNR wins; ties go to the mix, then to the methods in list order
     order = [MIX, *tables]
     chosen = max(order, key=lambda c: (_ranked(output[c]), -order.index(c)))
@@ -1101,7 +1103,7 @@ def output_sqnrs(
     reference_graph: Graph | None = None,
     budget: JudgingBudget | None = None,
     stopped: dict[str, int] | None = None,
-    exempt: Collection[str] = (),
+    no_bar: Collection[str] = (),
     kept: list[tuple[Feed, dict[str, np.ndarray]]] | None = None,
 ) -> dict[str, float]:
     """Candidate -> SQNR (dB) of its full Q/DQ model (built from its table, or given)
@@ -1118,8 +1120,8 @@ def output_sqnrs(
     another, one session alive at a time; else each part runs through every candidate in turn.
     The sums, and so the scores, are the same either way; except that one at a time, a
     candidate that can no longer win stops early (its score is then the most it could still
-    have reached: ``stopped`` gets its name and the samples it read; ``exempt`` ones never
-    stop and set no bar). Without ``stopped`` every score is exact: no candidate stops.
+    have reached: ``stopped`` gets its name and the samples it read; ``no_bar`` ones set no
+    bar for the others). Without ``stopped`` every score is exact: no candidate stops.
     ``reference_graph``: the FP32 model judged against, when not ``graph`` itself (a refined
     model's INT8 form is judged against the model it was refined from). ``budget``: the
     samples it may read, and a deadline (not with ``reference``). ``kept``: the slice's parts
@@ -1155,7 +1157,7 @@ def output_sqnrs(
         given = reference
         ended = _score_in_turn(
             tables, accs, runner_of, lambda: zip(held_out.batches(), given, strict=False),
-            outputs, graph.inputs, exempt, stop_early=stopped is not None,
+            outputs, graph.inputs, no_bar, stop_early=stopped is not None,
         )  # fmt: skip
     else:
         against = reference_graph or graph
@@ -1169,7 +1171,7 @@ def output_sqnrs(
             if fp32 is not None:
                 fp32.close()
             ended = _score_in_turn(
-                tables, accs, runner_of, lambda: kept, outputs, graph.inputs, exempt,
+                tables, accs, runner_of, lambda: kept, outputs, graph.inputs, no_bar,
                 stop_early=stopped is not None,
             )  # fmt: skip
         else:
@@ -1260,7 +1262,7 @@ def _score_in_turn(
     pairs: Callable[[], Iterable[tuple[Feed, dict[str, np.ndarray]]]],
     outputs: list[str],
     inputs: list[Any],
-    exempt: Collection[str] = (),
+    no_bar: Collection[str] = (),
     *,
     stop_early: bool = False,
 ) -> dict[str, tuple[int, float]]:
@@ -1269,8 +1271,9 @@ def _score_in_turn(
     :func:`_score_together`'s. With ``stop_early``, a candidate scored by SQNR stops as soon
     as it can no longer win (:func:`_score_bound` below the best finished candidate's score:
     not even a tie); returns those: name -> (samples it read, that bound). The winner, and
-    any tie for it, reads every pair. ``exempt`` candidates always read every pair and set no
-    bar for the others (auto's mix: the best single method must be known exactly beside it)."""
+    any tie for it, reads every pair. ``no_bar`` candidates set no bar for the others (auto's
+    mix: the best single method must be known exactly beside it, for the tensors no quantized
+    op reads) but stop, as any, once they can no longer win against the others' bar."""
     stopped: dict[str, tuple[int, float]] = {}
     whole: OutputsAccumulator | None = None
     best = -math.inf
@@ -1279,7 +1282,7 @@ def _score_in_turn(
         for (part, ref), last in _with_last(pairs()):
             acc.update(ref, runner.infer(part, outputs))
             read += max(1, feed_num_samples(part, inputs))
-            scored = stop_early and not last and whole is not None and name not in exempt
+            scored = stop_early and not last and whole is not None
             scored = scored and bool(_measured_outputs(acc))
             bound = _score_bound(acc, whole) if scored else math.inf
             if bound < best:
@@ -1288,7 +1291,7 @@ def _score_in_turn(
         runner.close()
         if name not in stopped:
             whole = whole or acc
-            if name not in exempt:
+            if name not in no_bar:
                 best = max(best, _ranked(_judged_sqnr(acc)))
     return stopped
 
