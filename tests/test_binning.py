@@ -303,6 +303,35 @@ def test_pieces_scan_as_their_concatenation(nonfinite: bool) -> None:
     assert np.array_equal(binning.finite_counts(pieces, e), _exact_bins(finite, e))
 
 
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_the_numpy_path_in_blocks_scans_as_the_whole(monkeypatch, nonfinite: bool) -> None:
+    """Before the compiled kernels load, the numpy path bins a block of NUMPY_BLOCK values at
+    a time (bounded temporaries): the same scan as the whole array, exact bins, a block with
+    NaN/Inf or off the grid anywhere (here blocks of 1,000 over pieces of 7,000 and 9,000)."""
+    rng = np.random.default_rng(9)
+    pieces = [(rng.standard_normal(n) * 2).astype(np.float32) for n in (7000, 0, 9000)]
+    pieces[2][8500] = 40.0  # the only value off the grid one exponent down: in the last block
+    if nonfinite:
+        pieces[0][6100] = np.nan
+        pieces[2][1:3] = -np.inf
+    whole = np.concatenate(pieces)
+    finite = whole[np.isfinite(whole)]
+    e = exponent_for(float(np.abs(finite).max()))
+    wholes = {x: binning.numpy_scan(whole, x) for x in (e, e - 1)}  # one array at once
+    monkeypatch.setattr(binning, "_compiled", lambda: None)
+    monkeypatch.setattr(binning, "NUMPY_BLOCK", 1000)
+    sizes: list[int] = []
+    real = binning._numpy_scan
+    monkeypatch.setattr(binning, "_numpy_scan", lambda x, e: sizes.append(x.size) or real(x, e))
+    for exponent, b in wholes.items():
+        a = binning.scan(pieces, exponent)
+        assert (a.lo, a.hi, a.finite, a.nan, a.inf) == (b.lo, b.hi, b.finite, b.nan, b.inf)
+        assert (a.counts is None) == (b.counts is None) == (exponent != e)
+    assert max(sizes) == 1000 and len(sizes) == 2 * 16  # a block at a time, never a piece
+    assert np.array_equal(binning.scan(pieces, e).counts, _exact_bins(finite, e))
+    assert np.array_equal(binning.finite_counts(pieces, e), _exact_bins(finite, e))
+
+
 def test_relu_of_pieces_equals_relu_of_the_whole() -> None:
     """update_relu given pieces bins max(x, 0) as given the concatenated array (both paths:
     the source's bins reused, and the finer grid binned afresh)."""
