@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -13,6 +17,26 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library is not glibc."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        return None
+
+
+def give_back_freed_memory() -> None:
+    """Return the heap memory freed so far to the system (glibc's ``malloc_trim``), between
+    phases that free a lot: glibc keeps freed blocks in its arenas (once a large block is
+    freed its mmap threshold rises, and later ones of that size come from the heap), so a
+    finished pass would otherwise weigh on the next pass's peak (auto's judging on magika:
+    389 MiB resident before its output pass, 301 after a trim). A no-op elsewhere."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 #: datasheet memory bandwidth in GB/s, by a part of the name the device reports (the longest

@@ -94,6 +94,7 @@ from quantbench.evaluate.metrics import (
 )
 from quantbench.evaluate.variants import Runner, VariantSessions
 from quantbench.jsonsafe import json_float
+from quantbench.machine import give_back_freed_memory
 from quantbench.model.graph import Graph
 from quantbench.model.protosize import SharedWeights
 from quantbench.progress import progress_bar, warn
@@ -673,6 +674,7 @@ def auto_table(
         else:
             with shared_upgrades():  # the candidates share one reference: upgraded once
                 one = isolated.run(graph, held_out, provider, threads, advance, budget)
+            give_back_freed_memory()  # the isolated model's session and its parts
             judged_scores, activations, isolated_read = one.scores, one.activations, one.samples
             part_bytes = one.part_bytes
         scores = {m: judged_scores[same_as[m]] for m in method_list}
@@ -1289,6 +1291,7 @@ def _score_in_turn(
                 stopped[name] = (read, bound)
                 break
         runner.close()
+        give_back_freed_memory()  # one candidate's runs, before the next candidate's
         if name not in stopped:
             whole = whole or acc
             if name not in no_bar:

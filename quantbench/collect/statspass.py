@@ -40,7 +40,7 @@ from quantbench.data.sources import (
     samples_first,
 )
 from quantbench.errors import InternalError, QuantbenchError
-from quantbench.machine import usable_cores
+from quantbench.machine import give_back_freed_memory, usable_cores
 from quantbench.model.graph import Graph, TensorSpec
 from quantbench.progress import progress_bar
 from quantbench.stats import binning
@@ -180,6 +180,7 @@ def collect_stats(
                     bin_part(binner, None)  # everything pooled so far binned: a true snapshot
                     head = {name: copy.deepcopy(ts) for name, ts in stats.items()}
             bin_part(binner, None)
+    give_back_freed_memory()  # the parts' activations and the binning's temporaries
     whole = _stats_file(graph, source, with_copies(stats, plan), num_samples, fingerprint)
     whole.batches_agree = joining.checked if joining is not None else None
     if head is not None and num_samples > head_samples:
