@@ -103,6 +103,17 @@ def test_a_dict_of_arrays_is_cut_by_sample_range_like_its_file(graph, tmp_path):
     assert np.array_equal(got, x[5:15]) and cut.num_samples == 10
 
 
+def test_a_cut_off_the_batch_grid_holds_whole_batches_and_says_which(graph, tmp_path):
+    """With batches of 5, samples 7-16 asked: the batches starting in the range are those at 10
+    and 15, so the source holds samples 10-19 and its description and span say so, not 7-16."""
+    x = synthetic.images(23)
+    np.savez(tmp_path / "d.npz", input=x)
+    cut = open_data(tmp_path / "d.npz", graph.inputs, batch_size=5, sample_range=(7, 17))
+    got = np.concatenate([b["input"] for b in _all(cut)])
+    assert np.array_equal(got, x[10:20]) and cut.num_samples == 10
+    assert cut.sample_span == (10, 20) and "samples 10-19 of 23" in cut.description
+
+
 def test_auto_calibrates_a_dict_of_arrays_as_its_file(cnn_path, tmp_path):
     """The whole default pass (statistics, held-back slice, judging) on `dict(np.load(f))`
     writes the cache the file itself gives."""

@@ -208,9 +208,10 @@ def _confirm_source(samples: CalibrationSamples) -> tuple[DataSource | None, str
     start = min(samples.count, samples.held + RANK_SAMPLES)
     stop = min(samples.count, start + (samples.held or DEFAULT_HOLDOUT_SAMPLES))
     source = samples.cut(start, stop) if stop - start >= RANK_SAMPLES else None
-    if source is None:
+    if source is None or not source.num_samples:
         return None, "each gain judged on the slice alone (no calibration samples to confirm it)"
-    return source, f"each gain confirmed on calibration samples {start}-{stop - 1}"
+    first, end = source.sample_span or (start, stop)  # whole batches where the batch is static
+    return source, f"each gain confirmed on calibration samples {first}-{end - 1}"
 
 
 def _ranked(

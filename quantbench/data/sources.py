@@ -331,6 +331,9 @@ class DataSource:
     #: the data has one axis more than the model's inputs: the model has no batch axis, each
     #: feed is one sample, and so are its outputs (files and folders; streams are not known)
     unbatched: bool = False
+    #: a source cut by ``sample_range``: the samples ``[first, stop)`` it holds, whole batches
+    #: of the pass that start in the range asked (with a static batch, not quite that range)
+    sample_span: tuple[int, int] | None = None
 
     @property
     def fingerprint(self) -> str | None:
@@ -618,11 +621,13 @@ def _from_readers(
             batch_starts=starts,
             unbatched=bool(plan.per_sample),
         )
-    count = sum(take for spans_of in mine.values() for _, take in spans_of)
-    where = f"{origin} (samples {first}-{min(stop, n) - 1} of {n} {what})"
+    held = [(g, g + take) for (_, _, take), g in zip(spans, starts) if first <= g < stop]
+    span = (held[0][0], held[-1][1]) if held else (first, first)
+    where = f"{origin} (samples {span[0]}-{span[1] - 1} of {n} {what})"
     return DataSource(
-        where, f"range:{first}:{stop}:{n}", count, batches, unbatched=bool(plan.per_sample)
-    )
+        where, f"range:{first}:{stop}:{n}", span[1] - span[0], batches,
+        unbatched=bool(plan.per_sample), sample_span=span,
+    )  # fmt: skip
 
 
 def _batch_spans(counts: list[int], n: int, batch_size: int) -> Iterator[tuple[int, int, int]]:
