@@ -1294,7 +1294,6 @@ def _score_in_turn(
                 stopped[name] = (read, bound)
                 break
         runner.close()
-        give_back_freed_memory()  # one candidate's runs, before the next candidate's
         if name not in stopped:
             whole = whole or acc
             if name not in no_bar:
