@@ -567,9 +567,9 @@ def summarize(result: CalibrationResult) -> None:
     if result.auto is not None:
         auto = result.auto
         lines = auto.lines_agreed
-        scores = ", ".join(
-            f"{k} {f'{100 * lines[k]:.1f} % of lines, ' if k in lines else ''}"
-            f"{'<= ' if k in auto.stopped else ''}{v:.2f} dB"
+        scores = ", ".join(  # a stopped candidate's figures are the most it could still reach
+            f"{k} {'<= ' if k in auto.stopped else ''}"
+            f"{f'{100 * lines[k]:.1f} % of lines, ' if k in lines else ''}{v:.2f} dB"
             for k, v in auto.output_sqnr_db.items()
         )
         if scores and auto.judged:

@@ -58,16 +58,43 @@ def _judged(graph, data):
     return choose_auto(graph, stats, data, use_cache=False)
 
 
-def test_a_recognizers_candidates_carry_their_decoded_lines_and_never_stop_early(tmp_path):
-    """Every candidate of a recognizer reads the whole slice (its noise bounds its SQNR, not its
-    lines) and its line agreement is kept: a share of the 20 held-back lines, the record's
-    judge saying so."""
+def test_a_recognizers_candidates_carry_their_decoded_lines(tmp_path, monkeypatch):
+    """A recognizer's record keeps each candidate's share of the 20 held-back lines; a candidate
+    stops only once the lines it could still agree on fall below the best finished one's, so
+    the choice and the table are those of the run where none stops."""
     graph, data = _model(tmp_path)
-    got = _judged(graph, data)
-    assert got.judged_by == RECOGNIZER_JUDGE and not got.stopped
-    assert set(got.lines_agreed) == {MIX, *got.methods}
-    assert all(round(v * 20) == v * 20 and 0 <= v <= 1 for v in got.lines_agreed.values())
-    assert got.to_dict()["line_agreement"] == got.lines_agreed
+    early = _judged(graph, data)
+    assert early.judged_by == RECOGNIZER_JUDGE
+    assert set(early.lines_agreed) == {MIX, *early.methods}
+    assert all(0 <= v <= 1 for v in early.lines_agreed.values())
+    assert early.to_dict()["line_agreement"] == early.lines_agreed
+    monkeypatch.setattr(autocalib, "_lines_bound", lambda *a: lambda acc, read: math.inf)
+    full = _judged(graph, data)
+    assert not full.stopped and early.chosen == full.chosen
+    assert early.table.entries == full.table.entries
+    best = full.lines_agreed[full.chosen]
+    for name, share in full.lines_agreed.items():
+        assert round(share * 20) == share * 20  # whole lines of 20
+        if name in early.stopped:  # its bound: at least its true share, below the best's
+            assert share <= early.lines_agreed[name] < best
+        else:
+            assert early.lines_agreed[name] == share
+
+
+def test_the_lines_bound_counts_every_line_left_as_agreeing():
+    """After 5 of 20 lines with 3 agreeing, at most (3 + 15) / 20 can agree."""
+    a = np.zeros((5, 4, 3), np.float32)
+    b = np.zeros((5, 4, 3), np.float32)
+    a[:, :, 0] = b[:, :, 0] = 1  # blank everywhere ...
+    a[:, 1, 0] = a[:, 1, 1] = 0
+    a[:, 1, 1] = 1  # ... FP32 reads class 1 on every line, the candidate on the first three
+    b[:3, 1, 0], b[:3, 1, 1] = 0, 1
+    layout = OutputLayout()
+    acc = autocalib.OutputsAccumulator(["y"], False, layout)
+    acc.update({"y": a}, {"y": b}, batch=5)
+    most = autocalib._lines_bound({"y": a}, layout, 20)
+    assert math.isclose(most(acc, 5), 18 / 20)
+    assert math.isclose(autocalib._lines_agreed(acc, {"y": a}, layout), 3 / 5)
 
 
 def test_a_classifier_is_judged_by_sqnr_alone(tmp_path):

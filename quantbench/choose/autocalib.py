@@ -1156,8 +1156,9 @@ def output_sqnrs(
     candidates one call at a time (the refinement passes): FP32 then runs once, not a call.
     ``decoded``: where the outputs are a recognizer's (:attr:`OutputSupport.recognizer`, by the
     shapes FP32 gave: CTC posteriors), filled with each candidate's CTC-decoded line agreement
-    with FP32 (its worst output's); no candidate then stops early (its noise bounds its SQNR,
-    not its lines)."""
+    with FP32 (its worst output's), which then ranks them first: a candidate stops once the
+    lines it could still agree on fall below the best finished one's (its share is then that
+    bound)."""
     layout = OutputLayout.of(graph.model, held_out.unbatched)
     outputs, extra = layout.judged_tensors()
     accs = {name: OutputsAccumulator(outputs, False, layout) for name in tables}
@@ -1185,6 +1186,7 @@ def output_sqnrs(
     runner_of = VariantSessions(list(tables), built, session, graph.model).runner
 
     seen: list[dict[str, np.ndarray]] = []  # the first FP32 outputs: their shapes
+    # (given FP32 outputs: a recognizer's candidates do not stop, its slice's length unknown)
     if reference is not None:  # the slice's batches, the FP32 outputs of each given
         given = reference
         seen = given[:1]
@@ -1205,10 +1207,12 @@ def output_sqnrs(
             if fp32 is not None:
                 fp32.close()
             seen = [ref for _, ref in kept[:1]]
+            total = sum(max(1, feed_num_samples(part, graph.inputs)) for part, _ in kept)
+            reads_text = _reads_text(seen, outputs, layout, decoded)
             ended = _score_in_turn(
                 tables, accs, runner_of, lambda: kept, outputs, graph.inputs, no_bar,
-                stop_early=stopped is not None
-                and not _reads_text(seen, outputs, layout, decoded),
+                stop_early=stopped is not None,
+                lines=_lines_bound(seen[0], layout, total) if reads_text else None,
             )  # fmt: skip
         else:
             _score_together(tables, accs, runner_of, fp32, held_out, graph.inputs, outputs,
@@ -1219,6 +1223,9 @@ def output_sqnrs(
         stopped.update({name: read for name, (read, _) in ended.items()})
     if decoded is not None and _reads_text(seen, outputs, layout, decoded):
         decoded.update({name: _lines_agreed(acc, seen[0], layout) for name, acc in accs.items()})
+        if ended:  # a stopped candidate: the most lines it could still have agreed on
+            most = _lines_bound(seen[0], layout, _lines_read(accs, seen[0], layout))
+            decoded.update({name: most(accs[name], read) for name, (read, _) in ended.items()})
     scores = {name: _judged_sqnr(acc) for name, acc in accs.items()}
     return {**scores, **{name: bound for name, (_, bound) in ended.items()}}
 
@@ -1243,10 +1250,37 @@ def _support(first: dict[str, np.ndarray], outputs: list[str], layout: OutputLay
 def _lines_agreed(acc: OutputsAccumulator, first: dict[str, np.ndarray], layout: OutputLayout
                   ) -> float:  # fmt: skip
     """A candidate's worst CTC-decoded line agreement with FP32 over the sequence outputs."""
-    names = _support(first, list(first), layout).sequences
-    found = [ctc_agreement(acc.agreement[n].paths_a, acc.agreement[n].paths_b) for n in names
-             if n in acc.agreement and acc.agreement[n].paths_a]  # fmt: skip
+    found = [agreed / n for agreed, n in _lines_counted(acc, first, layout)]
     return min(found) if found else math.nan
+
+
+def _lines_counted(acc: OutputsAccumulator, first: dict[str, np.ndarray], layout: OutputLayout
+                   ) -> list[tuple[float, int]]:  # fmt: skip
+    """Per sequence output: (lines whose decode agrees, lines read)."""
+    names = _support(first, list(first), layout).sequences
+    paths = [acc.agreement[n] for n in names if n in acc.agreement and acc.agreement[n].paths_a]
+    return [(ctc_agreement(p.paths_a, p.paths_b) * len(p.paths_a), len(p.paths_a)) for p in paths]
+
+
+def _lines_read(accs: dict[str, OutputsAccumulator], first: dict[str, np.ndarray],
+                layout: OutputLayout) -> int:  # fmt: skip
+    """The slice's lines: the most any candidate read (one that was not stopped read all)."""
+    return max((n for acc in accs.values() for _, n in _lines_counted(acc, first, layout)),
+               default=0)  # fmt: skip
+
+
+def _lines_bound(first: dict[str, np.ndarray], layout: OutputLayout, total: int
+                 ) -> Callable[[OutputsAccumulator, int], float]:  # fmt: skip
+    """``lines(acc, read)`` of :func:`_score_in_turn`: the share of the slice's ``total`` lines
+    a candidate can still agree on, every line after its ``read`` samples agreeing (exact once
+    it has read them all)."""
+
+    def most(acc: OutputsAccumulator, read: int) -> float:
+        counted = _lines_counted(acc, first, layout)
+        left = max(0, total - read)
+        return min((agreed + left) / total for agreed, _ in counted) if counted else math.nan
+
+    return most
 
 
 #: bytes of the slice's parts and their FP32 outputs the output pass may keep, so that it scores
@@ -1329,6 +1363,7 @@ def _score_in_turn(
     no_bar: Collection[str] = (),
     *,
     stop_early: bool = False,
+    lines: Callable[[OutputsAccumulator, int], float] | None = None,
 ) -> dict[str, tuple[int, float]]:
     """Each candidate over every (part, FP32 outputs) pair of ``pairs()``, one session alive
     at a time. Each candidate's sums see the same pairs in the same order as
@@ -1337,10 +1372,14 @@ def _score_in_turn(
     not even a tie); returns those: name -> (samples it read, that bound). The winner, and
     any tie for it, reads every pair. ``no_bar`` candidates set no bar for the others (auto's
     mix: the best single method must be known exactly beside it, for the tensors no quantized
-    op reads) but stop, as any, once they can no longer win against the others' bar."""
+    op reads) but stop, as any, once they can no longer win against the others' bar.
+    ``lines(acc, read)``: a recognizer's ranking, lines first: the most of the slice's lines a
+    candidate's decode can still agree on after ``read`` samples (every line left agreeing);
+    one stops once that is below the best finished candidate's share (its SQNR's bound is
+    then returned as before, the most it could still reach)."""
     stopped: dict[str, tuple[int, float]] = {}
     whole: OutputsAccumulator | None = None
-    best = -math.inf
+    best = best_lines = -math.inf
     for name in tables:
         acc, runner, read = accs[name], runner_of(name), 0
         for (part, ref), last in _with_last(pairs()):
@@ -1351,7 +1390,10 @@ def _score_in_turn(
             scored = stop_early and not last and whole is not None
             scored = scored and bool(_measured_outputs(acc))
             bound = _score_bound(acc, whole) if scored else math.inf
-            if bound < best:
+            if lines is not None and scored and lines(acc, read) < best_lines:
+                stopped[name] = (read, bound)
+                break
+            if lines is None and bound < best:
                 stopped[name] = (read, bound)
                 break
         runner.close()
@@ -1359,6 +1401,7 @@ def _score_in_turn(
             whole = whole or acc
             if name not in no_bar:
                 best = max(best, _ranked(_judged_sqnr(acc)))
+                best_lines = max(best_lines, _ranked(lines(acc, read))) if lines else best_lines
     return stopped
 
 
