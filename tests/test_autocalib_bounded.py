@@ -255,21 +255,25 @@ def test_tables_that_differ_only_where_no_quantized_op_reads_are_scored_once(
     assert got.output_sqnr_db["mse"] == got.output_sqnr_db["entropy"]
 
 
+def _with_a_poor_minmax(real):
+    """``build_tables`` with minmax's ranges 16x wider: far behind the other methods."""
+
+    def poor(stats_file, methods):
+        tables = real(stats_file, methods)
+        for name in tables["minmax"].entries:
+            tables["minmax"].set(name, tables["minmax"].amax(name) * 16, "minmax")
+        return tables
+
+    return poor
+
+
 def test_early_stops_change_no_choice_and_no_table(cnn_path, tmp_path, monkeypatch):
     """A candidate stopped once it could no longer win reports the most it could still have
     reached: at least its true score (from the run with no early stop), below the winner's;
     the choice, every other score and the table are those of the full run."""
     np.savez(tmp_path / "d.npz", input=synthetic.images(40, seed=6))
     graph = open_graph(cnn_path)
-    real = autocalib.build_tables
-
-    def with_a_poor_minmax(stats_file, methods):  # 16x its ranges: far behind the others
-        tables = real(stats_file, methods)
-        for name in tables["minmax"].entries:
-            tables["minmax"].set(name, tables["minmax"].amax(name) * 16, "minmax")
-        return tables
-
-    monkeypatch.setattr(autocalib, "build_tables", with_a_poor_minmax)
+    monkeypatch.setattr(autocalib, "build_tables", _with_a_poor_minmax(autocalib.build_tables))
     early = _judge(graph, tmp_path / "d.npz", monkeypatch, 1, HUGE)  # one sample a part
     monkeypatch.setattr(autocalib, "_score_bound", lambda acc, whole: float("inf"))
     full = _judge(graph, tmp_path / "d.npz", monkeypatch, 1, HUGE)
@@ -292,14 +296,7 @@ def test_a_mix_that_cannot_win_stops_early_too(cnn_path, tmp_path, monkeypatch):
     choice and the table are those of the full run."""
     np.savez(tmp_path / "d.npz", input=synthetic.images(40, seed=6))
     graph = open_graph(cnn_path)
-    real_tables, real_worst = autocalib.build_tables, autocalib._worst_readers
-    real_best = autocalib._best_method
-
-    def with_a_poor_minmax(stats_file, methods):  # 16x its ranges: far behind the others
-        tables = real_tables(stats_file, methods)
-        for name in tables["minmax"].entries:
-            tables["minmax"].set(name, tables["minmax"].amax(name) * 16, "minmax")
-        return tables
+    real_worst, real_best = autocalib._worst_readers, autocalib._best_method
 
     def marked(nodes, scores, methods):  # the model's input (read by conv1) keeps its pick
         worst = real_worst(nodes, scores, methods)
@@ -309,7 +306,7 @@ def test_a_mix_that_cannot_win_stops_early_too(cnn_path, tmp_path, monkeypatch):
         kept = worst.pop("keep")
         return real_best(worst, methods) if kept else "minmax"
 
-    monkeypatch.setattr(autocalib, "build_tables", with_a_poor_minmax)
+    monkeypatch.setattr(autocalib, "build_tables", _with_a_poor_minmax(autocalib.build_tables))
     monkeypatch.setattr(autocalib, "_worst_readers", marked)
     monkeypatch.setattr(autocalib, "_best_method", mostly_minmax)
     early = _judge(graph, tmp_path / "d.npz", monkeypatch, 1, HUGE)  # one sample a part
