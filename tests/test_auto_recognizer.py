@@ -92,9 +92,11 @@ def test_the_lines_bound_counts_every_line_left_as_agreeing():
     layout = OutputLayout()
     acc = autocalib.OutputsAccumulator(["y"], False, layout)
     acc.update({"y": a}, {"y": b}, batch=5)
-    most = autocalib._lines_bound({"y": a}, layout, 20)
+    sequences = autocalib._sequences([{"y": a}], ["y"], layout)
+    assert sequences == {"y"}
+    most = autocalib._lines_bound(sequences, 20)
     assert math.isclose(most(acc, 5), 18 / 20)
-    assert math.isclose(autocalib._lines_agreed(acc, {"y": a}, layout), 3 / 5)
+    assert math.isclose(autocalib._lines_agreed(acc, sequences), 3 / 5)
 
 
 def test_a_classifier_is_judged_by_sqnr_alone(tmp_path):
@@ -137,7 +139,7 @@ def test_the_line_agreement_is_the_decoders(tmp_path):
         b[i, range(4), pb] = 1
     acc = autocalib.OutputsAccumulator(["y"], False, layout)
     acc.update({"y": a}, {"y": b})
-    got = autocalib._lines_agreed(acc, {"y": a}, layout)
+    got = autocalib._lines_agreed(acc, autocalib._sequences([{"y": a}], ["y"], layout))
     assert math.isclose(got, 2 / 3)
     paths = acc.agreement["y"]
     assert math.isclose(ctc_agreement(paths.paths_a, paths.paths_b), 2 / 3)

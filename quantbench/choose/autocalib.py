@@ -1186,6 +1186,7 @@ def output_sqnrs(
     runner_of = VariantSessions(list(tables), built, session, graph.model).runner
 
     seen: list[dict[str, np.ndarray]] = []  # the first FP32 outputs: their shapes
+    lines = None  # a recognizer's bound on the lines a candidate can still agree on
     # (given FP32 outputs: a recognizer's candidates do not stop, its slice's length unknown)
     if reference is not None:  # the slice's batches, the FP32 outputs of each given
         given = reference
@@ -1207,12 +1208,12 @@ def output_sqnrs(
             if fp32 is not None:
                 fp32.close()
             seen = [ref for _, ref in kept[:1]]
-            total = sum(max(1, feed_num_samples(part, graph.inputs)) for part, _ in kept)
-            reads_text = _reads_text(seen, outputs, layout, decoded)
+            if _reads_text(seen, outputs, layout, decoded):
+                total = sum(max(1, feed_num_samples(part, graph.inputs)) for part, _ in kept)
+                lines = _lines_bound(_sequences(seen, outputs, layout), total)
             ended = _score_in_turn(
                 tables, accs, runner_of, lambda: kept, outputs, graph.inputs, no_bar,
-                stop_early=stopped is not None,
-                lines=_lines_bound(seen[0], layout, total) if reads_text else None,
+                stop_early=stopped is not None, lines=lines,
             )  # fmt: skip
         else:
             _score_together(tables, accs, runner_of, fp32, held_out, graph.inputs, outputs,
@@ -1222,10 +1223,10 @@ def output_sqnrs(
     if stopped is not None:
         stopped.update({name: read for name, (read, _) in ended.items()})
     if decoded is not None and _reads_text(seen, outputs, layout, decoded):
-        decoded.update({name: _lines_agreed(acc, seen[0], layout) for name, acc in accs.items()})
-        if ended:  # a stopped candidate: the most lines it could still have agreed on
-            most = _lines_bound(seen[0], layout, _lines_read(accs, seen[0], layout))
-            decoded.update({name: most(accs[name], read) for name, (read, _) in ended.items()})
+        sequences = _sequences(seen, outputs, layout)
+        decoded.update({name: _lines_agreed(acc, sequences) for name, acc in accs.items()})
+        if lines is not None:  # a stopped candidate: the most lines it could still agree on
+            decoded.update({name: lines(accs[name], read) for name, (read, _) in ended.items()})
     scores = {name: _judged_sqnr(acc) for name, acc in accs.items()}
     return {**scores, **{name: bound for name, (_, bound) in ended.items()}}
 
@@ -1240,43 +1241,42 @@ def _reads_text(
     (``seen``: the first part's) are CTC posteriors (:attr:`OutputSupport.recognizer`)."""
     if decoded is None or not seen:
         return False
-    return _support(seen[0], outputs, layout).recognizer
+    return _support(seen, outputs, layout).recognizer
 
 
-def _support(first: dict[str, np.ndarray], outputs: list[str], layout: OutputLayout) -> Any:
-    return OutputSupport.of({o: np.shape(first[o]) for o in outputs if o in first}, layout)
+def _support(seen: list[dict[str, np.ndarray]], outputs: list[str], layout: OutputLayout
+             ) -> OutputSupport:  # fmt: skip
+    """:class:`OutputSupport` of the outputs by the shapes of ``seen``'s first FP32 outputs."""
+    return OutputSupport.of({o: np.shape(seen[0][o]) for o in outputs if o in seen[0]}, layout)
 
 
-def _lines_agreed(acc: OutputsAccumulator, first: dict[str, np.ndarray], layout: OutputLayout
-                  ) -> float:  # fmt: skip
-    """A candidate's worst CTC-decoded line agreement with FP32 over the sequence outputs."""
-    found = [agreed / n for agreed, n in _lines_counted(acc, first, layout)]
+def _sequences(seen: list[dict[str, np.ndarray]], outputs: list[str], layout: OutputLayout
+               ) -> frozenset[str]:  # fmt: skip
+    """The outputs a CTC decoder reads (``(N, T, C)`` scores per position)."""
+    return _support(seen, outputs, layout).sequences
+
+
+def _lines_agreed(acc: OutputsAccumulator, sequences: Collection[str]) -> float:
+    """A candidate's worst CTC-decoded line agreement with FP32 over the ``sequences``."""
+    found = [agreed / n for agreed, n in _lines_counted(acc, sequences)]
     return min(found) if found else math.nan
 
 
-def _lines_counted(acc: OutputsAccumulator, first: dict[str, np.ndarray], layout: OutputLayout
+def _lines_counted(acc: OutputsAccumulator, sequences: Collection[str]
                    ) -> list[tuple[float, int]]:  # fmt: skip
     """Per sequence output: (lines whose decode agrees, lines read)."""
-    names = _support(first, list(first), layout).sequences
-    paths = [acc.agreement[n] for n in names if n in acc.agreement and acc.agreement[n].paths_a]
+    paths = [acc.agreement[n] for n in sequences if n in acc.agreement and acc.agreement[n].paths_a]
     return [(ctc_agreement(p.paths_a, p.paths_b) * len(p.paths_a), len(p.paths_a)) for p in paths]
 
 
-def _lines_read(accs: dict[str, OutputsAccumulator], first: dict[str, np.ndarray],
-                layout: OutputLayout) -> int:  # fmt: skip
-    """The slice's lines: the most any candidate read (one that was not stopped read all)."""
-    return max((n for acc in accs.values() for _, n in _lines_counted(acc, first, layout)),
-               default=0)  # fmt: skip
-
-
-def _lines_bound(first: dict[str, np.ndarray], layout: OutputLayout, total: int
+def _lines_bound(sequences: Collection[str], total: int
                  ) -> Callable[[OutputsAccumulator, int], float]:  # fmt: skip
     """``lines(acc, read)`` of :func:`_score_in_turn`: the share of the slice's ``total`` lines
     a candidate can still agree on, every line after its ``read`` samples agreeing (exact once
     it has read them all)."""
 
     def most(acc: OutputsAccumulator, read: int) -> float:
-        counted = _lines_counted(acc, first, layout)
+        counted = _lines_counted(acc, sequences)
         left = max(0, total - read)
         return min((agreed + left) / total for agreed, _ in counted) if counted else math.nan
 
@@ -1390,10 +1390,8 @@ def _score_in_turn(
             scored = stop_early and not last and whole is not None
             scored = scored and bool(_measured_outputs(acc))
             bound = _score_bound(acc, whole) if scored else math.inf
-            if lines is not None and scored and lines(acc, read) < best_lines:
-                stopped[name] = (read, bound)
-                break
-            if lines is None and bound < best:
+            beaten = lines(acc, read) < best_lines if lines is not None else bound < best
+            if scored and beaten:
                 stopped[name] = (read, bound)
                 break
         runner.close()
@@ -1401,7 +1399,8 @@ def _score_in_turn(
             whole = whole or acc
             if name not in no_bar:
                 best = max(best, _ranked(_judged_sqnr(acc)))
-                best_lines = max(best_lines, _ranked(lines(acc, read))) if lines else best_lines
+                if lines is not None:
+                    best_lines = max(best_lines, _ranked(lines(acc, read)))
     return stopped
 
 

@@ -594,9 +594,11 @@ def _from_readers(
     starts = [offsets[f] + pos for f, pos, _ in spans]
     first, stop = (0, n) if sample_range is None else sample_range
     mine: dict[int, list[tuple[int, int]]] = {}
+    held: list[tuple[int, int]] = []  # the global samples [start, stop) of each batch taken
     for (index, pos, take), g in zip(spans, starts):
         if first <= g < stop:
             mine.setdefault(index, []).append((pos, take))
+            held.append((g, g + take))
 
     def batches(record: NonFiniteSamples) -> Iterator[Batch]:
         for index, (where, readers) in enumerate(parts):
@@ -621,7 +623,6 @@ def _from_readers(
             batch_starts=starts,
             unbatched=bool(plan.per_sample),
         )
-    held = [(g, g + take) for (_, _, take), g in zip(spans, starts) if first <= g < stop]
     span = (held[0][0], held[-1][1]) if held else (first, first)
     where = f"{origin} (samples {span[0]}-{span[1] - 1} of {n} {what})"
     return DataSource(

@@ -193,10 +193,11 @@ def _thread_sub() -> np.ndarray:
     return sub
 
 
-def _blocks(flats: list[np.ndarray]) -> Iterator[np.ndarray]:
+def _blocks(flats: list[np.ndarray], size: int = BLOCK) -> Iterator[np.ndarray]:
+    """``flats`` in blocks of at most ``size`` values, in order."""
     for flat in flats:
-        for start in range(0, flat.size, BLOCK):
-            yield flat[start : start + BLOCK]
+        for start in range(0, flat.size, size):
+            yield flat[start : start + size]
 
 
 def _numba_finite_counts(k: ModuleType, pieces: list[np.ndarray], exponent: int) -> np.ndarray:
@@ -301,22 +302,15 @@ def backend() -> str:
 NUMPY_BLOCK = 1 << 18
 
 
-def _numpy_blocks(pieces: list[np.ndarray]) -> Iterator[np.ndarray]:
-    """``pieces`` as :data:`NUMPY_BLOCK`-value blocks (small pieces are joined beforehand)."""
-    for flat in pieces:
-        for start in range(0, flat.size, NUMPY_BLOCK):
-            yield flat[start : start + NUMPY_BLOCK]
-
-
 def _numpy_scan_blocks(pieces: list[np.ndarray], exponent: int) -> Scan:
     """:func:`_numpy_scan` of the pieces' concatenation, a block at a time (exact: merged)."""
-    return merge_scans([_numpy_scan(b, exponent) for b in _numpy_blocks(pieces)])
+    return merge_scans([_numpy_scan(b, exponent) for b in _blocks(pieces, NUMPY_BLOCK)])
 
 
 def _numpy_counts_blocks(pieces: list[np.ndarray], exponent: int) -> np.ndarray:
     """:func:`_numpy_finite_counts` of the pieces' concatenation, a block at a time."""
     counts = np.zeros(NUM_BINS, dtype=np.int64)
-    for block in _numpy_blocks(pieces):
+    for block in _blocks(pieces, NUMPY_BLOCK):
         counts += _numpy_finite_counts(block, exponent)
     return counts
 
