@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-import os
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -20,12 +20,18 @@ from quantbench.stats import binning
 from quantbench.stats.tensorstats import TensorStats, exponent_for
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _compiled_loaded() -> None:
-    """The compiled kernels loaded, as a large statistics pass loads them: scan and
-    finite_counts below take the compiled path (numba is a dependency)."""
+@pytest.fixture(autouse=True, scope="module", params=["c", "numba"])
+def compiled(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test on both compiled paths: the C kernels (built at install) and numba's (an
+    install without a C compiler; loaded by warm_up, as a large statistics pass loads it)."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("QUANTBENCH_BINNING", "" if request.param == "c" else "numba")
+    binning._native.cache_clear()
     binning.warm_up()
-    assert binning.backend() == "numba"
+    assert binning.backend() == request.param
+    yield request.param
+    patch.undo()
+    binning._native.cache_clear()
 
 
 def _exact_bins(values: np.ndarray, exponent: int) -> np.ndarray:
@@ -413,32 +419,6 @@ def test_parts_binned_overlapped_or_in_turn_give_the_same_bins(
         assert np.array_equal(a.counts, b.counts), n
 
 
-def test_an_unimportable_numba_falls_back_to_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """numba is imported on first use; if that import fails (a broken install), binning takes
-    the numpy path with the same bins instead of failing the calibration."""
-    import sys
-
-    rng = np.random.default_rng(11)
-    x = (rng.standard_normal(50_000) * 2).astype(np.float32)
-    x[7] = np.nan
-    e = exponent_for(float(np.nanmax(np.abs(x))))
-    import quantbench.stats
-
-    monkeypatch.setitem(sys.modules, "quantbench.stats.binning_kernels", None)  # -> ImportError
-    monkeypatch.delattr(quantbench.stats, "binning_kernels", raising=False)
-    binning._kernels.cache_clear()
-    try:
-        assert binning.backend() == "numpy"
-        got, ref = binning.scan(x, e), binning.numpy_scan(x, e)
-        assert (got.lo, got.hi, got.finite, got.nan, got.inf) == (
-            ref.lo, ref.hi, ref.finite, ref.nan, ref.inf,
-        )  # fmt: skip
-        assert np.array_equal(got.counts, ref.counts)
-    finally:
-        monkeypatch.undo()
-        binning._kernels.cache_clear()
-
-
 @pytest.mark.parametrize("what", ["nan", "off-grid"])
 def test_a_scan_cut_short_leaves_no_counts_behind(what: str) -> None:
     """A scan that bins some blocks into the thread's sub-histograms and then meets a NaN or a
@@ -489,104 +469,12 @@ def test_many_small_pieces_of_two_dtypes_count_as_their_concatenation() -> None:
     assert np.array_equal(a.counts, b.counts)
 
 
-_FRESH_PROCESS = """
-import sys
-import numpy as np
-from quantbench.stats import binning
-x = np.random.default_rng(1).standard_normal(1 << 20).astype(np.float32)
-first = binning.scan(x, -10)
-print(binning.backend(), "numba" in sys.modules)
-binning.warm_up()
-again = binning.scan(x, -10)
-print(binning.backend(), bool(np.array_equal(first.counts, again.counts)))
-"""
-
-
-def _fresh_python(code: str, *args: str) -> list[str]:
-    """The words ``code`` prints, run in a fresh interpreter (numba not yet imported) with the
-    project and the tests' helpers importable."""
-    import subprocess
-    import sys
-
-    here = Path(__file__).resolve().parent
-    path = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
-        env={**os.environ, "PYTHONPATH": path},
-    )  # fmt: skip
-    return done.stdout.split()
-
-
-def test_numba_is_loaded_only_by_warm_up() -> None:
-    """A process that bins before warm_up bins with numpy and never imports numba (its load is
-    most of a second); after warm_up it bins with numba, the same counts."""
-    assert _fresh_python(_FRESH_PROCESS) == ["numpy", "False", "numba", "True"]
-
-
-def test_the_load_threshold_grows_with_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    """numba's gain per value is shared among the cores, its load is not: 256 M values a
-    usable core (hand-derived: 512 M on 2 cores, 4 G on 16)."""
-    monkeypatch.setattr(collect, "usable_cores", lambda: 2)
-    assert collect.compiled_min_values() == 512 * 2**20
-    monkeypatch.setattr(collect, "usable_cores", lambda: 16)
-    assert collect.compiled_min_values() == 4 * 2**30
-
-
-def test_the_pass_expects_its_first_parts_times_the_samples() -> None:
-    """Hand-derived: 2 parts of 4 samples, 1,000 values each, out of 100 samples: 25,000
-    values expected; a source that does not say its samples: the 2,000 binned so far."""
-    load = collect._CompiledLoad(None, 100)  # type: ignore[arg-type]  # no load at these sizes
-    load.binning(1_000, 4)
-    load.binning(1_000, 4)
-    assert load.expected() == 25_000 and load.loading is None
-    unknown = collect._CompiledLoad(None, None)  # type: ignore[arg-type]
-    unknown.binning(1_000, 4)
-    unknown.binning(1_000, 4)
-    assert unknown.expected() == 2_000
-
-
-_PASS_PROCESS = """
-import sys
-from pathlib import Path
-import numpy as np
-from synthetic import images, save, small_cnn
-from quantbench.collect import statspass
-from quantbench.data.sources import open_data
-from quantbench.model.graph import calibration_tensors, open_graph
-from quantbench.stats import binning
-
-tmp, threshold = Path(sys.argv[1]), int(sys.argv[2])
-statspass.compiled_min_values = lambda: threshold
-graph = open_graph(save(small_cnn(), tmp / "m.onnx"))
-np.savez(tmp / "d.npz", input=images(16, seed=7))
-names = calibration_tensors(graph, "all")
-stats = statspass.collect_stats(
-    graph, open_data(tmp / "d.npz", graph.inputs, batch_size=2), names, show_progress=False
-)
-np.savez(tmp / f"counts{threshold}.npz", **{n: stats[n].counts for n in names})
-print(binning.backend(), "numba" in sys.modules)
-"""
-
-
-def test_a_small_pass_never_loads_numba_and_a_large_one_switches_exactly(tmp_path: Path) -> None:
-    """A pass expected to bin fewer values than compiled_min_values() never imports numba; one
-    over it (a threshold of 1 value) loads it on a worker after its first part and switches
-    mid-pass: the same counts for every tensor."""
-    runs = {t: _fresh_python(_PASS_PROCESS, str(tmp_path), str(t)) for t in (1 << 40, 1)}
-    assert runs[1 << 40] == ["numpy", "False"]
-    assert runs[1][1] == "True"  # loaded (whether it finished before the last part is timing)
-    small, large = np.load(tmp_path / f"counts{1 << 40}.npz"), np.load(tmp_path / "counts1.npz")
-    assert small.files == large.files
-    for name in small.files:
-        assert np.array_equal(small[name], large[name]), name
-
-
 @pytest.mark.parametrize("tiled", [False, True], ids=["small", "compiled-size"])
 def test_float64_subnormals_below_zero_stay_below_zero_at_a_wide_bin(tiled: bool) -> None:
     """At a bin width of 8 (e = 3) -5e-324 * 2**-3 underflows to -0.0 in float64, but the value
     is below 0: it belongs in bin -1 (HALF_BINS - 1), as the rational reference says; +5e-324
     and -0.0 belong in bin 0."""
-    x = np.array([-5e-324, -3 * 5e-324, 5e-324, -0.0, -2.0**-1070, -1.0, 7.9], np.float64)
+    x = np.array([-5e-324, -3 * 5e-324, 5e-324, -0.0, -(2.0**-1070), -1.0, 7.9], np.float64)
     expected = _exact_bins(x, 3)
     assert expected[binning.HALF_BINS - 1] == 4 and expected[binning.HALF_BINS] == 3
     _binned_as_exact(x, 3, tiled)

@@ -557,14 +557,14 @@ class _Binner:
         return tasks or [pieces]
 
 
-#: values a pass must be expected to bin, per usable core, before it loads the compiled kernels
-#: (numba: most of a second of one core, ~110 MiB) for the rest: numba's gain per value is
-#: shared among the cores, its load is not. Measured on 2 cores (whole `calibrate --method
-#: minmax` processes, numba against numpy from the start): silero-vad (3 M values) 2.2 against
-#: 1.3 s, orinet (241 M) 5.9 against 5.5 s, mtcnn-pnet (304 M) 4.6 against 3.9 s, magika
-#: (1.2 G) even, the ResNet-18-shaped model (919 M) 17.5-19.4 against 19.7-19.9 s, dddd-det
-#: (1.4 G) 11.8-12.4 against 13.0-13.4 s; on 16 cores (an H100 host) that ResNet-18: 6.8-8.6
-#: against 6.0-7.9 s, its default 23.8-25.8 against 21.7-22.7 s (numpy faster).
+#: values a pass must be expected to bin, per usable core, before it loads numba's kernels where the
+#: C ones were not built (most of a second of one core, ~125 MiB) for the rest: its gain per value
+#: is shared among the cores, its load is not. Measured on 2 cores (whole `calibrate --method
+#: minmax` processes, numba against numpy from the start): silero-vad (3 M values) 2.2 against 1.3
+#: s, orinet (241 M) 5.9 against 5.5 s, mtcnn-pnet (304 M) 4.6 against 3.9 s, magika (1.2 G) even,
+#: the ResNet-18-shaped model (919 M) 17.5-19.4 against 19.7-19.9 s, dddd-det (1.4 G) 11.8-12.4
+#: against 13.0-13.4 s; on 16 cores (an H100 host) that ResNet-18: 6.8-8.6 against 6.0-7.9 s, its
+#: default 23.8-25.8 against 21.7-22.7 s (numpy faster).
 COMPILED_MIN_VALUES_PER_CORE = 1 << 28
 
 

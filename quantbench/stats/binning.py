@@ -7,18 +7,24 @@ nearly always), bins them: a vectorised min/max first, then one binning loop wit
 checks (a fused loop that checks every value where NaN/Inf appear). When a value lies off the
 grid it returns the range only; the caller widens the grid and calls :func:`finite_counts`.
 
-Two implementations give identical results:
+Three implementations give identical results:
 
-* ``numba`` (a dependency, with a fallback): compiled once and cached on disk, releasing the GIL
-  so several tensors are binned on several cores at once. Used once :func:`warm_up` has loaded
-  it: the load costs most of a second of one core and ~110 MiB, which only a pass binning
-  hundreds of millions of values repays (the statistics pass decides, from its first part).
-  Counts go to four interleaved int32 sub-histograms so runs of equal values (the zero spike
-  of ReLU outputs) do not serialise on one counter (a few values go straight to the counts),
-  block by block while each block of values is in cache; many small pooled pieces are joined
-  first (per-call costs, not values, dominated a model with hundreds of small tensors).
-* ``numpy``: the same arithmetic as vectorised numpy calls. Used until the compiled kernels
-  are loaded, where numba is missing, or with ``QUANTBENCH_BINNING=numpy``.
+* C (``_binning.c``, built at install as the optional extension ``_binning_c``, called through
+  ctypes, which releases the GIL so several tensors are binned on several cores at once): used
+  from the first value, nothing to load. The bins of a block are computed together (SSE2 on
+  x86-64), then counted.
+* ``numba`` (a dependency, for an install that could not compile the extension): compiled once
+  and cached on disk, also releasing the GIL. Used once :func:`warm_up` has loaded it: the load
+  costs most of a second of one core and ~125 MiB, which only a pass binning hundreds of
+  millions of values repays (the statistics pass decides, from its first part).
+  ``QUANTBENCH_BINNING=numba`` takes it even where the extension was built.
+* ``numpy``: the same arithmetic as vectorised numpy calls. Used where neither is loaded, or
+  with ``QUANTBENCH_BINNING=numpy``.
+
+The compiled ones count into four interleaved int32 sub-histograms so runs of equal values (the
+zero spike of ReLU outputs) do not serialise on one counter (a few values go straight to the
+counts), block by block while each block of values is in cache; many small pooled pieces are
+joined first (per-call costs, not values, dominated a model with hundreds of small tensors).
 
 Bin of a finite value ``v`` at exponent ``e``: ``HALF_BINS + floor(v / 2**e)`` (``v * 2**-e`` is
 exact in float64, except that a float64 subnormal may underflow to a signed zero: one below 0
@@ -113,16 +119,28 @@ def _numpy_range(x: np.ndarray) -> tuple[Scan, np.ndarray]:
     return Scan(lo, hi, int(x.size), nan, inf, None), x
 
 
-# --------------------------------------------------------------------------- numba
+# --------------------------------------------------------------------------- compiled (C, numba)
+
+
+@functools.cache
+def _native() -> ModuleType | None:
+    """The C kernels (:mod:`quantbench.stats.binning_ckernels`); ``None`` where the extension
+    was not built or ``QUANTBENCH_BINNING`` asks for numba or numpy."""
+    if os.environ.get("QUANTBENCH_BINNING", "").lower() in ("numba", "numpy"):
+        return None
+    try:
+        from quantbench.stats import binning_ckernels
+    except ImportError:
+        return None
+    return binning_ckernels
 
 
 @functools.cache
 def _kernels() -> ModuleType | None:
-    """The compiled kernels (:mod:`quantbench.stats.binning_kernels`), imported on first use, so
-    that
-    numba's import (~0.6 s) is paid by a calibration's warm-up thread, not by every command;
-    ``None`` (the numpy path) when ``QUANTBENCH_BINNING=numpy`` asks for it or numba is missing
-    or cannot be imported."""
+    """The numba kernels (:mod:`quantbench.stats.binning_kernels`), imported on first use, so
+    that numba's import (~0.6 s) is paid by a calibration's warm-up thread, not by every
+    command; ``None`` (the numpy path) when ``QUANTBENCH_BINNING=numpy`` asks for it or numba
+    is missing or cannot be imported."""
     if os.environ.get("QUANTBENCH_BINNING", "").lower() == "numpy":
         return None
     try:
@@ -200,7 +218,7 @@ def _blocks(flats: list[np.ndarray], size: int = BLOCK) -> Iterator[np.ndarray]:
             yield flat[start : start + size]
 
 
-def _numba_finite_counts(k: ModuleType, pieces: list[np.ndarray], exponent: int) -> np.ndarray:
+def _compiled_finite_counts(k: ModuleType, pieces: list[np.ndarray], exponent: int) -> np.ndarray:
     flats = [_widened(p) for p in pieces]
     counts = _Counts(k, sum(f.size for f in flats), k.count_direct_kernel, k.count_kernel)
     try:
@@ -211,7 +229,7 @@ def _numba_finite_counts(k: ModuleType, pieces: list[np.ndarray], exponent: int)
         counts.release()
 
 
-def _numba_scan(k: ModuleType, pieces: list[np.ndarray], exponent: int) -> Scan:
+def _compiled_scan(k: ModuleType, pieces: list[np.ndarray], exponent: int) -> Scan:
     flats = [f for f in map(_widened, pieces) if f.size]
     scale = 2.0**-exponent
     total = sum(f.size for f in flats)
@@ -285,13 +303,19 @@ _LOADED = threading.Event()
 
 
 def _compiled() -> ModuleType | None:
-    """The compiled kernels where loaded (:func:`warm_up`), else None (the numpy path)."""
+    """The compiled kernels in use: C where built, else numba once loaded (:func:`warm_up`),
+    else None (the numpy path)."""
+    native = _native()
+    if native is not None:
+        return native
     return _kernels() if _LOADED.is_set() else None
 
 
 def backend() -> str:
-    """Which implementation :func:`scan` and :func:`finite_counts` use now: "numba" (once
+    """Which implementation :func:`scan` and :func:`finite_counts` use now: "c", "numba" (once
     :func:`warm_up` has loaded it) or "numpy"."""
+    if _native() is not None:
+        return "c"
     return "numpy" if _compiled() is None else "numba"
 
 
@@ -317,14 +341,16 @@ def _numpy_counts_blocks(pieces: list[np.ndarray], exponent: int) -> np.ndarray:
 
 def _scan(pieces: list[np.ndarray], exponent: int) -> Scan:
     k = _compiled()
-    return _numpy_scan_blocks(pieces, exponent) if k is None else _numba_scan(k, pieces, exponent)
+    if k is None:
+        return _numpy_scan_blocks(pieces, exponent)
+    return _compiled_scan(k, pieces, exponent)
 
 
 def _finite_counts(pieces: list[np.ndarray], exponent: int) -> np.ndarray:
     k = _compiled()
     if k is None:
         return _numpy_counts_blocks(pieces, exponent)
-    return _numba_finite_counts(k, pieces, exponent)
+    return _compiled_finite_counts(k, pieces, exponent)
 
 
 #: arrays this small take the numpy path (the same bins) even once the compiled kernels are
@@ -372,17 +398,19 @@ def finite_counts(x: Values, exponent: int) -> np.ndarray:
 
 
 def warm_up() -> None:
-    """Load the compiled kernels and use them from now on (numba's import and first calls
-    take most of a second: a caller runs this on a worker while binning goes on with numpy).
-    A no-op where numba is missing or ``QUANTBENCH_BINNING=numpy``."""
+    """Load numba's kernels and use them from now on (its import and first calls take most of
+    a second: a caller runs this on a worker while binning goes on with numpy). A no-op where
+    the C kernels are built, numba is missing or ``QUANTBENCH_BINNING=numpy``."""
+    if _native() is not None:
+        return
     k = _kernels()
     if k is None or _LOADED.is_set():
         return
     x = np.zeros(SMALL, np.float32)
-    _numba_scan(k, [x], 0)
+    _compiled_scan(k, [x], 0)
     x[0] = np.nan  # the fused kernel, for data with NaN/Inf
-    _numba_scan(k, [x], 0)
-    _numba_finite_counts(k, [x], 0)
+    _compiled_scan(k, [x], 0)
+    _compiled_finite_counts(k, [x], 0)
     _LOADED.set()
 
 
