@@ -21,13 +21,13 @@
 
 static inline int32_t bin_index(double v, double scale) {
     double q = v * scale;
-    /* q clamped to the grid first, so the conversion is defined and every index lands in the
-     * counts (a value off the grid is a caller's bug, counted in an end bin); floor(q) without
-     * a libm call or a branch (a branch on random zeros mispredicts, and the loops of
-     * BIN_BLOCK values vectorise): truncate, then step down where that rounded up (q < 0 and
-     * not whole) or where q is -0.0 from a value below 0 */
-    q = q < -HALF_BINS ? -HALF_BINS : q;
-    q = q > HALF_BINS - 1 ? HALF_BINS - 1 : q;
+    /* q clamped to the grid first (NaN too: it fails both tests), so the conversion is
+     * defined and every index lands in the counts (a value off the grid is a caller's bug,
+     * counted in an end bin); floor(q) without a libm call or a branch (a branch on random
+     * zeros mispredicts): truncate, then step down where that rounded up (q < 0 and not
+     * whole) or where q is -0.0 from a value below 0 */
+    q = q >= -HALF_BINS ? q : -HALF_BINS;
+    q = q <= HALF_BINS - 1 ? q : HALF_BINS - 1;
     int32_t k = (int32_t)q;
     k -= (q < (double)k) | ((q == 0.0) & (v < 0.0));
     return k + HALF_BINS;
@@ -85,34 +85,55 @@ static inline void block_index_f64(const double *x, int64_t m, double scale, int
 }
 #endif
 
+/* Count the bins idx[0..m) into the four sub-histograms, value j into sub-histogram j % 4: a
+ * run of equal bins (a ReLU's zeros) waits on four counters in turn, not on one. */
+static inline void add_block(const int32_t *idx, int64_t m, int32_t *sub) {
+    int32_t *s0 = sub, *s1 = sub + NUM_BINS, *s2 = sub + 2 * NUM_BINS, *s3 = sub + 3 * NUM_BINS;
+    int64_t j = 0;
+    for (; j + 4 <= m; j += 4) {
+        s0[idx[j]] += 1;
+        s1[idx[j + 1]] += 1;
+        s2[idx[j + 2]] += 1;
+        s3[idx[j + 3]] += 1;
+    }
+    for (; j < m; j++) sub[(j & 3) * NUM_BINS + idx[j]] += 1;
+}
+
+/* Whether every value of a block is finite (no branch: the loop vectorises). */
+#define BLOCK_FINITE(T, SUFFIX)                                                              \
+    static inline int block_finite_##SUFFIX(const T *x, int64_t m) {                         \
+        int bad = 0;                                                                         \
+        for (int64_t j = 0; j < m; j++) bad |= ((double)x[j] - (double)x[j] != 0.0);         \
+        return !bad;                                                                         \
+    }
+BLOCK_FINITE(float, f32)
+BLOCK_FINITE(double, f64)
+
 /* bin_kernel / count_kernel / bin_direct_kernel / count_direct_kernel for one input type:
  * "sub" is four interleaved int32 sub-histograms (4 x NUM_BINS), "out" the int64 counts. */
 #define KERNELS(T, SUFFIX)                                                                   \
     void qb_bin_##SUFFIX(const T *x, int64_t n, double scale, int32_t *sub) {               \
         int32_t idx[BIN_BLOCK];                                                              \
-        int32_t *s0 = sub, *s1 = sub + NUM_BINS, *s2 = sub + 2 * NUM_BINS;                   \
-        int32_t *s3 = sub + 3 * NUM_BINS;                                                    \
+        for (int64_t start = 0; start < n; start += BIN_BLOCK) {                             \
+            int64_t m = n - start < BIN_BLOCK ? n - start : BIN_BLOCK;                       \
+            block_index_##SUFFIX(x + start, m, scale, idx);                                  \
+            add_block(idx, m, sub);                                                          \
+        }                                                                                    \
+    }                                                                                        \
+    /* the finite values only: a block holding NaN/Inf is counted value by value */          \
+    void qb_count_##SUFFIX(const T *x, int64_t n, double scale, int32_t *sub) {             \
+        int32_t idx[BIN_BLOCK];                                                              \
         for (int64_t start = 0; start < n; start += BIN_BLOCK) {                             \
             int64_t m = n - start < BIN_BLOCK ? n - start : BIN_BLOCK;                       \
             const T *xs = x + start;                                                         \
-            block_index_##SUFFIX(xs, m, scale, idx);                                         \
-            int64_t j = 0;                                                                   \
-            for (; j + 4 <= m; j += 4) {                                                     \
-                s0[idx[j]] += 1;                                                             \
-                s1[idx[j + 1]] += 1;                                                         \
-                s2[idx[j + 2]] += 1;                                                         \
-                s3[idx[j + 3]] += 1;                                                         \
+            if (block_finite_##SUFFIX(xs, m)) {                                              \
+                block_index_##SUFFIX(xs, m, scale, idx);                                     \
+                add_block(idx, m, sub);                                                      \
+                continue;                                                                    \
             }                                                                                \
-            for (; j < m; j++) {                                                             \
-                sub[(j & 3) * NUM_BINS + idx[j]] += 1;                                       \
-            }                                                                                \
-        }                                                                                    \
-    }                                                                                        \
-    void qb_count_##SUFFIX(const T *x, int64_t n, double scale, int32_t *sub) {             \
-        for (int64_t i = 0; i < n; i++) {                                                    \
-            double v = (double)x[i];                                                         \
-            if (v - v == 0.0) {                                                              \
-                sub[(i & 3) * NUM_BINS + bin_index(v, scale)] += 1;                          \
+            for (int64_t j = 0; j < m; j++) {                                                \
+                double v = (double)xs[j];                                                    \
+                if (v - v == 0.0) sub[(j & 3) * NUM_BINS + bin_index(v, scale)] += 1;        \
             }                                                                                \
         }                                                                                    \
     }                                                                                        \
