@@ -10,7 +10,8 @@ EX := examples/tinycnn
 
 .PHONY: venv demo test test-fast test-gpu lint bench bench-setup bench-zoo bench-peers bench-speed clean kernels
 
-$(STAMP): pyproject.toml
+# setup.py and the C kernels too: an edited kernel is compiled again by the next make
+$(STAMP): pyproject.toml setup.py quantbench/stats/_binning.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,plugin]'
