@@ -174,3 +174,28 @@ def test_the_environment_can_ask_for_another_path(
         monkeypatch.undo()
         binning._native.cache_clear()
         binning._kernels.cache_clear()
+
+
+def test_a_library_that_cannot_be_loaded_falls_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A ``_binning_c`` file that is not a loadable library here (a copy from another machine, a
+    truncated build) sets the C kernels aside with the rest of the fallback, not a traceback."""
+    import importlib.util
+    import sys
+
+    broken = tmp_path / "_binning_c.so"
+    broken.write_bytes(b"not a shared library")
+    spec = importlib.util.spec_from_file_location("quantbench.stats._binning_c", broken)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec)
+    import quantbench.stats
+
+    monkeypatch.delitem(sys.modules, "quantbench.stats.binning_ckernels", raising=False)
+    monkeypatch.delattr(quantbench.stats, "binning_ckernels", raising=False)
+    binning._native.cache_clear()
+    try:
+        assert binning._native() is None
+        assert binning.backend() in ("numba", "numpy")
+    finally:
+        monkeypatch.undo()
+        binning._native.cache_clear()

@@ -19,9 +19,13 @@ from quantbench.stats.grid import HALF_BINS, NUM_BINS
 _spec = importlib.util.find_spec("quantbench.stats._binning_c")
 if _spec is None or not _spec.origin:
     raise ImportError("quantbench.stats._binning_c was not built")
-_lib = ctypes.CDLL(_spec.origin)
-_lib.qb_half_bins.restype = ctypes.c_int64
-if _lib.qb_half_bins() != HALF_BINS:
+try:
+    _lib = ctypes.CDLL(_spec.origin)
+    _lib.qb_half_bins.restype = ctypes.c_int64
+    _half_bins = _lib.qb_half_bins()
+except (OSError, AttributeError) as error:  # not loadable here, or not these kernels
+    raise ImportError(f"quantbench.stats._binning_c cannot be used: {error}") from error
+if _half_bins != HALF_BINS:
     raise ImportError("quantbench.stats._binning_c was built for another grid: reinstall")
 
 _P, _N, _S = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
