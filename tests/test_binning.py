@@ -478,3 +478,34 @@ def test_float64_subnormals_below_zero_stay_below_zero_at_a_wide_bin(tiled: bool
     expected = _exact_bins(x, 3)
     assert expected[binning.HALF_BINS - 1] == 4 and expected[binning.HALF_BINS] == 3
     _binned_as_exact(x, 3, tiled)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "where", ["none", "first", "step-edge", "tail", "every-step", "all-nan", "all-inf"]
+)
+def test_a_range_scan_equals_numpys_min_and_max(dtype: type, where: str) -> None:
+    """The range (C: one read, NaN/Inf found per 64-value step and read again value by value)
+    equals numpy's min and max of the finite values and its NaN/Inf counts, wherever the odd
+    values sit: none, the first value, the last of a step, the tail past the last whole step,
+    one in every step, or nothing finite at all."""
+    rng = np.random.default_rng(17)
+    x = (rng.standard_normal(3 * binning.SMALL + 37) * 5).astype(dtype)
+    x[1000] = 9.5  # the extremes, away from the odd values
+    x[2000] = -8.25
+    odd = {"none": [], "first": [0], "step-edge": [63, 64], "tail": [x.size - 1],
+           "every-step": list(range(5, x.size, 64))}.get(where, [])  # fmt: skip
+    for i, j in enumerate(odd):
+        x[j] = (np.nan, np.inf, -np.inf)[i % 3]
+    if where == "all-nan":
+        x[:] = np.nan
+    if where == "all-inf":
+        x[:] = np.inf
+    finite = x[np.isfinite(x)]
+    got = binning.range_scan(x)
+    assert got.nan == int(np.isnan(x).sum()) and got.inf == int(np.isinf(x).sum())
+    assert got.finite == finite.size
+    if finite.size:
+        assert (got.lo, got.hi) == (float(finite.min()), float(finite.max()))
+    else:
+        assert (got.lo, got.hi) == (math.inf, -math.inf)

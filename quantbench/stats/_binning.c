@@ -194,6 +194,92 @@ void qb_drain(int32_t *sub, int64_t *out, int store) {
     }
 }
 
+/* Range of the finite values and NaN/Inf counts of x, in one read (numpy's min and max are two
+ * reads, each from memory for a tensor larger than the cache): result[] = {lo, hi} (inf, -inf
+ * when no value is finite), counts[] = {nan, inf}. A zero extreme may come out as either signed
+ * zero, as numpy's may: both weigh the same everywhere a range is used. */
+static void range_scalar_f32(const float *x, int64_t n, double *lo, double *hi, int64_t *nan,
+                             int64_t *inf) {
+    for (int64_t i = 0; i < n; i++) {
+        double v = (double)x[i];
+        if (v != v) {
+            *nan += 1;
+        } else if (v - v != 0.0) {
+            *inf += 1;
+        } else {
+            *lo = v < *lo ? v : *lo;
+            *hi = v > *hi ? v : *hi;
+        }
+    }
+}
+
+void qb_range_f32(const float *x, int64_t n, double *result, int64_t *counts) {
+    double lo = INFINITY, hi = -INFINITY;
+    int64_t nan = 0, inf = 0, i = 0;
+#if defined(__SSE2__)
+    /* 64 values a step, four accumulators each way; sum(v - v) over the step stays 0 while
+     * every value is finite (NaN otherwise): a step that held NaN/Inf is read again by the
+     * scalar loop, which counts them */
+    __m128 lo4[4], hi4[4];
+    for (int k = 0; k < 4; k++) {
+        lo4[k] = _mm_set1_ps(INFINITY);
+        hi4[k] = _mm_set1_ps(-INFINITY);
+    }
+    for (; i + 64 <= n; i += 64) {
+        __m128 l[4] = {lo4[0], lo4[1], lo4[2], lo4[3]}, h[4] = {hi4[0], hi4[1], hi4[2], hi4[3]};
+        __m128 check = _mm_setzero_ps();
+        for (int j = 0; j < 64; j += 16) {
+            for (int k = 0; k < 4; k++) {
+                __m128 v = _mm_loadu_ps(x + i + j + 4 * k);
+                check = _mm_add_ps(check, _mm_sub_ps(v, v));
+                l[k] = _mm_min_ps(l[k], v);
+                h[k] = _mm_max_ps(h[k], v);
+            }
+        }
+        if (_mm_movemask_ps(_mm_cmpeq_ps(check, _mm_setzero_ps())) != 0xF) {
+            range_scalar_f32(x + i, 64, &lo, &hi, &nan, &inf);
+            continue;
+        }
+        for (int k = 0; k < 4; k++) {
+            lo4[k] = l[k];
+            hi4[k] = h[k];
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        float l[4], h[4];
+        _mm_storeu_ps(l, lo4[k]);
+        _mm_storeu_ps(h, hi4[k]);
+        for (int m = 0; m < 4; m++) {
+            lo = (double)l[m] < lo ? (double)l[m] : lo;
+            hi = (double)h[m] > hi ? (double)h[m] : hi;
+        }
+    }
+#endif
+    range_scalar_f32(x + i, n - i, &lo, &hi, &nan, &inf);
+    result[0] = lo;
+    result[1] = hi;
+    counts[0] = nan;
+    counts[1] = inf;
+}
+
+void qb_range_f64(const double *x, int64_t n, double *result, int64_t *counts) {
+    double lo = INFINITY, hi = -INFINITY;
+    int64_t nan = 0, inf = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i];
+        nan += v != v;
+        inf += (v == v) & (v - v != 0.0);
+        if (v - v == 0.0) {
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+    }
+    result[0] = lo;
+    result[1] = hi;
+    counts[0] = nan;
+    counts[1] = inf;
+}
+
 /* The grid the kernels were compiled for: binning.py refuses the library when it differs. */
 int64_t qb_half_bins(void) { return HALF_BINS; }
 

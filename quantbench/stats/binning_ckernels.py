@@ -46,6 +46,7 @@ _COUNT = _functions("count", [_P, _N, _S, _P])
 _BIN_DIRECT = _functions("bin_direct", [_P, _N, _S, _P])
 _COUNT_DIRECT = _functions("count_direct", [_P, _N, _S, _P])
 _SCAN = _functions("scan", [_P, _N, _S, _P, _P, _P])
+_RANGE = _functions("range", [_P, _N, _P, _P])
 _lib.qb_drain.argtypes, _lib.qb_drain.restype = [_P, _P, ctypes.c_int], None
 
 
@@ -91,6 +92,16 @@ def scan_kernel(
     _SCAN[x.dtype](x.ctypes.data, x.size, scale, sub.ctypes.data, result.ctypes.data,
                    counts.ctypes.data)  # fmt: skip
     return float(result[0]), float(result[1]), int(counts[0]), int(counts[1]), bool(counts[2])
+
+
+def range_kernel(x: np.ndarray) -> tuple[float, float, int, int]:
+    """min and max of the finite values of ``x`` (inf, -inf where none is finite) and its NaN
+    and Inf counts, in one read of ``x``."""
+    _checked(x, np.empty(0, np.int64), np.int64, (0,))
+    result = np.empty(2, np.float64)
+    counts = np.empty(2, np.int64)
+    _RANGE[x.dtype](x.ctypes.data, x.size, result.ctypes.data, counts.ctypes.data)
+    return float(result[0]), float(result[1]), int(counts[0]), int(counts[1])
 
 
 def drain_kernel(sub: np.ndarray, out: np.ndarray) -> None:
