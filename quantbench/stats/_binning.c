@@ -99,7 +99,7 @@ static inline void add_block(const int32_t *idx, int64_t m, int32_t *sub) {
     for (; j < m; j++) sub[(j & 3) * NUM_BINS + idx[j]] += 1;
 }
 
-/* Whether every value of a block is finite (no branch: the loop vectorises). */
+/* Whether every value of a block is finite (no branch inside the loop). */
 #define BLOCK_FINITE(T, SUFFIX)                                                              \
     static inline int block_finite_##SUFFIX(const T *x, int64_t m) {                         \
         int bad = 0;                                                                         \
@@ -198,19 +198,30 @@ void qb_drain(int32_t *sub, int64_t *out, int store) {
  * reads, each from memory for a tensor larger than the cache): result[] = {lo, hi} (inf, -inf
  * when no value is finite), counts[] = {nan, inf}. A zero extreme may come out as either signed
  * zero, as numpy's may: both weigh the same everywhere a range is used. */
-static void range_scalar_f32(const float *x, int64_t n, double *lo, double *hi, int64_t *nan,
-                             int64_t *inf) {
-    for (int64_t i = 0; i < n; i++) {
-        double v = (double)x[i];
-        if (v != v) {
-            *nan += 1;
-        } else if (v - v != 0.0) {
-            *inf += 1;
-        } else {
-            *lo = v < *lo ? v : *lo;
-            *hi = v > *hi ? v : *hi;
-        }
+#define RANGE_SCALAR(T, SUFFIX)                                                              \
+    static void range_scalar_##SUFFIX(const T *x, int64_t n, double *lo, double *hi,         \
+                                      int64_t *nan, int64_t *inf) {                          \
+        for (int64_t i = 0; i < n; i++) {                                                    \
+            double v = (double)x[i];                                                         \
+            if (v != v) {                                                                    \
+                *nan += 1;                                                                   \
+            } else if (v - v != 0.0) {                                                       \
+                *inf += 1;                                                                   \
+            } else {                                                                         \
+                *lo = v < *lo ? v : *lo;                                                     \
+                *hi = v > *hi ? v : *hi;                                                     \
+            }                                                                                \
+        }                                                                                    \
     }
+RANGE_SCALAR(float, f32)
+RANGE_SCALAR(double, f64)
+
+static void store_range(double *result, int64_t *counts, double lo, double hi, int64_t nan,
+                        int64_t inf) {
+    result[0] = lo;
+    result[1] = hi;
+    counts[0] = nan;
+    counts[1] = inf;
 }
 
 void qb_range_f32(const float *x, int64_t n, double *result, int64_t *counts) {
@@ -256,28 +267,15 @@ void qb_range_f32(const float *x, int64_t n, double *result, int64_t *counts) {
     }
 #endif
     range_scalar_f32(x + i, n - i, &lo, &hi, &nan, &inf);
-    result[0] = lo;
-    result[1] = hi;
-    counts[0] = nan;
-    counts[1] = inf;
+    store_range(result, counts, lo, hi, nan, inf);
 }
 
+/* float64 data is rare (a model computing in double): the scalar loop */
 void qb_range_f64(const double *x, int64_t n, double *result, int64_t *counts) {
     double lo = INFINITY, hi = -INFINITY;
     int64_t nan = 0, inf = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double v = x[i];
-        nan += v != v;
-        inf += (v == v) & (v - v != 0.0);
-        if (v - v == 0.0) {
-            lo = v < lo ? v : lo;
-            hi = v > hi ? v : hi;
-        }
-    }
-    result[0] = lo;
-    result[1] = hi;
-    counts[0] = nan;
-    counts[1] = inf;
+    range_scalar_f64(x, n, &lo, &hi, &nan, &inf);
+    store_range(result, counts, lo, hi, nan, inf);
 }
 
 /* The grid the kernels were compiled for: binning.py refuses the library when it differs. */

@@ -50,43 +50,60 @@ _RANGE = _functions("range", [_P, _N, _P, _P])
 _lib.qb_drain.argtypes, _lib.qb_drain.restype = [_P, _P, ctypes.c_int], None
 
 
-def _checked(x: np.ndarray, target: np.ndarray, dtype: type, shape: tuple[int, ...]) -> None:
-    """The C side trusts its pointers: refuse anything but what the numba kernels take."""
+def _values(x: np.ndarray) -> np.ndarray:
+    """``x`` as the C side reads it (it trusts its pointers): a flat contiguous float32/float64
+    array, as the numba kernels take; anything else refused."""
     if x.dtype not in _SUFFIX or x.ndim != 1 or not x.flags.c_contiguous:
         raise TypeError(f"binning: a flat contiguous float32/float64 array, not {x.dtype}")
+    return x
+
+
+def _counts(target: np.ndarray, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+    """``target`` where it is the counts the C side writes (``dtype``, ``shape``, contiguous)."""
     if target.dtype != dtype or target.shape != shape or not target.flags.c_contiguous:
         raise TypeError(f"binning: counts must be {np.dtype(dtype)} {shape}")
+    return target
+
+
+_SUB = (4, NUM_BINS)  # the four interleaved int32 sub-histograms
+_OUT = (NUM_BINS,)  # the int64 counts
+
+
+def _binned(kernels: dict, x: np.ndarray, scale: float, target: np.ndarray, shape: tuple) -> None:
+    """One of the four binning kernels on ``x`` into ``target``: the sub-histograms (int32,
+    :data:`_SUB`) or the int64 counts (:data:`_OUT`)."""
+    dtype = np.int32 if shape == _SUB else np.int64
+    kernels[_values(x).dtype](
+        x.ctypes.data, x.size, scale, _counts(target, dtype, shape).ctypes.data
+    )
 
 
 def bin_kernel(x: np.ndarray, scale: float, sub: np.ndarray) -> None:
     """Bin ``x`` into ``sub``: every value finite and on the grid (the caller checked)."""
-    _checked(x, sub, np.int32, (4, NUM_BINS))
-    _BIN[x.dtype](x.ctypes.data, x.size, scale, sub.ctypes.data)
+    _binned(_BIN, x, scale, sub, _SUB)
 
 
 def count_kernel(x: np.ndarray, scale: float, sub: np.ndarray) -> None:
     """Bin the finite values of ``x`` (all on the grid) into ``sub``."""
-    _checked(x, sub, np.int32, (4, NUM_BINS))
-    _COUNT[x.dtype](x.ctypes.data, x.size, scale, sub.ctypes.data)
+    _binned(_COUNT, x, scale, sub, _SUB)
 
 
 def bin_direct_kernel(x: np.ndarray, scale: float, out: np.ndarray) -> None:
     """:func:`bin_kernel` straight into the int64 counts (few values)."""
-    _checked(x, out, np.int64, (NUM_BINS,))
-    _BIN_DIRECT[x.dtype](x.ctypes.data, x.size, scale, out.ctypes.data)
+    _binned(_BIN_DIRECT, x, scale, out, _OUT)
 
 
 def count_direct_kernel(x: np.ndarray, scale: float, out: np.ndarray) -> None:
     """:func:`count_kernel` straight into the int64 counts (few values)."""
-    _checked(x, out, np.int64, (NUM_BINS,))
-    _COUNT_DIRECT[x.dtype](x.ctypes.data, x.size, scale, out.ctypes.data)
+    _binned(_COUNT_DIRECT, x, scale, out, _OUT)
 
 
 def scan_kernel(
     x: np.ndarray, scale: float, sub: np.ndarray
 ) -> tuple[float, float, int, int, bool]:
     """min, max, NaN and Inf counts of ``x`` and, while every finite value fits, its bins."""
-    _checked(x, sub, np.int32, (4, NUM_BINS))
+    _values(x)
+    _counts(sub, np.int32, _SUB)
     result = np.empty(2, np.float64)
     counts = np.empty(3, np.int64)
     _SCAN[x.dtype](x.ctypes.data, x.size, scale, sub.ctypes.data, result.ctypes.data,
@@ -97,7 +114,7 @@ def scan_kernel(
 def range_kernel(x: np.ndarray) -> tuple[float, float, int, int]:
     """min and max of the finite values of ``x`` (inf, -inf where none is finite) and its NaN
     and Inf counts, in one read of ``x``."""
-    _checked(x, np.empty(0, np.int64), np.int64, (0,))
+    _values(x)
     result = np.empty(2, np.float64)
     counts = np.empty(2, np.int64)
     _RANGE[x.dtype](x.ctypes.data, x.size, result.ctypes.data, counts.ctypes.data)
@@ -106,13 +123,14 @@ def range_kernel(x: np.ndarray) -> tuple[float, float, int, int]:
 
 def drain_kernel(sub: np.ndarray, out: np.ndarray) -> None:
     """Add the sub-histograms into ``out`` and zero them."""
-    _checked(np.empty(0, np.float32), sub, np.int32, (4, NUM_BINS))
-    _checked(np.empty(0, np.float32), out, np.int64, (NUM_BINS,))
-    _lib.qb_drain(sub.ctypes.data, out.ctypes.data, 0)
+    _drain(sub, out, store=False)
 
 
 def drain_store_kernel(sub: np.ndarray, out: np.ndarray) -> None:
     """:func:`drain_kernel` into an uninitialised ``out`` (stores, not adds)."""
-    _checked(np.empty(0, np.float32), sub, np.int32, (4, NUM_BINS))
-    _checked(np.empty(0, np.float32), out, np.int64, (NUM_BINS,))
-    _lib.qb_drain(sub.ctypes.data, out.ctypes.data, 1)
+    _drain(sub, out, store=True)
+
+
+def _drain(sub: np.ndarray, out: np.ndarray, *, store: bool) -> None:
+    _lib.qb_drain(_counts(sub, np.int32, _SUB).ctypes.data,
+                  _counts(out, np.int64, _OUT).ctypes.data, int(store))  # fmt: skip
