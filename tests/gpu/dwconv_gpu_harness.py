@@ -727,6 +727,7 @@ def mma_mode(lib: Any, mode: int) -> AbstractContextManager[None]:
 
 
 GLOBAL_ENV = "QUANTBENCH_DWCONV_GLOBAL"  # "0": depthwise_rows instead of depthwise_global
+PDL_ENV = "QUANTBENCH_DWCONV_PDL"  # "0": depthwise_global launched plainly, not as a PDL dependent
 
 
 @contextmanager

@@ -269,6 +269,73 @@ def test_global_equals_rows_on_the_timed_shapes(library, monkeypatch, mode: str)
         assert torch.equal(y, outs[0]), (name, mode)
 
 
+@pytest.mark.parametrize("mode", ["f32", "int8_i8"])
+def test_global_dependent_launch_waits_for_the_one_before(library, monkeypatch, mode: str) -> None:
+    """depthwise_global launched as a programmatic dependent (PDL, the default on sm_90) reads
+    what the launch before it wrote: a forward over the timing shape (N=32), then a forward of one
+    image that reads that output's last image (written by the first forward's last blocks, while
+    the second's blocks may already be resident), three times over (each large forward reading
+    the output of the one before), on a stream and replayed from a CUDA graph, equals the same
+    chain launched plainly with a synchronize after every forward."""
+    import torch
+
+    big = harness.BENCH_CASES["dw3x3_s1_mobilenet"]
+    one = harness.ConvSpec(
+        1, 256, 56, 56, 256, (3, 3), pads=(1,) * 4, group=256, bias_mode=big.bias_mode
+    )
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    x, w, b = harness.device_inputs(big, mode, gen)
+    params_big = harness.mode_params(big, mode, 0.05)
+    params_one = harness.mode_params(one, mode, 0.05)
+    sentinel = float("nan") if mode == "f32" else 77
+    ys = [torch.empty_like(x) for _ in range(3)]
+    zs = [torch.empty_like(x[:1]) for _ in range(3)]
+
+    def chain(stream: int, synchronize: bool) -> None:
+        for i in range(3):
+            source = x if i == 0 else ys[i - 1]
+            assert harness.launch(library, mode, (source, w, b), ys[i], params_big, stream) == 0
+            assert library.last_path() == "depthwise_global"
+            if synchronize:
+                torch.cuda.synchronize()
+            last = (ys[i][-1:], w, b)
+            assert harness.launch(library, mode, last, zs[i], params_one, stream) == 0
+            if synchronize:
+                torch.cuda.synchronize()
+
+    def outputs() -> list:
+        torch.cuda.synchronize()
+        return [t.clone() for t in ys + zs]
+
+    def reset() -> None:
+        for t in ys + zs:
+            t.fill_(sentinel)
+
+    monkeypatch.setenv(harness.PDL_ENV, "0")
+    reset()
+    chain(torch.cuda.current_stream().cuda_stream, synchronize=True)
+    want = outputs()
+    for t in want:  # every output written: no sentinel left
+        assert not (t.isnan().any().item() if mode == "f32" else bool((t == sentinel).all().item()))
+
+    monkeypatch.setenv(harness.PDL_ENV, "1")
+    reset()
+    chain(torch.cuda.current_stream().cuda_stream, synchronize=False)
+    got = outputs()
+    reset()
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        chain(side.cuda_stream, synchronize=False)
+    reset()
+    graph.replay()
+    replayed = outputs()
+    for i, (a, c, r) in enumerate(zip(want, got, replayed, strict=True)):
+        assert torch.equal(a, c), ("stream", mode, i)
+        assert torch.equal(a, r), ("graph", mode, i)
+
+
 INT8_MODES = ("int8_i8", "int8_f32", "int8_tie")
 
 

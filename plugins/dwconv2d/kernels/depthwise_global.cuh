@@ -97,6 +97,13 @@ __host__ __device__ constexpr bool global_pred(int elem, int ks)
 }
 constexpr int kGlobalThreads = DWCONV2D_GLOBAL_THREADS;
 
+// Launched as a programmatic dependent of the work before it in the stream (sm_90 and later; see
+// pdl_wait_and_release and global_pdl in host_plan.cuh): 1 by default, 0 a plain launch;
+// QUANTBENCH_DWCONV_PDL (read per forward) sets it for the process.
+#ifndef DWCONV2D_GLOBAL_PDL
+#define DWCONV2D_GLOBAL_PDL 1
+#endif
+
 // Input rows read ahead of the one summed: 2 for INT8 3x3 (24.7 against 27.0 us with per-batch
 // weights, 23.7-24.7 against 24.4 shared), 1 elsewhere (2 measured no faster for FP16 and FP32 3x3
 // and INT8 5x5 / 7x7, and 49.6 against 41.1 us for FP32 7x7).
@@ -152,7 +159,11 @@ __host__ __device__ constexpr int global_r(int elem, int ks)
 // 3x3), FP32 7x7 34.5-35.1 us against 38.0 (66 % of the 3,350 GB/s peak); P = 30 and 75 gave the
 // same times within 0.1 us; the 446-case grid and memcheck passed. So it is on by default at P =
 // 50; -D DWCONV2D_GLOBAL_PREFETCH_I8_3=0 -D DWCONV2D_GLOBAL_PREFETCH_F32_7=0 compiles it out, and
-// QUANTBENCH_DWCONV_GLOBAL_PREFETCH (read per forward) sets P for those kernels (0: off).
+// QUANTBENCH_DWCONV_GLOBAL_PREFETCH (read per forward) sets P for those kernels (0: off). Since
+// Session 37 the blocks of the first wave also prefetch their own rows before their
+// programmatic-dependent wait (see depthwise_global_kernel): H100, same process, against the
+// same code without it, INT8 3x3 22.8-23.2 us against 23.8-24.0 (3.04-3.09x our FP32 3x3),
+// FP32 7x7 31.8-31.9 against 34.4-34.6.
 #ifndef DWCONV2D_GLOBAL_PREFETCH_I8_3
 #define DWCONV2D_GLOBAL_PREFETCH_I8_3 50
 #endif
@@ -170,6 +181,7 @@ __host__ __device__ constexpr int global_prefetch_pct(int elem, int ks, int stri
 struct GlobalPlan
 {
     int32_t pf_blocks;       // blocks ahead whose input this block prefetches into L2 (0: none)
+    int32_t wave_blocks;     // blocks resident on the GPU at once (with pf_blocks; else 0)
     int32_t total;           // threads
     int32_t per_plane;       // threads per plane: chunks * tx
     int32_t tx;              // threads along W (Wo / V)
@@ -248,6 +260,19 @@ __device__ __forceinline__ float row_elem(uint32_t const (&wd)[NW], int e)
     }
 }
 
+// Programmatic dependent launch (sm_90): griddepcontrol.wait blocks until the grids this one
+// depends on have completed and their memory is visible (at once without such a dependency), and
+// griddepcontrol.launch_dependents lets the next grid launched with the attribute be scheduled as
+// soon as every block of this one has issued it (or exited), so that its launch and its blocks'
+// start overlap this grid's last blocks instead of following them.
+__device__ __forceinline__ void pdl_wait_and_release()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Warp 0 of a block: the input rows that block `pb` will read, from its first thread's first row
 // to its last thread's last row (whole planes between), as one bulk prefetch into L2
 // (cp.async.bulk.prefetch.L2, sm_90: no registers, nothing to wait for). Every value here is
@@ -300,8 +325,26 @@ __global__ void __launch_bounds__(kGlobalThreads, global_min_blocks(static_cast<
     constexpr int LB = MB < 16 ? MB : 16;
     constexpr int kOutChunk = rows_wide_chunk(V * static_cast<int>(sizeof(*store.y)));
 
-    // warp 0 (its index through a shuffle from lane 0, so that ptxas knows it is warp-uniform)
-    if (global_prefetch_pct(E, KS, S) > 0 && pl.pf_blocks > 0 && __shfl_sync(0xFFFFFFFFU, threadIdx.x / 32, 0) == 0)
+    // The L2 prefetch is warp 0's (its index through a shuffle from lane 0, so that ptxas knows
+    // it is warp-uniform). A block of the first wave, whose rows no block before it prefetches,
+    // has its own rows brought into L2 before it waits (below): launched as a dependent during
+    // the last blocks of the kernel before it, it waits for that kernel to finish, and its rows
+    // arrive meanwhile. The prefetch is only a hint into L2, where every write of that kernel
+    // lands too, so it never makes this block read stale data (tested with a chain of dependent
+    // forwards, tests/gpu/test_dwconv_kernels.py).
+    bool const prefetcher = global_prefetch_pct(E, KS, S) > 0 && pl.pf_blocks > 0
+        && __shfl_sync(0xFFFFFFFFU, threadIdx.x / 32, 0) == 0;
+    if (prefetcher && static_cast<int32_t>(blockIdx.x) < pl.wave_blocks)
+    {
+        global_prefetch_l2<KS, S, E, R, NR>(x, s, pl, static_cast<int32_t>(blockIdx.x));
+    }
+    // Launched as a programmatic dependent (global_pdl): wait here until the kernels before this
+    // one in the stream have finished and their writes are visible, before any global memory is
+    // read (the hint above aside) or written (x, w or b may be their outputs, y their input), and
+    // let the next kernel's blocks be scheduled once every block of this one has started. Both
+    // are no-ops on a plain launch.
+    pdl_wait_and_release();
+    if (prefetcher)
     {
         int32_t const pb = static_cast<int32_t>(blockIdx.x) + pl.pf_blocks;
         if (pb < static_cast<int32_t>(gridDim.x))

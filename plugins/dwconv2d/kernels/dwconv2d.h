@@ -28,6 +28,10 @@
  * Every entry point returns a cudaError_t value as int: 0 (cudaSuccess) on success,
  * 1 (cudaErrorInvalidValue) for invalid parameters or pointers (nothing is launched), otherwise the
  * error of the launch. Launches are asynchronous on `stream`; nothing synchronises.
+ * Where their code was compiled for compute capability 9.0 or later, the depthwise_global kernels
+ * are launched as programmatic dependents of the work before them in `stream` (they wait for it
+ * to finish before reading or writing any tensor, so the results are unchanged;
+ * $QUANTBENCH_DWCONV_PDL=0 launches them plainly).
  */
 #ifndef QUANTBENCH_DWCONV2D_H
 #define QUANTBENCH_DWCONV2D_H

@@ -531,12 +531,50 @@ int global_prefetch_setting(int pct)
     return pct;
 }
 
-// Blocks ahead for the prefetch: pct percent of a wave (the kernel's resident blocks per
-// multiprocessor, asked once per kernel and cached, times the current device's multiprocessors);
-// 0 when pct is 0 or a query fails (the prefetch is a hint: it never changes a result).
+// Whether depthwise_global<KS, S, TIn, TB, Store> is launched as a programmatic dependent
+// (cudaLaunchKernelEx with cudaLaunchAttributeProgrammaticStreamSerialization):
+// DWCONV2D_GLOBAL_PDL, or $QUANTBENCH_DWCONV_PDL (read per call: 0/off, 1/on), and only where the
+// kernel that runs was compiled for compute capability 9.0 or later (cudaFuncGetAttributes'
+// ptxVersion, asked once and cached): only such code holds the griddepcontrol.wait that makes it
+// wait for its predecessors before touching memory (a build for an older target, JIT-compiled
+// for this device, would not), so the results are those of a plain launch either way.
 template <int KS, int S, class TIn, class TB, class Store>
-int32_t global_pf_blocks(int pct)
+bool global_pdl()
 {
+    bool on = DWCONV2D_GLOBAL_PDL != 0;
+    char const* const env = std::getenv("QUANTBENCH_DWCONV_PDL");
+    if (env != nullptr && *env != '\0')
+    {
+        on = !(std::strcmp(env, "0") == 0 || std::strcmp(env, "off") == 0);
+    }
+    if (!on)
+    {
+        return false;
+    }
+    static std::atomic<int> cached_ptx{0};
+    int ptx = cached_ptx.load(std::memory_order_relaxed);
+    if (ptx <= 0)
+    {
+        cudaFuncAttributes attr{};
+        if (cudaFuncGetAttributes(&attr, depthwise_global_kernel<KS, S, TIn, TB, Store>) != cudaSuccess)
+        {
+            (void) cudaGetLastError(); // a failed query must not be reported as the launch's error
+            return false;
+        }
+        ptx = attr.ptxVersion;
+        cached_ptx.store(ptx, std::memory_order_relaxed);
+    }
+    return ptx >= 90;
+}
+
+// Blocks ahead for the prefetch: pct percent of a wave (the kernel's resident blocks per
+// multiprocessor, asked once per kernel and cached, times the current device's multiprocessors,
+// stored in *wave); 0 (and *wave 0) when pct is 0 or a query fails (the prefetch is a hint: it
+// never changes a result).
+template <int KS, int S, class TIn, class TB, class Store>
+int32_t global_pf_blocks(int pct, int32_t* wave)
+{
+    *wave = 0;
     if (pct <= 0)
     {
         return 0;
@@ -563,6 +601,7 @@ int32_t global_pf_blocks(int pct)
         (void) cudaGetLastError(); // a failed query must not be reported as the launch's error
         return 0;
     }
+    *wave = static_cast<int32_t>(std::min<int64_t>(int64_t{sms} * per_sm, INT32_MAX / 2));
     return static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(1, int64_t{pct} * sms * per_sm / 100), INT32_MAX / 2));
 }
 
@@ -609,9 +648,20 @@ bool launch_global(TIn const* x, TIn const* w, TB const* b, Store store, void co
         constexpr int KS = decltype(ks)::value;
         constexpr int S = decltype(st)::value;
         pl.pf_blocks = global_pf_blocks<KS, S, TIn, TB, Store>(
-            global_prefetch_setting(global_prefetch_pct(static_cast<int>(sizeof(TIn)), KS, S)));
-        depthwise_global_kernel<KS, S, TIn, TB, Store><<<blocks, kGlobalThreads, 0, stream>>>(x, w, b, store, s, pl);
-        *status = static_cast<int>(cudaGetLastError());
+            global_prefetch_setting(global_prefetch_pct(static_cast<int>(sizeof(TIn)), KS, S)), &pl.wave_blocks);
+        cudaLaunchAttribute attr{};
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg{};
+        cfg.gridDim = dim3(blocks);
+        cfg.blockDim = dim3(static_cast<unsigned>(kGlobalThreads));
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = stream;
+        cfg.attrs = &attr;
+        cfg.numAttrs = global_pdl<KS, S, TIn, TB, Store>() ? 1U : 0U;
+        cudaError_t const err = cudaLaunchKernelEx(&cfg, depthwise_global_kernel<KS, S, TIn, TB, Store>, x, w, b, store, s, pl);
+        cudaError_t const last = cudaGetLastError();
+        *status = static_cast<int>(err != cudaSuccess ? err : last);
     });
 }
 
