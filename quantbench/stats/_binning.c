@@ -109,6 +109,30 @@ static inline void add_block(const int32_t *idx, int64_t m, int32_t *sub) {
 BLOCK_FINITE(float, f32)
 BLOCK_FINITE(double, f64)
 
+/* One value into a range: a NaN or an Inf counted, a finite value widening [lo, hi]; whether
+ * it was finite. */
+static inline int range_add(double v, double *lo, double *hi, int64_t *nan, int64_t *inf) {
+    if (v != v) {
+        *nan += 1;
+        return 0;
+    }
+    if (v - v != 0.0) {
+        *inf += 1;
+        return 0;
+    }
+    *lo = v < *lo ? v : *lo;
+    *hi = v > *hi ? v : *hi;
+    return 1;
+}
+
+static void store_range(double *result, int64_t *counts, double lo, double hi, int64_t nan,
+                        int64_t inf) {
+    result[0] = lo;
+    result[1] = hi;
+    counts[0] = nan;
+    counts[1] = inf;
+}
+
 /* bin_kernel / count_kernel / bin_direct_kernel / count_direct_kernel for one input type:
  * "sub" is four interleaved int32 sub-histograms (4 x NUM_BINS), "out" the int64 counts. */
 #define KERNELS(T, SUFFIX)                                                                   \
@@ -158,26 +182,15 @@ BLOCK_FINITE(double, f64)
         int64_t nan = 0, inf = 0, fits = 1;                                                  \
         for (int64_t i = 0; i < n; i++) {                                                    \
             double v = (double)x[i];                                                         \
-            if (v != v) {                                                                    \
-                nan += 1;                                                                    \
-            } else if (v - v != 0.0) {                                                       \
-                inf += 1;                                                                    \
-            } else {                                                                         \
-                lo = v < lo ? v : lo;                                                        \
-                hi = v > hi ? v : hi;                                                        \
-                if (fits) {                                                                  \
-                    if (fabs(v) * scale < HALF_BINS) {                                       \
-                        sub[(i & 3) * NUM_BINS + bin_index(v, scale)] += 1;                  \
-                    } else {                                                                 \
-                        fits = 0;                                                            \
-                    }                                                                        \
+            if (range_add(v, &lo, &hi, &nan, &inf) && fits) {                                \
+                if (fabs(v) * scale < HALF_BINS) {                                           \
+                    sub[(i & 3) * NUM_BINS + bin_index(v, scale)] += 1;                      \
+                } else {                                                                     \
+                    fits = 0;                                                                \
                 }                                                                            \
             }                                                                                \
         }                                                                                    \
-        result[0] = lo;                                                                      \
-        result[1] = hi;                                                                      \
-        counts[0] = nan;                                                                     \
-        counts[1] = inf;                                                                     \
+        store_range(result, counts, lo, hi, nan, inf);                                       \
         counts[2] = fits;                                                                    \
     }
 
@@ -201,28 +214,10 @@ void qb_drain(int32_t *sub, int64_t *out, int store) {
 #define RANGE_SCALAR(T, SUFFIX)                                                              \
     static void range_scalar_##SUFFIX(const T *x, int64_t n, double *lo, double *hi,         \
                                       int64_t *nan, int64_t *inf) {                          \
-        for (int64_t i = 0; i < n; i++) {                                                    \
-            double v = (double)x[i];                                                         \
-            if (v != v) {                                                                    \
-                *nan += 1;                                                                   \
-            } else if (v - v != 0.0) {                                                       \
-                *inf += 1;                                                                   \
-            } else {                                                                         \
-                *lo = v < *lo ? v : *lo;                                                     \
-                *hi = v > *hi ? v : *hi;                                                     \
-            }                                                                                \
-        }                                                                                    \
+        for (int64_t i = 0; i < n; i++) range_add((double)x[i], lo, hi, nan, inf);           \
     }
 RANGE_SCALAR(float, f32)
 RANGE_SCALAR(double, f64)
-
-static void store_range(double *result, int64_t *counts, double lo, double hi, int64_t nan,
-                        int64_t inf) {
-    result[0] = lo;
-    result[1] = hi;
-    counts[0] = nan;
-    counts[1] = inf;
-}
 
 void qb_range_f32(const float *x, int64_t n, double *result, int64_t *counts) {
     double lo = INFINITY, hi = -INFINITY;
